@@ -1,0 +1,79 @@
+"""The `eagle3-tui` command line: a bare call opens the TUI, subcommands are the headless engine.
+
+Each area of the CLI lives in its own `app/cli_<area>.py` module with a `register(subparsers)` function.
+Those modules import only `argparse` at top level, so `eagle3-tui --help` stays fast (DESIGN §8: < 0.3 s);
+the engine is imported inside the handlers.  Conventions (DESIGN §1b): results on stdout, everything meant
+for people on stderr; exit 0 ok, 1 the action failed, 2 bad input.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import sys
+from typing import Sequence
+
+EXIT_OK = 0
+EXIT_FAILED = 1
+EXIT_BAD_INPUT = 2
+
+# Area modules, in the order their subcommands appear in --help.
+_AREAS = (
+    "app.cli_profile",  # profile command|validate|list
+    "app.cli_server",  # launch, status, stop, restart, logs
+    "app.cli_logs",  # inspect-log
+    "app.cli_diagnose",  # diagnose
+    "app.cli_capture",  # capture check, demo-model
+    "app.cli_extract",  # extract run/status/resume/cancel/verify
+)
+
+
+class CliError(Exception):
+    """An error for people: printed as `eagle3-tui: <message>` with its exit code."""
+
+    def __init__(self, message: str, code: int = EXIT_FAILED) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="eagle3-tui",
+        description="Control panel for SGLang servers and EAGLE-3 hidden-state extraction. "
+        "Without a subcommand, opens the TUI.",
+    )
+    parser.add_argument(
+        "--demo",
+        action="store_true",
+        help="use the demo home (emulated SGLang, no GPU needed); goes before any subcommand",
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name in _AREAS:
+        try:
+            module = importlib.import_module(name)
+        except ModuleNotFoundError as exc:  # an area not built yet must not break the others
+            if exc.name != name:
+                raise
+            continue
+        module.register(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.demo:
+        os.environ["EAGLE3_TUI_DEMO"] = "1"
+    try:
+        if args.command is None:
+            from app.tui import run_tui
+
+            return run_tui(demo=args.demo)
+        return int(args.func(args) or 0)
+    except CliError as exc:
+        print(f"eagle3-tui: {exc}", file=sys.stderr)
+        return exc.code
+    except KeyboardInterrupt:
+        return 130
+    except BrokenPipeError:
+        return 0

@@ -1,0 +1,131 @@
+"""Where eagle3-tui keeps its state, and how it writes files there.
+
+Roots (DESIGN §1): profiles under ``user_config_dir("eagle3-tui")/profiles``, sessions under
+``user_state_dir("eagle3-tui")/sessions``, jobs under ``<state>/jobs``.  ``EAGLE3_TUI_HOME`` overrides
+both roots (``<home>/config`` and ``<home>/state``); ``--demo`` uses ``<home>/demo`` as the home, where
+``<home>`` is ``EAGLE3_TUI_HOME`` or the default state root.  Folders are 0700, files 0600, writes atomic.
+"""
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+APP_NAME = "eagle3-tui"
+HOME_ENV = "EAGLE3_TUI_HOME"
+DEMO_ENV = "EAGLE3_TUI_DEMO"  # set by `--demo` so that every part (and child processes) agree
+
+
+@dataclass(frozen=True)
+class Home:
+    """The two roots of one eagle3-tui home (normal or demo)."""
+
+    config_root: Path
+    state_root: Path
+    demo: bool = False
+
+    @property
+    def profiles_dir(self) -> Path:
+        return self.config_root / "profiles"
+
+    @property
+    def sessions_dir(self) -> Path:
+        return self.state_root / "sessions"
+
+    @property
+    def jobs_dir(self) -> Path:
+        return self.state_root / "jobs"
+
+    @property
+    def history_dir(self) -> Path:
+        return self.state_root / "history"
+
+    @property
+    def config_file(self) -> Path:
+        """User settings (key remaps, refresh interval): ``<config>/config.toml``."""
+        return self.config_root / "config.toml"
+
+    def ensure(self) -> "Home":
+        for d in (self.config_root, self.state_root, self.profiles_dir, self.sessions_dir, self.jobs_dir):
+            ensure_private_dir(d)
+        return self
+
+
+def _default_state_root() -> Path:
+    import platformdirs
+
+    return Path(platformdirs.user_state_dir(APP_NAME))
+
+
+def resolve_home(demo: bool | None = None) -> Home:
+    """The home to use now; ``demo=None`` reads ``EAGLE3_TUI_DEMO`` (set by ``--demo``)."""
+    if demo is None:
+        demo = os.environ.get(DEMO_ENV, "") not in ("", "0")
+    override = os.environ.get(HOME_ENV)
+    if demo:
+        base = Path(override) if override else _default_state_root()
+        root = base / "demo"
+        return Home(config_root=root / "config", state_root=root / "state", demo=True)
+    if override:
+        root = Path(override)
+        return Home(config_root=root / "config", state_root=root / "state")
+    import platformdirs
+
+    return Home(
+        config_root=Path(platformdirs.user_config_dir(APP_NAME)),
+        state_root=_default_state_root(),
+    )
+
+
+def ensure_private_dir(path: Path) -> Path:
+    """Create ``path`` (and parents) with mode 0700; tighten an existing folder of ours to 0700."""
+    path.mkdir(parents=True, exist_ok=True, mode=0o700)
+    st = path.stat()
+    if st.st_uid == os.getuid() and (st.st_mode & 0o777) != 0o700:
+        os.chmod(path, 0o700)
+    return path
+
+
+def atomic_write_bytes(path: Path, data: bytes, mode: int = 0o600) -> None:
+    """Write ``data`` to ``path`` via tmp file + fsync + rename, so readers never see a partial file."""
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.chmod(tmp, mode)
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
+    try:  # make the rename itself durable
+        dfd = os.open(path.parent, os.O_RDONLY)
+        try:
+            os.fsync(dfd)
+        finally:
+            os.close(dfd)
+    except OSError:
+        pass
+
+
+def atomic_write_text(path: Path, text: str, mode: int = 0o600) -> None:
+    atomic_write_bytes(path, text.encode("utf-8"), mode)
+
+
+def atomic_write_json(path: Path, obj: Any, mode: int = 0o600) -> None:
+    atomic_write_text(path, json.dumps(obj, indent=2, sort_keys=True) + "\n", mode)
+
+
+def read_json(path: Path, default: Any = None) -> Any:
+    try:
+        return json.loads(Path(path).read_text())
+    except (FileNotFoundError, json.JSONDecodeError):
+        return default

@@ -1,0 +1,81 @@
+"""Secret redaction for everything that reaches a screen, a log we write, a command preview or a bundle.
+
+A value is secret when its variable or flag name looks secret (token, key, secret, password, ...),
+or when it has the shape of a well-known credential (``hf_…``, ``sk-…``, bearer tokens, URL passwords).
+"""
+from __future__ import annotations
+
+import re
+from typing import Iterable, Mapping
+
+REDACTED = "***"
+
+_SECRET_NAME = re.compile(
+    r"(TOKEN|SECRET|PASSW(OR)?D|API[_-]?KEY|ACCESS[_-]?KEY|PRIVATE[_-]?KEY|CREDENTIAL|AUTH|COOKIE|SESSION[_-]?KEY)",
+    re.IGNORECASE,
+)
+# Flags whose next argv element is a secret (SGLang has --api-key and --admin-api-key).
+SECRET_FLAGS = frozenset({"--api-key", "--admin-api-key", "--hf-token", "--token"})
+
+_SECRET_VALUE_PATTERNS = [
+    re.compile(r"\bhf_[A-Za-z0-9]{20,}\b"),  # Hugging Face tokens
+    re.compile(r"\bsk-[A-Za-z0-9_\-]{16,}\b"),  # OpenAI-style keys
+    re.compile(r"\bgh[pousr]_[A-Za-z0-9]{20,}\b"),  # GitHub tokens
+    re.compile(r"\bxox[abpr]-[A-Za-z0-9\-]{10,}\b"),  # Slack tokens
+    re.compile(r"\bAKIA[0-9A-Z]{16}\b"),  # AWS access key ids
+]
+_BEARER = re.compile(r"(?i)(bearer\s+)[A-Za-z0-9._\-~+/]{8,}=*")
+_URL_PASSWORD = re.compile(r"(://[^/\s:@]+:)[^@\s/]+(@)")
+_ASSIGNMENT = re.compile(
+    r"(?P<name>\b[A-Za-z_][A-Za-z0-9_\-]*)(?P<sep>\s*[=:]\s*|\s+)(?P<q>['\"]?)(?P<value>[^\s'\",}]+)"
+)
+
+
+def is_secret_name(name: str) -> bool:
+    """True when an env var / flag / key name looks like it holds a secret."""
+    return bool(_SECRET_NAME.search(name))
+
+
+def redact_env(env: Mapping[str, str]) -> dict[str, str]:
+    return {k: (REDACTED if is_secret_name(k) and v else v) for k, v in env.items()}
+
+
+def redact_argv(argv: Iterable[str]) -> list[str]:
+    out: list[str] = []
+    hide_next = False
+    for arg in argv:
+        if hide_next:
+            out.append(REDACTED)
+            hide_next = False
+            continue
+        if arg.startswith("--") and "=" in arg:
+            flag, _, _ = arg.partition("=")
+            if flag in SECRET_FLAGS or is_secret_name(flag):
+                out.append(f"{flag}={REDACTED}")
+                continue
+        if arg in SECRET_FLAGS or (arg.startswith("--") and is_secret_name(arg)):
+            hide_next = True
+        out.append(redact_text(arg))
+    return out
+
+
+def redact_text(text: str, known_secrets: Iterable[str] = ()) -> str:
+    """Redact known secret values and credential-shaped substrings from free text."""
+    for secret in sorted({s for s in known_secrets if s and len(s) >= 4}, key=len, reverse=True):
+        text = text.replace(secret, REDACTED)
+    for pat in _SECRET_VALUE_PATTERNS:
+        text = pat.sub(REDACTED, text)
+    text = _BEARER.sub(lambda m: m.group(1) + REDACTED, text)
+    text = _URL_PASSWORD.sub(lambda m: m.group(1) + REDACTED + m.group(2), text)
+
+    def _assignment(m: re.Match[str]) -> str:
+        if is_secret_name(m.group("name")) and m.group("sep").strip() in ("=", ":"):
+            return f"{m.group('name')}{m.group('sep')}{m.group('q')}{REDACTED}"
+        return m.group(0)
+
+    return _ASSIGNMENT.sub(_assignment, text)
+
+
+def secret_values(env: Mapping[str, str]) -> list[str]:
+    """The values in ``env`` whose names look secret: pass them to ``redact_text(known_secrets=…)``."""
+    return [v for k, v in env.items() if is_secret_name(k) and v]
