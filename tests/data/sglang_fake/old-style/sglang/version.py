@@ -1,0 +1,2 @@
+# ruff: noqa
+__version__ = "0.4.6.post1"
