@@ -1,0 +1,63 @@
+"""`eagle3-tui diagnose SESSION [--json] [--bundle PATH] [--no-stacks]` (DESIGN §4).
+
+The human report goes to stdout by default (it is the result); ``--json`` prints the diagnosis object
+instead.  ``--bundle PATH`` also writes the redacted tar.gz and names it on stderr.  Only argparse is
+imported here; the engine is imported inside the handler (fast `--help`).
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser(
+        "diagnose",
+        help="why is this server not ready? phase, silence, stacks of every rank, baseline, hints",
+        description="Collect the phase, how long the log has been silent, the last lines, the process tree, "
+        "the port and /ready, GPU memory, py-spy stacks of every rank, the comparison with the last good "
+        "start of the same profile, and hints. Secrets are redacted.",
+    )
+    p.add_argument("session", metavar="SESSION", help="a session id or unique prefix")
+    p.add_argument("--json", action="store_true", help="print the diagnosis as one JSON object")
+    p.add_argument("--bundle", metavar="PATH", help="also write a redacted tar.gz bundle to PATH (file or folder)")
+    p.add_argument("--no-stacks", action="store_true", help="do not run py-spy on the ranks")
+    p.add_argument(
+        "--stack-timeout", type=float, default=10.0, metavar="S", help="seconds per py-spy dump (10)"
+    )
+    p.set_defaults(func=_diagnose)
+
+
+def _diagnose(args: argparse.Namespace) -> int:
+    import json
+
+    from app.cli import EXIT_BAD_INPUT, CliError
+    from sessions.diagnosis import diagnose, format_report, write_bundle
+    from sessions.server import SessionError, find_session
+
+    if args.bundle:
+        from pathlib import Path
+
+        target = Path(args.bundle)
+        folder = target if target.is_dir() else target.parent
+        if not folder.is_dir():
+            raise CliError(f"--bundle {args.bundle}: folder {folder} does not exist", EXIT_BAD_INPUT)
+    if args.stack_timeout <= 0:
+        raise CliError(f"--stack-timeout must be > 0 seconds, got {args.stack_timeout:g}", EXIT_BAD_INPUT)
+    try:
+        session = find_session(args.session)
+    except SessionError as exc:
+        raise CliError(str(exc), exc.code) from None
+    result = diagnose(session, with_stacks=not args.no_stacks, stack_timeout_s=args.stack_timeout)
+    if args.json:
+        print(json.dumps(result.to_json(), indent=2, sort_keys=True))
+    else:
+        sys.stdout.write(format_report(result))
+    sys.stdout.flush()
+    if args.bundle:
+        try:
+            path = write_bundle(result, session, args.bundle)
+        except OSError as exc:
+            raise CliError(f"--bundle {args.bundle}: cannot write the bundle: {exc.strerror or exc}") from None
+        print(f"bundle written: {path}", file=sys.stderr)
+    return 0
