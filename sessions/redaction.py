@@ -10,10 +10,16 @@ from typing import Iterable, Mapping
 
 REDACTED = "***"
 
-_SECRET_NAME = re.compile(
-    r"(TOKEN|SECRET|PASSW(OR)?D|API[_-]?KEY|ACCESS[_-]?KEY|PRIVATE[_-]?KEY|CREDENTIAL|AUTH|COOKIE|SESSION[_-]?KEY)",
-    re.IGNORECASE,
+# A name is secret when one of its words (split on _, -, ., camelCase) is a secret word, or when two
+# adjacent words form one ("api key").  Words, not substrings: `num_tokens`, `max_new_tokens` and
+# `tokenizer_path` are not secrets, `HF_TOKEN` and `WANDB_API_KEY` are.
+_SECRET_WORDS = frozenset(
+    {"token", "secret", "password", "passwd", "pwd", "apikey", "credential", "credentials", "auth",
+     "authorization", "cookie", "passphrase", "privatekey", "accesskey"}
 )
+_SECRET_PAIRS = frozenset({("api", "key"), ("access", "key"), ("private", "key"), ("session", "key"),
+                           ("secret", "key"), ("admin", "key")})
+_WORD_SPLIT = re.compile(r"[^A-Za-z0-9]+|(?<=[a-z0-9])(?=[A-Z])")
 # Flags whose next argv element is a secret (SGLang has --api-key and --admin-api-key).
 SECRET_FLAGS = frozenset({"--api-key", "--admin-api-key", "--hf-token", "--token"})
 
@@ -27,13 +33,16 @@ _SECRET_VALUE_PATTERNS = [
 _BEARER = re.compile(r"(?i)(bearer\s+)[A-Za-z0-9._\-~+/]{8,}=*")
 _URL_PASSWORD = re.compile(r"(://[^/\s:@]+:)[^@\s/]+(@)")
 _ASSIGNMENT = re.compile(
-    r"(?P<name>\b[A-Za-z_][A-Za-z0-9_\-]*)(?P<sep>\s*[=:]\s*|\s+)(?P<q>['\"]?)(?P<value>[^\s'\",}]+)"
+    r"(?P<name>\b[A-Za-z_][A-Za-z0-9_\-]*)(?P<nq>['\"]?)(?P<sep>\s*[=:]\s*|\s+)(?P<q>['\"]?)(?P<value>[^\s'\",})]+)"
 )
 
 
 def is_secret_name(name: str) -> bool:
     """True when an env var / flag / key name looks like it holds a secret."""
-    return bool(_SECRET_NAME.search(name))
+    words = [w.lower() for w in _WORD_SPLIT.split(name) if w]
+    if any(w in _SECRET_WORDS for w in words):
+        return True
+    return any(pair in _SECRET_PAIRS for pair in zip(words, words[1:]))
 
 
 def redact_env(env: Mapping[str, str]) -> dict[str, str]:
@@ -70,7 +79,7 @@ def redact_text(text: str, known_secrets: Iterable[str] = ()) -> str:
 
     def _assignment(m: re.Match[str]) -> str:
         if is_secret_name(m.group("name")) and m.group("sep").strip() in ("=", ":"):
-            return f"{m.group('name')}{m.group('sep')}{m.group('q')}{REDACTED}"
+            return f"{m.group('name')}{m.group('nq')}{m.group('sep')}{m.group('q')}{REDACTED}"
         return m.group(0)
 
     return _ASSIGNMENT.sub(_assignment, text)

@@ -1,0 +1,244 @@
+"""The HTTP front of the emulated server: SGLang's endpoints and response shapes (sglang-facts §2).
+
+Stdlib ``ThreadingHTTPServer`` standing in for uvicorn: bound only once every rank is loaded, access log
+lines in uvicorn's format on stdout, ``--api-key`` checked like SGLang's middleware (``Authorization:
+Bearer <key>``; ``/health*`` and ``/metrics`` are exempt).
+
+Endpoints: ``GET /health`` ``/health_generate`` (503 until warmup is done; otherwise a 1-token
+generation), ``GET /ready``, ``GET /model_info`` (``/get_model_info``: deprecated alias),
+``GET /server_info`` (``/get_server_info``), ``GET /v1/models``, ``POST|PUT /generate``,
+``GET|POST /flush_cache``, ``POST /abort_request``, ``POST /freeze_gc``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import socket
+import socketserver
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+from urllib.parse import urlsplit
+
+from sessions.emulator.backend import RequestError
+from sessions.emulator.console import Console
+from sessions.emulator.tokenizer_manager import ContractError, TokenizerManager, split_generate_request
+
+_MAX_BODY_BYTES = 512 << 20
+# path -> the methods SGLang's FastAPI app accepts there
+_ROUTES = {
+    "/health": ("GET", "HEAD"),
+    "/health_generate": ("GET", "HEAD"),
+    "/ready": ("GET", "HEAD"),
+    "/model_info": ("GET",),
+    "/get_model_info": ("GET",),
+    "/server_info": ("GET",),
+    "/get_server_info": ("GET",),
+    "/v1/models": ("GET",),
+    "/generate": ("POST", "PUT"),
+    "/flush_cache": ("GET", "POST"),
+    "/abort_request": ("POST",),
+    "/freeze_gc": ("POST",),
+}
+
+
+class EmulatorHTTPServer(ThreadingHTTPServer):
+    daemon_threads = True
+    allow_reuse_address = True  # uvicorn sets SO_REUSEADDR too
+    request_queue_size = 128
+
+    def __init__(self, host: str, port: int, manager: TokenizerManager, console: Console) -> None:
+        self.address_family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        self.manager = manager
+        self.console = console
+        super().__init__((host, port), _Handler, bind_and_activate=False)
+
+    def server_bind(self) -> None:
+        # HTTPServer.server_bind would resolve socket.getfqdn(host): a DNS round trip we do not need.
+        socketserver.TCPServer.server_bind(self)
+        self.server_name, self.server_port = str(self.server_address[0]), int(self.server_address[1])
+
+    def bind(self) -> None:
+        """Bind and listen; OSError worded as asyncio does (``[Errno 98] error while attempting to bind``)."""
+        try:
+            self.server_bind()
+            self.server_activate()
+        except OSError as exc:
+            self.server_close()
+            host, port = self.server_address[:2]
+            raise OSError(
+                exc.errno,
+                f"error while attempting to bind on address ({host!r}, {port}): "
+                f"{(exc.strerror or str(exc)).lower()}",
+            ) from None
+
+
+class _Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    server_version = "uvicorn"
+    sys_version = ""
+    server: EmulatorHTTPServer
+
+    # -- plumbing -------------------------------------------------------------------------------------
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass  # the access log is written in uvicorn's format by _finish
+
+    def _finish(self, status: int) -> None:
+        client = f"{self.client_address[0]}:{self.client_address[1]}"
+        self.server.console.access(client, self.requestline, status)
+
+    def _send(self, status: int, body: bytes, content_type: str, close: bool = False) -> None:
+        self.send_response(status)
+        self.send_header("content-type", content_type)
+        self.send_header("content-length", str(len(body)))
+        if close:
+            self.send_header("connection", "close")
+            self.close_connection = True
+        self.end_headers()
+        if self.command != "HEAD":
+            self.wfile.write(body)
+        self._finish(status)
+
+    def _json(self, status: int, obj: Any) -> None:
+        self._send(status, json.dumps(obj).encode(), "application/json")
+
+    def _text(self, status: int, text: str) -> None:
+        self._send(status, text.encode(), "text/plain; charset=utf-8")
+
+    def _empty(self, status: int) -> None:
+        self._send(status, b"", "text/plain; charset=utf-8")
+
+    def _read_body(self) -> bytes:
+        if self.headers.get("transfer-encoding", "").lower() == "chunked":
+            parts = []
+            while True:
+                size = int(self.rfile.readline().split(b";")[0].strip() or b"0", 16)
+                if size == 0:
+                    self.rfile.readline()
+                    break
+                parts.append(self.rfile.read(size))
+                self.rfile.readline()
+            return b"".join(parts)
+        length = int(self.headers.get("content-length") or 0)
+        if length > _MAX_BODY_BYTES:
+            raise ContractError(f"request body too large ({length} bytes)")
+        return self.rfile.read(length) if length > 0 else b""
+
+    def _authorized(self, path: str) -> bool:
+        key = self.server.manager.args.get("api_key")
+        if not key or path.startswith(("/health", "/metrics")):
+            return True
+        return self.headers.get("authorization", "") == f"Bearer {key}"
+
+    # -- routing --------------------------------------------------------------------------------------
+
+    def do_GET(self) -> None:
+        self._route("GET")
+
+    def do_POST(self) -> None:
+        self._route("POST")
+
+    def do_PUT(self) -> None:
+        self._route("PUT")
+
+    def do_HEAD(self) -> None:
+        self._route("HEAD")
+
+    def _route(self, method: str) -> None:
+        path = urlsplit(self.path).path
+        try:
+            allowed = _ROUTES.get(path)
+            if allowed is None:
+                self._json(404, {"detail": "Not Found"})
+                return
+            if method not in allowed:
+                self._json(405, {"detail": "Method Not Allowed"})
+                return
+            if not self._authorized(path):
+                self._json(401, {"error": "Unauthorized"})
+                return
+            getattr(self, "_" + path.strip("/").replace("/", "_"))()
+        except (BrokenPipeError, ConnectionResetError):
+            self.close_connection = True
+        except Exception as exc:  # noqa: BLE001 - one bad request must not print a traceback into the log
+            self.server.console.log(
+                f"Error handling {self.command} {path}: {type(exc).__name__}: {exc}", logging.ERROR
+            )
+            with contextlib.suppress(OSError):
+                self._json(500, {"error": {"message": f"{type(exc).__name__}: {exc}"}})
+
+    # -- endpoints ------------------------------------------------------------------------------------
+
+    def _health(self) -> None:
+        self._empty(self.server.manager.health())
+
+    _health_generate = _health
+
+    def _ready(self) -> None:
+        self._empty(200 if self.server.manager.is_ready() else 503)
+
+    def _model_info(self) -> None:
+        self._json(200, self.server.manager.model_info())
+
+    def _get_model_info(self) -> None:
+        self.server.console.log(
+            "The endpoint /get_model_info is deprecated and will be removed in a future "
+            "version. Please use /model_info instead.",
+            logging.WARNING,
+        )
+        self._model_info()
+
+    def _server_info(self) -> None:
+        self._json(200, self.server.manager.server_info())
+
+    def _get_server_info(self) -> None:
+        self.server.console.log(
+            "The endpoint /get_server_info is deprecated and will be removed in a future "
+            "version. Please use /server_info instead.",
+            logging.WARNING,
+        )
+        self._server_info()
+
+    def _v1_models(self) -> None:
+        self._json(200, self.server.manager.models_list())
+
+    def _flush_cache(self) -> None:
+        self._read_body()
+        status, text = self.server.manager.flush_cache()
+        self._text(status, text)
+
+    def _abort_request(self) -> None:
+        self._read_body()
+        self._empty(200)
+
+    def _freeze_gc(self) -> None:
+        self._read_body()
+        self._empty(200)
+
+    def _generate(self) -> None:
+        manager = self.server.manager
+        try:
+            raw = self._read_body()
+            try:
+                body = json.loads(raw or b"null")
+            except json.JSONDecodeError as exc:
+                raise ContractError(
+                    f"the request body is not valid JSON: {exc.msg} (line {exc.lineno})"
+                ) from None
+            requests, batch = split_generate_request(body)
+            responses = [manager.generate(request) for request in requests]
+        except ContractError as exc:
+            self._json(400, {"error": str(exc)})
+            return
+        except RequestError as exc:
+            self._json(exc.status, {"error": {"message": str(exc)}})
+            return
+        result: Any = responses if batch else responses[0]
+        if isinstance(body, dict) and body.get("stream"):
+            items = result if batch else [result]
+            chunks = "".join(f"data: {json.dumps(item)}\n\n" for item in items) + "data: [DONE]\n\n"
+            self._send(200, chunks.encode(), "text/event-stream", close=True)
+            return
+        self._json(200, result)
