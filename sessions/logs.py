@@ -1,0 +1,629 @@
+"""A server log as the UI reads it: the tail first, any window of lines on demand, new lines as they come.
+
+toolong's way (STYLE.md): the file is never loaded.  An index of newline counts per 256 KiB block is
+built with C-speed ``bytes.count`` over ``os.pread`` chunks, lazily or in the background; line text is
+read with ``os.pread`` and kept in a bounded LRU.  Opening a 2 GB log reads only its end: the tail is
+found by scanning backwards for newlines, and line numbers appear once the index has counted that far.
+
+What toolong lacks is here too: ``poll()`` notices truncation (size below the read offset, or the byte
+before it no longer a newline) and rotation (another inode at the path: the old file is drained first),
+and says so.  Display text has ANSI codes stripped and ``\\r`` updates collapsed to the last state of the
+bar.  Filters match a substring, a regex and/or a TP rank (continuation lines keep their rank).
+
+All public methods take one lock, so a worker thread may poll while another builds the index.
+"""
+from __future__ import annotations
+
+import os
+import re
+import stat
+import threading
+from array import array
+from bisect import bisect_left
+from collections import OrderedDict
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Self
+
+from sessions.phases import ANSI_RE, PREFIX_RE, RANK_TOKEN_RE, collapse_cr
+
+BLOCK_BYTES = 256 * 1024  # index granularity: one newline count per block
+INDEX_STEP_BYTES = 16 << 20  # bytes counted per index step (the lock is held that long, ~10 ms)
+ROTATION_DRAIN_BYTES = 256 << 20  # what is read of a rotated-away file before switching
+POLL_MAX_BYTES = 8 << 20  # per poll; `PollResult.more` says when more is waiting (back-pressure)
+TAIL_SCAN_BYTES = 1 << 20
+LINE_HEAD_BYTES = 32 * 1024  # a longer line is shown as head … tail
+LINE_TAIL_BYTES = 8 * 1024
+CACHE_MAX_CHARS = 16 << 20  # the LRU of decoded lines holds at most this much text
+_MARK = " \u2026 ".encode()
+
+
+@dataclass(frozen=True, slots=True)
+class LogLine:
+    """One line of the log. ``number`` is 1-based, or None while the index has not counted that far."""
+
+    number: int | None
+    text: str  # what a terminal would show: ANSI stripped, ``\r`` updates collapsed
+    raw: str  # the decoded line as written (ANSI, ``\r`` kept; a huge line is cut to head … tail)
+    offset: int  # byte offset of the line's start
+
+
+@dataclass(frozen=True, slots=True)
+class PollResult:
+    """What ``poll()`` found since the last call."""
+
+    lines: tuple[LogLine, ...] = ()  # new complete lines, in order
+    truncated: bool = False  # the file shrank (or was rewritten) under us: reading restarted at 0
+    rotated: bool = False  # another file now has the path: the old one was drained, the new one is read
+    partial: str | None = None  # the unterminated last line as shown (a tqdm bar being drawn)
+    more: bool = False  # more bytes are waiting beyond this poll's budget
+    exists: bool = True  # False while the path does not exist (the server has not created it yet)
+
+    @property
+    def new_lines(self) -> tuple[LogLine, ...]:
+        return self.lines
+
+
+def display_text(raw: str) -> str:
+    """The line as a terminal shows it: last ``\\r`` state of a bar, no ANSI escapes."""
+    if "\r" in raw:
+        raw = collapse_cr(raw)
+    if "\x1b" in raw:
+        raw = ANSI_RE.sub("", raw)
+    return raw
+
+
+def _cut(data: bytes) -> bytes:
+    if len(data) <= LINE_HEAD_BYTES + LINE_TAIL_BYTES + len(_MARK):
+        return data
+    return data[:LINE_HEAD_BYTES] + _MARK + data[-LINE_TAIL_BYTES:]
+
+
+def _make_line(number: int | None, data: bytes, offset: int) -> LogLine:
+    raw = _cut(data).decode("utf-8", "replace")
+    if raw.endswith("\r"):
+        raw = raw.rstrip("\r")
+    return LogLine(number, display_text(raw), raw, offset)
+
+
+def line_rank(text: str) -> int | None:
+    """The TP number in an SGLang line's ``[... TPn]`` prefix (0 when it has ranks but no TP), else None."""
+    m = PREFIX_RE.match(text)
+    if m is None or not m.group("ranks"):
+        return None
+    tokens = dict(RANK_TOKEN_RE.findall(m.group("ranks")))
+    return int(tokens.get("TP", 0))
+
+
+def _is_continuation(text: str) -> bool:
+    """A traceback or multi-line message line: it belongs to the rank of the line before it."""
+    return text[:1].isspace() or text.startswith(("Traceback", "During handling", "The above exception")) or (
+        bool(text) and text.split(":", 1)[0].replace(".", "").replace("_", "").isalnum()
+        and ":" in text and " " not in text.split(":", 1)[0]
+    )
+
+
+class LogFile:
+    """A log file opened for viewing and following. Cheap to open whatever its size.
+
+    ``follow_from="end"`` (default) makes ``poll()`` start after the last complete line at open time, as
+    a tail does; ``"start"`` makes it deliver the whole file first, in ``POLL_MAX_BYTES`` steps.
+    """
+
+    def __init__(self, path: str | Path, follow_from: str = "end") -> None:
+        if follow_from not in ("end", "start"):
+            raise ValueError(f"follow_from must be 'end' or 'start', not {follow_from!r}")
+        self.path = Path(path)
+        self._follow_from = follow_from
+        self._lock = threading.RLock()
+        self._fd: int | None = None
+        self._identity: tuple[int, int] | None = None
+        self._reset_state()
+        self._index_thread: threading.Thread | None = None
+        self._stop_index = threading.Event()
+        self._open_if_there()
+
+    @classmethod
+    def open(cls, path: str | Path, follow_from: str = "end") -> LogFile:
+        return cls(path, follow_from)
+
+    # -- state -----------------------------------------------------------------------------------------
+
+    def _reset_state(self) -> None:
+        self._cum = array("q", [0])  # newlines before each block boundary (block b starts at b * BLOCK_BYTES)
+        self._indexed_to = 0  # bytes counted so far
+        self._partial_nl = 0  # newlines in [last boundary, _indexed_to)
+        self._follow_offset = 0  # poll() has delivered every complete line before this offset
+        self._read_to = 0  # poll() has read the file up to here (the rest of it is in _pending)
+        self._next_number: int | None = 1
+        self._pending = bytearray()  # the unterminated last line read by poll (head + tail when huge)
+        self._pending_cut = False
+        self._cache: OrderedDict[int, LogLine] = OrderedDict()
+        self._cache_chars = 0
+
+    def _open_if_there(self, from_start: bool = False) -> bool:
+        try:
+            fd = os.open(self.path, os.O_RDONLY)
+        except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
+            return False
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            os.close(fd)
+            return False
+        self._fd = fd
+        self._identity = (st.st_dev, st.st_ino)
+        self._reset_state()
+        if self._follow_from == "end" and not from_start:
+            self._follow_offset = self._read_to = self._last_newline_end(st.st_size)
+            self._next_number = None if self._follow_offset else 1
+        return True
+
+    def close(self) -> None:
+        self._stop_index.set()
+        thread = self._index_thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(timeout=5)
+        with self._lock:
+            if self._fd is not None:
+                os.close(self._fd)
+                self._fd = None
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    @property
+    def size_bytes(self) -> int:
+        with self._lock:
+            return os.fstat(self._fd).st_size if self._fd is not None else 0
+
+    # -- the index -------------------------------------------------------------------------------------
+
+    def _newlines_before_indexed(self) -> int:
+        return self._cum[-1] + self._partial_nl
+
+    def index_step(self, max_bytes: int = INDEX_STEP_BYTES) -> bool:
+        """Count newlines in up to ``max_bytes`` more of the file; True once the index reaches its end."""
+        with self._lock:
+            if self._fd is None:
+                return True
+            size = os.fstat(self._fd).st_size
+            stop = min(size, self._indexed_to + max_bytes)
+            while self._indexed_to < stop:
+                boundary = (len(self._cum)) * BLOCK_BYTES  # the end of the block being counted
+                end = min(stop, boundary, self._indexed_to + (4 << 20))
+                data = os.pread(self._fd, end - self._indexed_to, self._indexed_to)
+                if not data:
+                    break
+                self._partial_nl += data.count(b"\n")
+                self._indexed_to += len(data)
+                if self._indexed_to == boundary:
+                    self._cum.append(self._cum[-1] + self._partial_nl)
+                    self._partial_nl = 0
+            return self._indexed_to >= size
+
+    def build_index(self, background: bool = True) -> None:
+        """Index the whole file, in a daemon thread (``background``) or now."""
+        if not background:
+            while not self.index_step():
+                pass
+            return
+        if self._index_thread is not None and self._index_thread.is_alive():
+            return
+
+        def run() -> None:
+            while not self._stop_index.is_set():
+                try:
+                    if self.index_step():
+                        return
+                except OSError:
+                    return
+
+        self._index_thread = threading.Thread(target=run, name=f"log-index:{self.path.name}", daemon=True)
+        self._index_thread.start()
+
+    @property
+    def indexed(self) -> bool:
+        """Whether the index has counted the whole file (``line_count`` is then exact)."""
+        with self._lock:
+            return self._fd is None or self._indexed_to >= os.fstat(self._fd).st_size
+
+    @property
+    def line_count(self) -> int:
+        """Lines in the file (a last line without newline counts). Approximate until ``indexed``:
+        then it is extrapolated from the bytes counted so far (or from the tail's line lengths)."""
+        with self._lock:
+            if self._fd is None:
+                return 0
+            size = os.fstat(self._fd).st_size
+            counted = self._newlines_before_indexed()
+            if self._indexed_to >= size:
+                last = os.pread(self._fd, 1, size - 1) if size else b"\n"
+                return counted + (0 if last == b"\n" else 1)
+            if self._indexed_to >= (1 << 20):
+                return counted + round((size - self._indexed_to) * counted / self._indexed_to)
+            sample = os.pread(self._fd, min(size, 1 << 20), max(0, size - (1 << 20)))
+            per_byte = max(sample.count(b"\n"), 1) / max(len(sample), 1)
+            return counted + round((size - self._indexed_to) * per_byte)
+
+    def _newlines_before(self, offset: int) -> int | None:
+        """Newlines in [0, offset), if the index has counted that far."""
+        if offset > self._indexed_to or self._fd is None:
+            return None
+        block = offset // BLOCK_BYTES
+        if block >= len(self._cum):
+            block = len(self._cum) - 1
+        start = block * BLOCK_BYTES
+        if offset == start:
+            return self._cum[block]
+        return self._cum[block] + os.pread(self._fd, offset - start, start).count(b"\n")
+
+    def _ensure_indexed_newlines(self, k: int) -> bool:
+        """Index until at least ``k`` newlines are counted (or the end); True if there are that many."""
+        while self._newlines_before_indexed() < k:
+            if self.index_step():
+                break
+        return self._newlines_before_indexed() >= k
+
+    def _offset_after_newline(self, k: int) -> int | None:
+        """The offset just after the k-th newline (k >= 1), or None when the file has fewer."""
+        if not self._ensure_indexed_newlines(k):
+            return None
+        assert self._fd is not None
+        block = bisect_left(self._cum, k) - 1  # the last boundary with fewer than k newlines before it
+        start = block * BLOCK_BYTES
+        need = k - self._cum[block]
+        data = os.pread(self._fd, min(BLOCK_BYTES, self._indexed_to - start), start)
+        pos = -1
+        for _ in range(need):
+            pos = data.find(b"\n", pos + 1)
+            if pos < 0:
+                return None
+        return start + pos + 1
+
+    def _line_start(self, number: int) -> int | None:
+        if number < 1:
+            return None
+        if number == 1:
+            return 0
+        return self._offset_after_newline(number - 1)
+
+    # -- reading lines ---------------------------------------------------------------------------------
+
+    def _read_line_at(self, start: int, size: int) -> tuple[bytes, int, bool]:
+        """(the line at ``start`` without its newline, cut to head … tail if huge; the offset after it;
+        whether it ends with a newline).  Memory stays bounded whatever the line's length."""
+        assert self._fd is not None
+        head = os.pread(self._fd, min(LINE_HEAD_BYTES + LINE_TAIL_BYTES + len(_MARK), size - start), start)
+        nl = head.find(b"\n")
+        if nl >= 0:
+            return head[:nl], start + nl + 1, True
+        pos = start + len(head)
+        end, terminated = size, False
+        while pos < size:  # a long line: find its end without keeping it
+            chunk = os.pread(self._fd, min(TAIL_SCAN_BYTES, size - pos), pos)
+            if not chunk:
+                break
+            nl = chunk.find(b"\n")
+            if nl >= 0:
+                end, terminated = pos + nl, True
+                break
+            pos += len(chunk)
+        if end - start <= len(head):
+            return head[: end - start], end + terminated, terminated
+        tail_len = min(LINE_TAIL_BYTES, end - start)
+        tail = os.pread(self._fd, tail_len, end - tail_len)
+        return head[:LINE_HEAD_BYTES] + _MARK + tail, end + terminated, terminated
+
+    def _remember(self, line: LogLine) -> None:
+        if line.number is None:
+            return
+        old = self._cache.pop(line.number, None)
+        if old is not None:
+            self._cache_chars -= len(old.raw) + len(old.text)
+        self._cache[line.number] = line
+        self._cache_chars += len(line.raw) + len(line.text)
+        while self._cache_chars > CACHE_MAX_CHARS and self._cache:
+            _, dropped = self._cache.popitem(last=False)
+            self._cache_chars -= len(dropped.raw) + len(dropped.text)
+
+    def lines(self, first: int, count: int) -> list[LogLine]:
+        """Lines ``first`` .. ``first + count - 1`` (1-based; fewer at the end of the file)."""
+        with self._lock:
+            if self._fd is None or count <= 0 or first < 1:
+                return []
+            out: list[LogLine] = []
+            number = first
+            while number < first + count and number in self._cache:
+                self._cache.move_to_end(number)
+                out.append(self._cache[number])
+                number += 1
+            if number >= first + count:
+                return out
+            start = self._line_start(number)
+            size = os.fstat(self._fd).st_size
+            while start is not None and start < size and number < first + count:
+                data, after, terminated = self._read_line_at(start, size)
+                line = _make_line(number, data, start)
+                if terminated:  # an unterminated last line may still grow: not cached
+                    self._remember(line)
+                out.append(line)
+                number += 1
+                start = after
+            return out
+
+    def line(self, number: int) -> LogLine | None:
+        """Line ``number`` (1-based), or None past the end."""
+        got = self.lines(number, 1)
+        return got[0] if got else None
+
+    def _last_newline_end(self, size: int) -> int:
+        """The offset after the file's last newline (0 when it has none), read backwards from the end."""
+        assert self._fd is not None
+        pos = size
+        while pos > 0:
+            start = max(0, pos - TAIL_SCAN_BYTES)
+            chunk = os.pread(self._fd, pos - start, start)
+            nl = chunk.rfind(b"\n")
+            if nl >= 0:
+                return start + nl + 1
+            pos = start
+        return 0
+
+    def tail_lines(self, n: int) -> list[LogLine]:
+        """The last ``n`` complete lines (up to where ``poll()`` has delivered), without indexing the file:
+        it reads backwards from the end.  Numbers are filled in when the index covers them, else None."""
+        with self._lock:
+            if self._fd is None or n <= 0 or self._follow_offset == 0:
+                return []
+            starts: list[int] = []
+            pos = self._follow_offset - 1  # skip the newline that ends the last complete line
+            while pos > 0 and len(starts) < n:
+                lo = max(0, pos - TAIL_SCAN_BYTES)
+                chunk = os.pread(self._fd, pos - lo, lo)
+                cut = len(chunk)
+                while len(starts) < n:
+                    nl = chunk.rfind(b"\n", 0, cut)
+                    if nl < 0:
+                        break
+                    starts.append(lo + nl + 1)
+                    cut = nl
+                pos = lo
+            if len(starts) < n:
+                starts.append(0)  # the file's first line
+            starts.reverse()
+            before = self._newlines_before(starts[0])
+            size = os.fstat(self._fd).st_size
+            out: list[LogLine] = []
+            for i, start in enumerate(starts):
+                data, _, _ = self._read_line_at(start, size)
+                line = _make_line(before + 1 + i if before is not None else None, data, start)
+                self._remember(line)
+                out.append(line)
+            return out
+
+    # -- following -------------------------------------------------------------------------------------
+
+    def poll(self, max_bytes: int = POLL_MAX_BYTES) -> PollResult:
+        """The lines completed since the last poll; notices truncation and rotation."""
+        with self._lock:
+            truncated = rotated = False
+            drained: list[LogLine] = []
+            if self._fd is None and not self._open_if_there(from_start=True):
+                return PollResult(exists=False)  # (a file that appears later is read from its start)
+            try:
+                st_path = os.stat(self.path)
+            except (FileNotFoundError, NotADirectoryError):
+                st_path = None  # deleted: keep reading the open file until a new one appears
+            if st_path is not None and (st_path.st_dev, st_path.st_ino) != self._identity:
+                # rotated: finish the old file (its unterminated last line counts), then read the new one
+                more, budget = True, ROTATION_DRAIN_BYTES
+                while more and budget > 0:  # the old file is gone for good after this: drain it
+                    got, more = self._read_new(min(max_bytes, budget))
+                    drained += got
+                    budget -= max_bytes
+                if self._pending:
+                    drained.append(self._pending_as_line())
+                os.close(self._fd)  # type: ignore[arg-type]
+                self._fd = None
+                rotated = True
+                if not self._open_if_there(from_start=True):
+                    return PollResult(tuple(drained), rotated=True, exists=False)
+            elif self._is_truncated():
+                self._reset_state()
+                truncated = True
+            got, more = self._read_new(max_bytes)
+            return PollResult(tuple(drained + got), truncated, rotated, self._partial_text(), more)
+
+    def follow(self, interval_s: float = 0.05, stop: threading.Event | None = None) -> Iterator[PollResult]:
+        """``poll()`` until ``stop`` is set, yielding every result that has news; it sleeps only when the
+        file has nothing more (a backlog is read back to back, one ``POLL_MAX_BYTES`` step per result)."""
+        stop = stop or threading.Event()
+        while not stop.is_set():
+            result = self.poll()
+            if result.lines or result.truncated or result.rotated:
+                yield result
+            if not result.more:
+                stop.wait(interval_s)
+
+    def _is_truncated(self) -> bool:
+        assert self._fd is not None
+        if os.fstat(self._fd).st_size < self._read_to:
+            return True
+        # copytruncate, then refilled past our offset: the byte before the offset is no longer a newline
+        return self._follow_offset > 0 and os.pread(self._fd, 1, self._follow_offset - 1) != b"\n"
+
+    def _read_new(self, max_bytes: int) -> tuple[list[LogLine], bool]:
+        """(complete lines from the bytes after ``_read_to``, whether more bytes wait)."""
+        assert self._fd is not None
+        size = os.fstat(self._fd).st_size
+        start = self._read_to
+        if start >= size:
+            return [], False
+        data = os.pread(self._fd, min(max_bytes, size - start), start)
+        if not data:
+            return [], False
+        read_to = start + len(data)
+        index_caught_up = self._indexed_to >= start
+        if self._next_number is None:
+            before = self._newlines_before(self._follow_offset)
+            if before is not None:
+                self._next_number = before + 1
+        out: list[LogLine] = []
+        pos = 0
+        last_nl = data.rfind(b"\n")
+        if self._pending and last_nl >= 0:
+            first_nl = data.find(b"\n")
+            self._add_pending(data[:first_nl])
+            out.append(self._pending_as_line())
+            pos = first_nl + 1
+        while pos <= last_nl:
+            nl = data.find(b"\n", pos)
+            out.append(_make_line(self._take_number(), data[pos:nl], start + pos))
+            pos = nl + 1
+        if last_nl >= 0:
+            self._follow_offset = start + last_nl + 1
+        if pos < len(data):
+            self._add_pending(data[pos:])
+        self._read_to = read_to
+        if index_caught_up:
+            self.index_step(read_to - self._indexed_to)
+        return out, read_to < size
+
+    def _take_number(self) -> int | None:
+        number = self._next_number
+        if number is not None:
+            self._next_number = number + 1
+        return number
+
+    def _add_pending(self, data: bytes) -> None:
+        self._pending += data
+        if len(self._pending) > LINE_HEAD_BYTES + 2 * LINE_TAIL_BYTES + len(_MARK):
+            del self._pending[LINE_HEAD_BYTES: len(self._pending) - LINE_TAIL_BYTES]
+            self._pending_cut = True
+
+    def _pending_bytes(self) -> bytes:
+        data = bytes(self._pending)
+        if self._pending_cut:
+            return data[:LINE_HEAD_BYTES] + _MARK + data[-LINE_TAIL_BYTES:]
+        return data
+
+    def _pending_as_line(self) -> LogLine:
+        line = _make_line(self._take_number(), self._pending_bytes(), self._follow_offset)
+        self._pending = bytearray()
+        self._pending_cut = False
+        return line
+
+    def _partial_text(self) -> str | None:
+        if not self._pending:
+            return None
+        return display_text(_cut(self._pending_bytes()).decode("utf-8", "replace")) or None
+
+    def partial_line(self) -> str | None:
+        """The unterminated last line as shown (a tqdm bar being drawn), as of the last ``poll``."""
+        with self._lock:
+            return self._partial_text()
+
+    # -- filtering -------------------------------------------------------------------------------------
+
+    def iter_filtered(
+        self,
+        pattern: str | None = None,
+        *,
+        regex: bool = False,
+        ignore_case: bool = False,
+        rank: int | None = None,
+        start_line: int = 1,
+        chunk_bytes: int = 4 << 20,
+    ) -> Iterator[LogLine]:
+        """Every complete line from ``start_line`` whose shown text contains ``pattern`` (a substring,
+        or a regex with ``regex=True``) and whose TP rank is ``rank`` (lines of a traceback keep the rank
+        of the line that started it; tqdm bars belong to TP0).  Numbers are exact (counted here).
+
+        Streams the file with bounded memory; the lock is held per chunk, so polls interleave.
+        """
+        matcher = self._matcher(pattern, regex, ignore_case)
+        needle = pattern.encode() if (pattern and not regex and not ignore_case and rank is None) else None
+        with self._lock:
+            if self._fd is None:
+                return
+            offset = self._line_start(start_line)
+        if offset is None:
+            return
+        number = start_line
+        state = {"rank": None}
+        while True:
+            with self._lock:
+                if self._fd is None:
+                    return
+                size = os.fstat(self._fd).st_size
+                if offset >= size:
+                    return
+                data = os.pread(self._fd, min(chunk_bytes, size - offset), offset)
+                last_nl = data.rfind(b"\n")
+                if last_nl < 0:  # one line longer than the chunk, or the unterminated last line
+                    one, after, terminated = self._read_line_at(offset, size)
+                    if not terminated:
+                        return
+                    line = _make_line(number, one, offset)
+                    if self._keep(line, matcher, rank, state):
+                        yield line
+                    offset, number = after, number + 1
+                    continue
+            if needle is not None and b"\x1b" not in data:
+                yield from self._substring_scan(data, last_nl, offset, number, needle, matcher)
+            else:
+                pos, n = 0, number
+                while pos <= last_nl:
+                    nl = data.find(b"\n", pos)
+                    line = _make_line(n, data[pos:nl], offset + pos)
+                    if self._keep(line, matcher, rank, state):
+                        yield line
+                    pos, n = nl + 1, n + 1
+            number += data.count(b"\n", 0, last_nl + 1)
+            offset += last_nl + 1
+
+    @staticmethod
+    def _keep(line: LogLine, matcher, rank: int | None, state: dict) -> bool:
+        if rank is not None:
+            own = line_rank(line.text)
+            if own is not None:
+                state["rank"] = own
+            elif _is_continuation(line.text):
+                own = state["rank"]
+            elif "%|" in line.text or "% Completed" in line.text:
+                own = 0  # tqdm bars are drawn by TP0 only (sglang-facts §1.5)
+            if own != rank:
+                return False
+        return matcher is None or matcher(line.text)
+
+    @staticmethod
+    def _matcher(pattern: str | None, regex: bool, ignore_case: bool):
+        if not pattern:
+            return None
+        if regex:
+            compiled = re.compile(pattern, re.IGNORECASE if ignore_case else 0)
+            return lambda text: compiled.search(text) is not None
+        if ignore_case:
+            folded = pattern.casefold()
+            return lambda text: folded in text.casefold()
+        return lambda text: pattern in text
+
+    @staticmethod
+    def _substring_scan(data: bytes, last_nl: int, offset: int, number: int, needle: bytes, matcher) -> Iterator[LogLine]:
+        """Jump from one occurrence of ``needle`` to the next; only those lines are decoded."""
+        counted_to = 0
+        n = number
+        pos = data.find(needle, 0, last_nl + 1)
+        while pos >= 0:
+            line_start = data.rfind(b"\n", 0, pos) + 1
+            line_end = data.find(b"\n", pos)
+            n += data.count(b"\n", counted_to, line_start)
+            counted_to = line_start
+            line = _make_line(n, data[line_start:line_end], offset + line_start)
+            if matcher(line.text):
+                yield line
+            pos = data.find(needle, line_end + 1, last_nl + 1)
