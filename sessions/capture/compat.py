@@ -1,0 +1,428 @@
+"""``eagle3-tui capture check``: does this SGLang have every symbol the capture plugin relies on?
+
+Read statically with ``ast`` (SGLang is never imported, so torch is not needed): the plugin framework and
+its AFTER-hook convention, the scheduler process that loads plugins, the hook target
+``ModelRunner.forward`` and its signature, the ``ForwardBatch`` fields and ``ForwardMode`` method the
+hook reads, ``get_parallel`` and the rank fields it uses, ``LogitsProcessorOutput.hidden_states`` /
+``last_hidden_states``, and the capture-only flags.  With a model dir it also checks that the model's
+architecture has ``set_eagle3_layers_to_capture``.  Every finding names the file it looked in.
+"""
+from __future__ import annotations
+
+import ast
+import os
+import re
+import threading
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+PLUGINS_FILE = "srt/plugins/__init__.py"
+HOOK_REGISTRY_FILE = "srt/plugins/hook_registry.py"
+SCHEDULER_FILE = "srt/managers/scheduler.py"
+MODEL_RUNNER_FILE = "srt/model_executor/model_runner.py"
+FORWARD_BATCH_FILE = "srt/model_executor/forward_batch_info.py"
+LOGITS_FILE = "srt/layers/logits_processor.py"
+RUNTIME_CONTEXT_FILE = "srt/runtime_context.py"
+PARALLEL_FIELDS_FILE = "srt/arg_groups/fields/parallel.py"
+PARALLEL_STATE_FILE = "srt/distributed/parallel_state.py"
+MODELS_DIR = "srt/models"
+FLAG_FILES = "srt/arg_groups/fields/*.py, srt/server_args.py"
+
+FORWARD_BATCH_FIELDS = ("forward_mode", "input_ids", "rids", "extend_prefix_lens_cpu", "extend_seq_lens_cpu")
+PARALLEL_FIELDS = ("attn_tp_rank", "pp_group", "pp_rank", "pp_size")
+# flag -> whether it takes a value
+CAPTURE_FLAGS = {
+    "--enable-return-aux-hidden-states": False,
+    "--speculative-algorithm": True,
+    "--return-aux-hidden-state-layer-ids": True,
+    "--disable-radix-cache": False,
+}
+
+
+@dataclass(frozen=True)
+class SymbolCheck:
+    """One symbol the plugin relies on, and what was found."""
+
+    symbol: str  # e.g. "ModelRunner.forward"
+    role: str  # why the plugin needs it
+    path: str  # the file (or files) looked in
+    ok: bool
+    problem: str = ""  # "missing" or "changed: ..."
+
+
+@dataclass(frozen=True)
+class CompatReport:
+    sglang_root: str
+    version: str | None
+    checks: tuple[SymbolCheck, ...]
+
+    @property
+    def ok(self) -> bool:
+        return all(c.ok for c in self.checks)
+
+    @property
+    def failures(self) -> list[SymbolCheck]:
+        return [c for c in self.checks if not c.ok]
+
+    def to_json(self) -> dict:
+        return {
+            "compatible": self.ok,
+            "sglang_root": self.sglang_root,
+            "version": self.version,
+            "checks": [c.__dict__ for c in self.checks],
+        }
+
+    def text(self) -> str:
+        version = f"SGLang {self.version or '(version unknown)'} at {self.sglang_root}"
+        if self.ok:
+            return f"compatible ({version}; {len(self.checks)} symbols checked)"
+        lines = [f"incompatible ({version}): {len(self.failures)} of {len(self.checks)} symbols"]
+        for c in self.failures:
+            lines.append(f"  {c.problem}: {c.symbol} ({c.role}) -- looked in {c.path}")
+        return "\n".join(lines)
+
+
+# -- ast helpers ----------------------------------------------------------------------------------------
+class _Files:
+    """Parsed files of one SGLang root; a missing or unparsable file reads as None."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self._trees: dict[str, ast.Module | None] = {}
+
+    def path(self, relpath: str) -> str:
+        return str(self.root / relpath)
+
+    def tree(self, relpath: str) -> ast.Module | None:
+        if relpath not in self._trees:
+            try:
+                text = (self.root / relpath).read_text(encoding="utf-8")
+                self._trees[relpath] = ast.parse(text, filename=str(self.root / relpath))
+            except (OSError, SyntaxError, UnicodeDecodeError):
+                self._trees[relpath] = None
+        return self._trees[relpath]
+
+
+def _top_class(tree: ast.Module | None, name: str) -> ast.ClassDef | None:
+    if tree is None:
+        return None
+    for node in tree.body:
+        if isinstance(node, ast.ClassDef) and node.name == name:
+            return node
+    return None
+
+
+def _top_function(tree: ast.Module | None, name: str) -> ast.FunctionDef | ast.AsyncFunctionDef | None:
+    if tree is None:
+        return None
+    for node in tree.body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name == name:
+            return node
+    return None
+
+
+def _method(cls: ast.ClassDef | None, name: str) -> ast.FunctionDef | ast.AsyncFunctionDef | None:
+    if cls is None:
+        return None
+    for node in cls.body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name == name:
+            return node
+    return None
+
+
+def _class_field(cls: ast.ClassDef | None, name: str) -> bool:
+    """A class-level ``name: T [= v]`` or ``name = v``."""
+    if cls is None:
+        return False
+    for node in cls.body:
+        if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) and node.target.id == name:
+            return True
+        if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == name for t in node.targets):
+            return True
+    return False
+
+
+def _assigns_self_attr(cls: ast.ClassDef | None, attr: str) -> bool:
+    if cls is None:
+        return False
+    for node in ast.walk(cls):
+        if isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store) and node.attr == attr \
+                and isinstance(node.value, ast.Name) and node.value.id == "self":
+            return True
+    return False
+
+
+def _calls(node: ast.AST | None, name: str) -> bool:
+    if node is None:
+        return False
+    for sub in ast.walk(node):
+        if isinstance(sub, ast.Call):
+            func = sub.func
+            called = func.id if isinstance(func, ast.Name) else func.attr if isinstance(func, ast.Attribute) else None
+            if called == name:
+                return True
+    return False
+
+
+def _module_string(tree: ast.Module | None, name: str) -> str | None:
+    if tree is None:
+        return None
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == name for t in node.targets) \
+                and isinstance(node.value, ast.Constant) and isinstance(node.value.value, str):
+            return node.value.value
+    return None
+
+
+def _has_string_prefix(tree: ast.Module | None, prefix: str) -> bool:
+    if tree is None:
+        return False
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value.startswith(prefix):
+            return True
+        if isinstance(node, ast.JoinedStr) and node.values:
+            first = node.values[0]
+            if isinstance(first, ast.Constant) and isinstance(first.value, str) and first.value.startswith(prefix):
+                return True
+    return False
+
+
+def _params(fn: ast.FunctionDef | ast.AsyncFunctionDef) -> list[str]:
+    return [a.arg for a in fn.args.posonlyargs + fn.args.args]
+
+
+# -- the checks -----------------------------------------------------------------------------------------
+def check_sglang(root: str | os.PathLike, model_path: str | os.PathLike | None = None) -> CompatReport:
+    """Check the SGLang package folder ``root`` (the one holding ``srt/``)."""
+    from sessions.sglang_source import SglangSource
+
+    root = Path(root)
+    source = SglangSource(root)
+    files = _Files(root)
+    checks: list[SymbolCheck] = []
+
+    def add(symbol: str, role: str, relpath: str, test: Callable[[], str | None]) -> None:
+        """``test`` returns None when fine, else the problem ("missing", "changed: ...")."""
+        if relpath == FLAG_FILES:  # flags come from many files, read by sessions.sglang_source
+            path = ", ".join(str(root / p.strip()) for p in relpath.split(","))
+        else:
+            path = files.path(relpath)
+            if files.tree(relpath) is None:
+                problem = "missing file" if not (root / relpath).exists() else "unreadable file"
+                checks.append(SymbolCheck(symbol, role, path, False, problem))
+                return
+        problem = test()
+        checks.append(SymbolCheck(symbol, role, path, problem is None, problem or ""))
+
+    def exists(found: object) -> str | None:
+        return None if found else "missing"
+
+    # The plugin framework (sglang-facts §5.1).
+    plugins = files.tree(PLUGINS_FILE)
+    add("GENERAL_PLUGINS_GROUP", "entry-point group the plugin registers in", PLUGINS_FILE,
+        lambda: None if _module_string(plugins, "GENERAL_PLUGINS_GROUP") == "sglang.srt.plugins" else (
+            "missing" if _module_string(plugins, "GENERAL_PLUGINS_GROUP") is None else
+            f"changed: group is {_module_string(plugins, 'GENERAL_PLUGINS_GROUP')!r}, expected 'sglang.srt.plugins'"))
+    add("load_plugins", "loads entry points, then applies hooks", PLUGINS_FILE,
+        lambda: exists(_top_function(plugins, "load_plugins")) or (
+            None if _calls(_top_function(plugins, "load_plugins"), "apply_hooks")
+            else "changed: load_plugins no longer calls HookRegistry.apply_hooks()"))
+    registry = files.tree(HOOK_REGISTRY_FILE)
+    hook_registry = _top_class(registry, "HookRegistry")
+
+    def register_signature() -> str | None:
+        fn = _method(hook_registry, "register")
+        if fn is None:
+            return "missing"
+        params = _params(fn)[1:4]
+        if params != ["target", "hook", "hook_type"]:
+            return f"changed: parameters are {params}, expected ['target', 'hook', 'hook_type']"
+        return None
+
+    add("HookRegistry.register", "registers the AFTER hook", HOOK_REGISTRY_FILE, register_signature)
+    add("HookType.AFTER", "hook type used", HOOK_REGISTRY_FILE,
+        lambda: exists(_class_field(_top_class(registry, "HookType"), "AFTER")))
+
+    def after_convention() -> str | None:
+        for node in ast.walk(registry):  # type: ignore[arg-type]
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "hook" \
+                    and node.args and isinstance(node.args[0], ast.Name) and node.args[0].id == "result" \
+                    and any(isinstance(a, ast.Starred) for a in node.args[1:]):
+                return None
+        return "changed: no AFTER wrapper calls hook(result, *args, **kwargs)"
+
+    add("AFTER hook calling convention", "the hook is called as hook(result, *args, **kwargs)",
+        HOOK_REGISTRY_FILE, after_convention)
+
+    # The scheduler loads plugins; the plugin recognises it by title or by this function's name.
+    scheduler = files.tree(SCHEDULER_FILE)
+    add("run_scheduler_process", "the scheduler process entry that runs load_plugins()", SCHEDULER_FILE,
+        lambda: exists(_top_function(scheduler, "run_scheduler_process")) or (
+            None if _calls(_top_function(scheduler, "run_scheduler_process"), "load_plugins")
+            else "changed: run_scheduler_process no longer calls load_plugins()"))
+    add("'sglang::scheduler' process title", "how the plugin recognises a scheduler", SCHEDULER_FILE,
+        lambda: exists(_has_string_prefix(scheduler, "sglang::scheduler")))
+
+    # The hook target.
+    runner_tree = files.tree(MODEL_RUNNER_FILE)
+    runner = _top_class(runner_tree, "ModelRunner")
+
+    def forward_signature() -> str | None:
+        if runner is None:
+            return "missing (class ModelRunner)"
+        fn = _method(runner, "forward")
+        if fn is None:
+            return "missing"
+        params = _params(fn)
+        if params[:2] != ["self", "forward_batch"]:
+            return f"changed: parameters start {params[:2]}, expected ['self', 'forward_batch']"
+        return None
+
+    add("ModelRunner.forward", "hook target (AFTER)", MODEL_RUNNER_FILE, forward_signature)
+    add("ModelRunner.init_attention_backends", "hook target (AFTER) for the capture-active line",
+        MODEL_RUNNER_FILE, lambda: exists(_method(runner, "init_attention_backends")))
+    add("ModelRunner.is_draft_worker", "skips draft runners", MODEL_RUNNER_FILE,
+        lambda: exists(_assigns_self_attr(runner, "is_draft_worker")))
+    add("ModelRunner.model", "where layers_to_capture is read", MODEL_RUNNER_FILE,
+        lambda: exists(_assigns_self_attr(runner, "model")))
+    add("ModelRunnerOutput.logits_output", "the forward's result", MODEL_RUNNER_FILE,
+        lambda: exists(_class_field(_top_class(runner_tree, "ModelRunnerOutput"), "logits_output")))
+
+    # ForwardBatch / ForwardMode (sglang-facts §4.6).
+    batch_tree = files.tree(FORWARD_BATCH_FILE)
+    forward_batch = _top_class(batch_tree, "ForwardBatch")
+    for name in FORWARD_BATCH_FIELDS:
+        add(f"ForwardBatch.{name}", "field the hook reads", FORWARD_BATCH_FILE,
+            lambda name=name: exists(_class_field(forward_batch, name)))
+    add("ForwardMode.is_extend_without_speculative", "selects extend forwards without speculation",
+        FORWARD_BATCH_FILE, lambda: exists(_method(_top_class(batch_tree, "ForwardMode"),
+                                                   "is_extend_without_speculative")))
+
+    # The result (sglang-facts §4.5).
+    output = _top_class(files.tree(LOGITS_FILE), "LogitsProcessorOutput")
+    add("LogitsProcessorOutput.hidden_states", "the packed aux rows [tokens, K*H]", LOGITS_FILE,
+        lambda: exists(_class_field(output, "hidden_states")))
+    add("LogitsProcessorOutput.last_hidden_states", "the post-norm final rows [tokens, H]", LOGITS_FILE,
+        lambda: exists(_class_field(output, "last_hidden_states")))
+
+    # Ranks (sglang-facts §4.7).
+    add("get_parallel", "which rank writes", RUNTIME_CONTEXT_FILE,
+        lambda: exists(_top_function(files.tree(RUNTIME_CONTEXT_FILE), "get_parallel")))
+    parallel = _top_class(files.tree(PARALLEL_FIELDS_FILE), "Parallel")
+    for name in PARALLEL_FIELDS:
+        add(f"get_parallel().{name}", "rank field the hook reads", PARALLEL_FIELDS_FILE,
+            lambda name=name: exists(_class_field(parallel, name)))
+    add("GroupCoordinator.is_last_rank", "last pipeline rank test", PARALLEL_STATE_FILE,
+        lambda: exists(_method(_top_class(files.tree(PARALLEL_STATE_FILE), "GroupCoordinator"), "is_last_rank")))
+
+    # The capture-only flags (sglang-facts §4.1).
+    flags = source.flags()
+    for flag, takes_value in CAPTURE_FLAGS.items():
+        def flag_test(flag: str = flag, takes_value: bool = takes_value) -> str | None:
+            info = flags.get(flag)
+            if info is None:
+                return "missing"
+            if info.takes_value != takes_value:
+                return f"changed: {'takes' if info.takes_value else 'takes no'} value"
+            return None
+
+        add(flag, "capture flag", FLAG_FILES, flag_test)
+
+    if model_path is not None:
+        from sessions.profiles import ModelConfigError, read_model_config
+
+        try:
+            arch = read_model_config(model_path).architecture
+        except ModelConfigError as exc:
+            arch, error = None, str(exc)
+        else:
+            error = "config.json names no architecture"
+        if arch is None:
+            checks.append(SymbolCheck("model architecture", "the model to capture", str(model_path), False,
+                                      f"unknown: {error}"))
+        else:
+            found = architecture_support(root, arch)
+            checks.append(SymbolCheck(f"{arch}.set_eagle3_layers_to_capture", "sets the capture layers",
+                                      found.path or str(root / MODELS_DIR), bool(found.supported),
+                                      "" if found.supported else found.detail))
+    return CompatReport(str(root), source.version, tuple(checks))
+
+
+# -- architectures ----------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class ArchitectureSupport:
+    supported: bool | None
+    detail: str
+    path: str | None = None  # the file whose class implements (or lacks) the method
+
+
+_CLASS_RE = re.compile(r"^class\s+(\w+)\s*[(:]", re.MULTILINE)
+_INDEX_CACHE: dict[str, tuple[int, dict[str, list[str]]]] = {}
+_INDEX_LOCK = threading.Lock()
+
+
+def _class_index(models_dir: Path) -> dict[str, list[str]]:
+    """Class name -> model files defining it (text scan, cached by the folder's mtime)."""
+    try:
+        mtime = models_dir.stat().st_mtime_ns
+    except OSError:
+        return {}
+    with _INDEX_LOCK:
+        hit = _INDEX_CACHE.get(str(models_dir))
+    if hit is not None and hit[0] == mtime:
+        return hit[1]
+    index: dict[str, list[str]] = {}
+    for path in sorted(models_dir.glob("*.py")):
+        try:
+            text = path.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError):
+            continue
+        for name in _CLASS_RE.findall(text):
+            index.setdefault(name, []).append(str(path))
+    with _INDEX_LOCK:
+        _INDEX_CACHE[str(models_dir)] = (mtime, index)
+    return index
+
+
+def _base_names(cls: ast.ClassDef) -> Iterable[str]:
+    for base in cls.bases:
+        if isinstance(base, ast.Name):
+            yield base.id
+        elif isinstance(base, ast.Attribute):
+            yield base.attr
+
+
+def architecture_support(root: str | os.PathLike, architecture: str) -> ArchitectureSupport:
+    """Whether SGLang's model class ``architecture`` (or a base class) defines set_eagle3_layers_to_capture."""
+    models_dir = Path(root) / MODELS_DIR
+    index = _class_index(models_dir)
+    if not index:
+        return ArchitectureSupport(None, f"no model sources under {models_dir}")
+    files = _Files(models_dir)
+    seen: set[str] = set()
+
+    def search(name: str, depth: int) -> ArchitectureSupport | None:
+        if name in seen or depth > 12:
+            return None
+        seen.add(name)
+        for path in index.get(name, []):
+            cls = _top_class(files.tree(os.path.basename(path)), name)
+            if cls is None:
+                continue
+            if _method(cls, "set_eagle3_layers_to_capture") is not None:
+                return ArchitectureSupport(True, f"{name} defines set_eagle3_layers_to_capture", path)
+            for base in _base_names(cls):
+                found = search(base, depth + 1)
+                if found is not None and found.supported:
+                    return ArchitectureSupport(True, f"{architecture} inherits it from {base}: {found.detail}",
+                                               found.path)
+        return None
+
+    found = search(architecture, 0)
+    if found is not None:
+        return found
+    if architecture not in index:
+        return ArchitectureSupport(False, f"no model class {architecture} in {models_dir}")
+    return ArchitectureSupport(False, f"{architecture} (nor any base class) defines set_eagle3_layers_to_capture",
+                               index[architecture][0])

@@ -1,0 +1,442 @@
+"""The capture toggle: what ``[capture]`` adds to a launch, what it refuses, and its status snapshot.
+
+* `capture_additions` — the flags of SGLang's capture-only mode (``--enable-return-aux-hidden-states
+  --speculative-algorithm EAGLE3 --disable-radix-cache [--return-aux-hidden-state-layer-ids ...]``,
+  sglang-facts §4.1) and the env that loads our plugin (``EAGLE3_CAPTURE`` + the generated PYTHONPATH dir).
+  ``sessions.profiles.build_command`` calls it.
+* `capture_problems` — refusals with reasons (``validate_profile`` calls it).
+* `toggle_capture` — the TUI's ``c`` key: flip ``[capture] enabled`` and save.
+* `capture_status` — a `CaptureStatus` snapshot for ``widgets.capture_panel.CapturePanel``.
+
+Nothing here imports torch or SGLang (the TUI imports this module).
+"""
+from __future__ import annotations
+
+import dataclasses
+import getpass
+import os
+import shutil
+import stat
+import tempfile
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from sessions.capture.layers import (
+    KNOWN_UNSUPPORTED,
+    LayerError,
+    LayerPlan,
+    LayerRule,
+    plan_layers,
+    rule_for,
+    standard_points,
+)
+from sessions.capture.plugin.eagle3_capture.spec import ENV_NAME, CaptureSpec
+from sessions.capture.plugin.eagle3_capture.writer import CaptureDirError, check_capture_dir
+
+if TYPE_CHECKING:  # pragma: no cover
+    from sessions.profiles import LaunchProfile, Problem
+
+CAPTURE_FLAGS = ("--enable-return-aux-hidden-states", "--speculative-algorithm", "EAGLE3")
+LAYER_IDS_FLAG = "--return-aux-hidden-state-layer-ids"
+RADIX_OFF_FLAG = "--disable-radix-cache"
+PLUGINS_ENV = "SGLANG_PLUGINS"  # SGLang's whitelist of plugin names (sglang/srt/plugins/__init__.py:52-56)
+PLUGIN_NAME = "eagle3_capture"
+CUDA_GRAPH_NOTE = (
+    "CUDA graphs may stay on: the hook runs eagerly after ModelRunner.forward, "
+    "prefill graphs only cover the transformer body"
+)
+LOW_SPACE_FRACTION = 0.10  # warn when the capture filesystem has less than this free
+_PP_FLAGS = ("--pp-size", "--pipeline-parallel-size")
+
+
+# -- the capture dir ----------------------------------------------------------------------------------
+def default_capture_dir() -> str:
+    """``/dev/shm/eagle3-capture-<user>`` (DESIGN §1b), or the temp dir where there is no /dev/shm."""
+    try:
+        user = getpass.getuser()
+    except (KeyError, OSError):
+        user = str(os.getuid())
+    base = "/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir()
+    return os.path.join(base, f"eagle3-capture-{user}")
+
+
+def capture_dir(profile: LaunchProfile) -> str:
+    raw = profile.capture.dir
+    return os.path.abspath(os.path.expanduser(raw)) if raw else default_capture_dir()
+
+
+# -- the model's shape and layer plan ------------------------------------------------------------------
+@dataclass(frozen=True)
+class ModelFacts:
+    """What capture needs from the model dir (or why it is not known)."""
+
+    architecture: str | None
+    num_layers: int | None
+    hidden_size: int | None
+    error: str | None = None
+    has_weights: bool = False
+
+
+def model_facts(model_path: str) -> ModelFacts:
+    from sessions.profiles import ModelConfigError, read_model_config
+
+    path = Path(os.path.expanduser(model_path or ""))
+    if not model_path:
+        return ModelFacts(None, None, None, "server.model_path is not set")
+    try:
+        shape = read_model_config(path)
+    except ModelConfigError as exc:
+        return ModelFacts(None, None, None, str(exc))
+    try:
+        has_weights = any(path.glob("*.safetensors"))
+    except OSError:
+        has_weights = False
+    return ModelFacts(shape.architecture, shape.num_hidden_layers, shape.hidden_size, None, has_weights)
+
+
+def layer_plan(profile: LaunchProfile, facts: ModelFacts | None = None) -> LayerPlan | None:
+    """The capture points and ids for this profile; None when the model or its family is unknown or the
+    layers cannot be captured (`capture_problems` says why)."""
+    facts = facts or model_facts(profile.server.model_path)
+    rule = rule_for(facts.architecture)
+    if rule is None or not facts.num_layers:
+        return None
+    try:
+        return plan_layers(profile.capture.layers, facts.num_layers, rule)
+    except LayerError:
+        return None
+
+
+# -- flags and env --------------------------------------------------------------------------------------
+def capture_spec(profile: LaunchProfile, plan: LayerPlan | None = None) -> CaptureSpec:
+    plan = plan if plan is not None else layer_plan(profile)
+    return CaptureSpec(
+        dir=capture_dir(profile),
+        rid_prefix=profile.capture.rid_prefix,
+        layers=plan.points if plan else (tuple(profile.capture.layers) if profile.capture.layers else None),
+        draft_layer_ids=plan.ids if plan else None,
+    )
+
+
+def _has_option(args: Sequence[str], option: str) -> bool:
+    return any(a == option or a.startswith(option + "=") for a in args)
+
+
+def _option_values(args: Sequence[str], option: str) -> list[str]:
+    """Values given to ``option`` in ``args`` (``--x v`` and ``--x=v``)."""
+    out = []
+    for i, arg in enumerate(args):
+        if arg == option and i + 1 < len(args):
+            out.append(args[i + 1])
+        elif arg.startswith(option + "="):
+            out.append(arg.split("=", 1)[1])
+    return out
+
+
+def capture_additions(profile: LaunchProfile) -> tuple[list[str], dict[str, str]]:
+    """``(argv_extra, env_extra)`` for a profile with capture on; ``([], {})`` when it is off.
+
+    Flags already in ``extra_args`` are not repeated; ``--disable-radix-cache`` is de-duplicated by
+    ``build_command``.  ``PYTHONPATH`` is the plugin dir (``build_command`` appends the profile's own
+    entries; when the profile sets none, the inherited ``PYTHONPATH`` is kept here).
+    """
+    if not profile.capture.enabled:
+        return [], {}
+    from sessions.capture.inject import plugin_path
+
+    s = profile.server
+    extra = list(s.extra_args)
+    argv: list[str] = []
+    if not _has_option(extra, "--enable-return-aux-hidden-states"):
+        argv.append("--enable-return-aux-hidden-states")
+    if not _has_option(extra, "--speculative-algorithm"):
+        argv += ["--speculative-algorithm", "EAGLE3"]
+    if not _has_option(extra, RADIX_OFF_FLAG):
+        argv.append(RADIX_OFF_FLAG)
+    plan = layer_plan(profile)
+    if profile.capture.layers is not None and plan is not None and not _has_option(extra, LAYER_IDS_FLAG):
+        argv += [LAYER_IDS_FLAG, *(str(i) for i in plan.ids)]
+
+    env: dict[str, str] = {ENV_NAME: capture_spec(profile, plan).to_json()}
+    entry = str(plugin_path())
+    inherited = os.environ.get("PYTHONPATH", "")
+    env["PYTHONPATH"] = entry if s.env.get("PYTHONPATH") or not inherited else os.pathsep.join([entry, inherited])
+    allowed = s.env.get(PLUGINS_ENV, os.environ.get(PLUGINS_ENV, ""))
+    if allowed.strip():
+        names = [n.strip() for n in allowed.split(",") if n.strip()]
+        if PLUGIN_NAME not in names:  # SGLang loads only whitelisted plugins when the list is set
+            env[PLUGINS_ENV] = ",".join(names + [PLUGIN_NAME])
+    return argv, env
+
+
+# -- validation -----------------------------------------------------------------------------------------
+def _problem(field: str, message: str, severity: str = "error") -> Problem:
+    from sessions.profiles import Problem
+
+    return Problem(field, message, severity=severity)
+
+
+def _sglang_supports(profile: LaunchProfile, architecture: str) -> tuple[bool | None, str]:
+    """Static answer from the profile's SGLang when it can be found (None: not known)."""
+    if profile.server.launcher != "sglang":
+        return None, ""
+    try:
+        from sessions.capture.compat import architecture_support
+        from sessions.sglang_source import find_sglang
+
+        source = find_sglang(profile.server.python, env={**os.environ, **profile.server.env})
+    except Exception:  # noqa: BLE001 - a lookup failure must not block validation; the list decides
+        return None, ""
+    if source is None:
+        return None, ""
+    found = architecture_support(source.root, architecture)
+    return found.supported, f"SGLang {source.version or '?'} at {source.root}: {found.detail}"
+
+
+def capture_problems(profile: LaunchProfile) -> list[Problem]:
+    """Why a capture launch cannot work (errors) or deserves a look (warnings); [] when capture is off."""
+    if not profile.capture.enabled:
+        return []
+    problems: list[Problem] = []
+    s = profile.server
+    extra = list(s.extra_args)
+    if s.radix_cache and profile.is_explicit("server.radix_cache"):
+        problems.append(_problem(
+            "server.radix_cache",
+            "radix_cache = true cannot be used with capture: a cached prefix is not recomputed, so its "
+            "hidden states would be missing; remove the key (capture adds --disable-radix-cache)"))
+    pp = [v for opt in _PP_FLAGS for v in _option_values(extra, opt)]
+    for value in pp:
+        try:
+            size = int(value)
+        except ValueError:
+            continue
+        if size > 1:
+            problems.append(_problem(
+                "server.extra_args",
+                f"pipeline parallelism (PP {size}) is not supported with capture: SGLang's capture-only mode "
+                "requires pp_size == 1 (arg_groups/validation_hook.py)"))
+    if _has_option(extra, "--speculative-draft-model-path") or _has_option(extra, "--speculative-draft-model"):
+        problems.append(_problem(
+            "server.extra_args",
+            "a speculative draft model cannot run with capture: --enable-return-aux-hidden-states is "
+            "capture-only and refuses a draft (arg_groups/validation_hook.py)"))
+    for value in _option_values(extra, "--speculative-algorithm"):
+        if value.upper() != "EAGLE3":
+            problems.append(_problem(
+                "server.extra_args",
+                f"--speculative-algorithm {value} conflicts with capture, which needs EAGLE3 (it names the "
+                "capture convention)"))
+    if _has_option(extra, LAYER_IDS_FLAG):
+        severity = "error" if profile.capture.layers is not None else "warning"
+        problems.append(_problem(
+            "server.extra_args",
+            f"{LAYER_IDS_FLAG} in extra_args bypasses the per-family conversion; set [capture] layers "
+            "(physical capture points) instead", severity))
+    if _has_option(extra, "--enable-mixed-chunk"):
+        problems.append(_problem(
+            "server.extra_args",
+            "--enable-mixed-chunk puts decode rows into extend forwards; a dumped rid may then hold rows "
+            "past its prompt (keep max_new_tokens = 1 for capture jobs)", "warning"))
+
+    facts = model_facts(s.model_path)
+    if facts.error is None:
+        problems += _model_capture_problems(profile, facts)
+    if s.launcher == "emulator" and facts.error is None and not facts.has_weights:
+        problems.append(_problem(
+            "server.model_path",
+            "the emulator needs model weights (*.safetensors) to produce captures; make a small model "
+            "with `eagle3-tui demo-model DIR`", "warning"))
+    problems += _dir_problems(capture_dir(profile))
+    return problems
+
+
+def _model_capture_problems(profile: LaunchProfile, facts: ModelFacts) -> list[Problem]:
+    problems: list[Problem] = []
+    arch = facts.architecture
+    rule = rule_for(arch)
+    supported, detail = _sglang_supports(profile, arch) if arch else (None, "")
+    if arch is None:
+        problems.append(_problem("server.model_path", "config.json names no architecture; capture needs one "
+                                 "whose SGLang model implements set_eagle3_layers_to_capture"))
+    elif supported is False or arch in KNOWN_UNSUPPORTED or (supported is None and rule is None):
+        where = f" ({detail})" if detail else " (SGLang 0.5.23's list, sglang-facts §4.2)"
+        problems.append(_problem(
+            "server.model_path",
+            f"architecture {arch} has no set_eagle3_layers_to_capture{where}: SGLang cannot capture aux "
+            "hidden states for it"))
+    if facts.num_layers is None:
+        problems.append(_problem("capture.layers", "config.json has no num_hidden_layers (nor under "
+                                 "text_config); the capture layers cannot be checked", "warning"))
+        return problems
+    if rule is None:
+        rule = LayerRule.PLUS_ONE  # an architecture only the installed SGLang knows: the common rule
+        if supported:
+            problems.append(_problem("capture.layers", f"{arch} is not in eagle3-tui's list of layer "
+                                     "conventions; assuming ids + 1 (check the capture-active log line)",
+                                     "warning"))
+    try:
+        plan = plan_layers(profile.capture.layers, facts.num_layers, rule)
+    except LayerError as exc:
+        problems.append(_problem("capture.layers", str(exc)))
+        return problems
+    for warning in plan.warnings:
+        problems.append(_problem("capture.layers", warning, "warning"))
+    return problems
+
+
+def _dir_problems(directory: str) -> list[Problem]:
+    problems = []
+    try:
+        check_capture_dir(directory, create=False)
+    except CaptureDirError as exc:
+        problems.append(_problem("capture.dir", str(exc)))
+        return problems
+    usage = _disk_usage(directory)
+    if usage is not None and usage.total and usage.free < LOW_SPACE_FRACTION * usage.total:
+        problems.append(_problem(
+            "capture.dir", f"the filesystem of {directory} is {100 * usage.used / usage.total:.0f}% full "
+            f"({usage.free / 2**30:.1f} GiB free)", "warning"))
+    return problems
+
+
+def _disk_usage(directory: str) -> Any:
+    probe = Path(directory)
+    while not probe.exists() and probe != probe.parent:
+        probe = probe.parent
+    try:
+        return shutil.disk_usage(probe)
+    except OSError:
+        return None
+
+
+# -- the toggle -----------------------------------------------------------------------------------------
+def toggle_capture(profile: LaunchProfile, home: Any = None) -> LaunchProfile:
+    """Flip ``[capture] enabled``, save the profile and return the saved copy.
+
+    Turning capture on also drops an explicit ``radix_cache = true`` back to the default (which is the
+    same value): capture disables the radix cache itself, and an explicit true would be refused.
+    """
+    from sessions.profiles import save_profile
+
+    enable = not profile.capture.enabled
+    changed = profile.with_changes(capture={"enabled": enable})
+    if enable and changed.server.radix_cache and changed.is_explicit("server.radix_cache"):
+        changed = dataclasses.replace(changed, explicit_keys=changed.explicit_keys - {"server.radix_cache"})
+    path = save_profile(changed, home=home)
+    return dataclasses.replace(changed, path=path)
+
+
+# -- status ---------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class CaptureStatus:
+    """A snapshot of one profile's capture setup and its capture dir, for the UI."""
+
+    profile_name: str
+    enabled: bool
+    dir: str
+    dir_exists: bool
+    dir_problem: str | None
+    file_count: int  # chunk files
+    rid_count: int
+    size_bytes: int
+    fs_total_bytes: int | None
+    fs_used_bytes: int | None
+    fs_free_bytes: int | None
+    rid_prefix: str
+    architecture: str | None
+    num_layers: int | None
+    points: tuple[int, ...] | None  # physical capture points (SGLang's layers_to_capture)
+    draft_ids: tuple[int, ...] | None  # --return-aux-hidden-state-layer-ids / draft-config ids
+    explicit_layers: bool
+    standard_points: tuple[int, ...] | None
+    warnings: tuple[str, ...]
+    errors: tuple[str, ...]
+    cuda_graph_note: str = CUDA_GRAPH_NOTE
+
+    @property
+    def fs_fill_percent(self) -> float | None:
+        if not self.fs_total_bytes:
+            return None
+        return 100.0 * (self.fs_used_bytes or 0) / self.fs_total_bytes
+
+    @property
+    def is_standard(self) -> bool | None:
+        if self.points is None or self.standard_points is None:
+            return None
+        return tuple(self.points) == tuple(self.standard_points)
+
+    def to_json(self) -> dict:
+        out = dataclasses.asdict(self)
+        out["fs_fill_percent"] = self.fs_fill_percent
+        out["is_standard"] = self.is_standard
+        for key in ("points", "draft_ids", "standard_points", "warnings", "errors"):
+            if out[key] is not None:
+                out[key] = list(out[key])
+        return out
+
+
+def _scan_capture_dir(directory: str, max_entries: int = 200_000) -> tuple[int, int, int]:
+    """(chunk files, rid folders, bytes) without following symlinks; stops counting at ``max_entries``."""
+    files = rids = size = 0
+    seen = 0
+    try:
+        with os.scandir(directory) as top:
+            for rid_entry in top:
+                if not rid_entry.is_dir(follow_symlinks=False) or rid_entry.name.startswith("."):
+                    continue
+                rids += 1
+                try:
+                    with os.scandir(rid_entry.path) as inner:
+                        for entry in inner:
+                            seen += 1
+                            if seen > max_entries:
+                                return files, rids, size
+                            if entry.name.endswith(".safetensors") and not entry.name.startswith("."):
+                                st = entry.stat(follow_symlinks=False)
+                                if stat.S_ISREG(st.st_mode):
+                                    files += 1
+                                    size += st.st_size
+                except OSError:
+                    continue
+    except OSError:
+        pass
+    return files, rids, size
+
+
+def capture_status(profile: LaunchProfile) -> CaptureStatus:
+    """The capture setup of ``profile`` and the state of its capture dir (cheap enough for a poll)."""
+    directory = capture_dir(profile)
+    facts = model_facts(profile.server.model_path)
+    plan = layer_plan(profile, facts)
+    problems = capture_problems(dataclasses.replace(
+        profile, capture=dataclasses.replace(profile.capture, enabled=True)))
+    dir_problem = next((p.message for p in problems if p.field == "capture.dir" and p.is_error), None)
+    is_link = os.path.islink(directory)
+    exists = os.path.isdir(directory) and not is_link
+    files, rids, size = _scan_capture_dir(directory) if exists and dir_problem is None else (0, 0, 0)
+    usage = _disk_usage(directory)
+    return CaptureStatus(
+        profile_name=profile.name,
+        enabled=profile.capture.enabled,
+        dir=directory,
+        dir_exists=exists,
+        dir_problem=dir_problem,
+        file_count=files,
+        rid_count=rids,
+        size_bytes=size,
+        fs_total_bytes=usage.total if usage else None,
+        fs_used_bytes=usage.used if usage else None,
+        fs_free_bytes=usage.free if usage else None,
+        rid_prefix=profile.capture.rid_prefix,
+        architecture=facts.architecture,
+        num_layers=facts.num_layers,
+        points=plan.points if plan else (tuple(profile.capture.layers) if profile.capture.layers else None),
+        draft_ids=plan.ids if plan else None,
+        explicit_layers=profile.capture.layers is not None,
+        standard_points=tuple(standard_points(facts.num_layers)) if facts.num_layers else None,
+        warnings=tuple(p.message for p in problems if not p.is_error),
+        errors=tuple(p.message for p in problems if p.is_error),
+    )

@@ -1,0 +1,193 @@
+"""``eagle3-tui demo-model DIR``: a small, real, seeded causal LM made offline (DESIGN §7).
+
+The folder holds what SGLang and transformers read from a model dir: ``config.json`` (a Llama or Qwen2
+architecture that transformers implements, >= 8 layers so that ``[2, L//2, L-3]`` are three distinct
+capture points), ``model.safetensors`` with seeded weights, ``generation_config.json``, and a real
+``tokenizers`` byte-level BPE trained in-process on the built-in text below, saved as ``tokenizer.json``
++ ``tokenizer_config.json`` with a ChatML chat template, so that ``AutoTokenizer.from_pretrained(dir,
+local_files_only=True).apply_chat_template(...)`` works.  The weights are drawn with plain torch under
+the HF parameter names (transformers is not needed to write the folder, only to run it); torch,
+safetensors and tokenizers are imported only inside `write_demo_model`.
+"""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM"}
+SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|pad|>")
+# ChatML; the {% generation %} markers let transformers return an assistant-token mask.
+CHAT_TEMPLATE = (
+    "{% for message in messages %}"
+    "{% if message['role'] == 'assistant' %}"
+    "{{ '<|im_start|>assistant\\n' }}{% generation %}{{ message['content'] + '<|im_end|>' }}{% endgeneration %}"
+    "{{ '\\n' }}"
+    "{% else %}"
+    "{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' }}"
+    "{% endif %}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
+)
+
+# Training text for the tokenizer: plain English about the product's own domain, so that demo prompts
+# tokenize into sensible pieces.  Any text encodes anyway (byte-level alphabet).
+_CORPUS = """\
+The server is fired up and ready to roll. Loading safetensors checkpoint shards took a while.
+Speculative decoding drafts several tokens with a small model and verifies them with the target model.
+EAGLE-3 feeds the draft model with hidden states taken from three layers of the target: a low layer,
+a middle layer and a high layer. The capture point of layer i is the input of decoder layer i.
+Hidden states are written to a private directory, one file per request chunk, and collected later.
+A chunked prefill splits a long prompt into several forward passes; each chunk has a prefix length.
+The user asks a question and the assistant answers it. Hello! How are you today? I am fine, thank you.
+What is the capital city of France? The capital city of France is Paris. Tell me a short story.
+Once upon a time there was a tiny language model with eight layers and a hidden size of sixty four.
+It could not say much, but it was very fast, and every forward pass was exactly the same each time.
+Numbers: 0 1 2 3 4 5 6 7 8 9 10 100 1000 2048 4096 8192. Punctuation: , . ; : ! ? ( ) [ ] { } " ' - _
+Tensor parallel ranks share one batch. The scheduler runs the model; the detokenizer turns ids into text.
+"""
+
+
+class DemoModelError(ValueError):
+    """The target folder cannot be used (not empty, not a folder, bad option)."""
+
+
+def write_demo_model(
+    directory: str | os.PathLike,
+    *,
+    arch: str = "llama",
+    num_layers: int = 8,
+    hidden_size: int = 64,
+    vocab_size: int = 512,
+    seed: int = 0,
+    overwrite: bool = False,
+) -> Path:
+    """Write the model folder; returns its path.  Refuses a non-empty folder unless ``overwrite``."""
+    if arch not in ARCHITECTURES:
+        raise DemoModelError(f"arch {arch!r} is not one of {', '.join(ARCHITECTURES)}")
+    if num_layers < 8:
+        raise DemoModelError(f"num_layers must be >= 8 (three distinct capture points), not {num_layers}")
+    if hidden_size < 16 or hidden_size % 8:
+        raise DemoModelError(f"hidden_size must be a multiple of 8 and >= 16, not {hidden_size}")
+    if vocab_size < 300:
+        raise DemoModelError(f"vocab_size must be >= 300 (256 bytes + merges + specials), not {vocab_size}")
+    path = Path(directory).expanduser()
+    if path.exists() and not path.is_dir():
+        raise DemoModelError(f"{path} exists and is not a folder")
+    if path.is_dir() and any(path.iterdir()) and not overwrite:
+        raise DemoModelError(f"{path} is not empty (pass --force to write into it)")
+    path.mkdir(parents=True, exist_ok=True)
+
+    tokenizer = _train_tokenizer(vocab_size)
+    tokenizer.save(str(path / "tokenizer.json"))
+    ids = {tok: tokenizer.token_to_id(tok) for tok in SPECIAL_TOKENS}
+    real_vocab = tokenizer.get_vocab_size()
+    (path / "tokenizer_config.json").write_text(json.dumps({
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "bos_token": None,
+        "eos_token": "<|im_end|>",
+        "pad_token": "<|pad|>",
+        "unk_token": None,
+        "add_bos_token": False,
+        "add_eos_token": False,
+        "model_max_length": 4096,
+        "clean_up_tokenization_spaces": False,
+        "chat_template": CHAT_TEMPLATE,
+    }, indent=2) + "\n")
+    (path / "special_tokens_map.json").write_text(json.dumps({
+        "eos_token": "<|im_end|>", "pad_token": "<|pad|>",
+    }, indent=2) + "\n")
+
+    config = _config(arch, num_layers, hidden_size, real_vocab, ids)
+    state = _weights(config, seed)
+    from safetensors.torch import save_file
+
+    save_file(state, str(path / "model.safetensors"), metadata={"format": "pt"})
+    (path / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    (path / "generation_config.json").write_text(json.dumps({
+        "eos_token_id": ids["<|im_end|>"], "pad_token_id": ids["<|pad|>"], "do_sample": False,
+    }, indent=2) + "\n")
+    return path
+
+
+def _train_tokenizer(vocab_size: int):
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    tokenizer.post_processor = processors.ByteLevel(trim_offsets=False)
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=list(SPECIAL_TOKENS),
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tokenizer.train_from_iterator(_CORPUS.splitlines() * 4, trainer=trainer)
+    return tokenizer
+
+
+def _config(arch: str, num_layers: int, hidden_size: int, vocab: int, ids: dict[str, int]) -> dict:
+    heads = max(2, hidden_size // 16)
+    config = {
+        "architectures": [ARCHITECTURES[arch]],
+        "model_type": arch,
+        "hidden_size": hidden_size,
+        "intermediate_size": hidden_size * 2,
+        "num_hidden_layers": num_layers,
+        "num_attention_heads": heads,
+        "num_key_value_heads": max(1, heads // 2),
+        "head_dim": hidden_size // heads,
+        "hidden_act": "silu",
+        "max_position_embeddings": 4096,
+        "rms_norm_eps": 1e-6,
+        "rope_theta": 10000.0,
+        "vocab_size": vocab,
+        "bos_token_id": ids["<|endoftext|>"],
+        "eos_token_id": ids["<|im_end|>"],
+        "pad_token_id": ids["<|pad|>"],
+        "tie_word_embeddings": False,
+        "torch_dtype": "bfloat16",
+        "initializer_range": 0.1,  # larger than HF's 0.02 so the layers visibly change the residual
+    }
+    if arch == "llama":
+        config.update({"attention_bias": False, "mlp_bias": False})
+    return config
+
+
+def _weights(config: dict, seed: int) -> dict:
+    """Seeded bf16 weights under the HF Llama/Qwen2 parameter names (plain torch: no transformers import).
+
+    Linear and embedding weights ~ N(0, initializer_range), norms = 1, Qwen2's q/k/v biases small.
+    """
+    import torch
+
+    gen = torch.Generator().manual_seed(seed)
+    std = float(config["initializer_range"])
+    h, inter, vocab = config["hidden_size"], config["intermediate_size"], config["vocab_size"]
+    head_dim = config["head_dim"]
+    q_out, kv_out = config["num_attention_heads"] * head_dim, config["num_key_value_heads"] * head_dim
+
+    def normal(*shape: int) -> torch.Tensor:
+        return (torch.randn(*shape, generator=gen) * std).to(torch.bfloat16)
+
+    state = {"model.embed_tokens.weight": normal(vocab, h)}
+    for i in range(config["num_hidden_layers"]):
+        p = f"model.layers.{i}."
+        state[p + "self_attn.q_proj.weight"] = normal(q_out, h)
+        state[p + "self_attn.k_proj.weight"] = normal(kv_out, h)
+        state[p + "self_attn.v_proj.weight"] = normal(kv_out, h)
+        state[p + "self_attn.o_proj.weight"] = normal(h, q_out)
+        if config["model_type"] == "qwen2":  # Qwen2 attention has q/k/v biases
+            state[p + "self_attn.q_proj.bias"] = normal(q_out)
+            state[p + "self_attn.k_proj.bias"] = normal(kv_out)
+            state[p + "self_attn.v_proj.bias"] = normal(kv_out)
+        state[p + "mlp.gate_proj.weight"] = normal(inter, h)
+        state[p + "mlp.up_proj.weight"] = normal(inter, h)
+        state[p + "mlp.down_proj.weight"] = normal(h, inter)
+        state[p + "input_layernorm.weight"] = torch.ones(h, dtype=torch.bfloat16)
+        state[p + "post_attention_layernorm.weight"] = torch.ones(h, dtype=torch.bfloat16)
+    state["model.norm.weight"] = torch.ones(h, dtype=torch.bfloat16)
+    if not config.get("tie_word_embeddings"):
+        state["lm_head.weight"] = normal(vocab, h)
+    return state
