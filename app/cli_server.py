@@ -1,0 +1,318 @@
+"""`eagle3-tui launch | status | stop | restart | logs`: the server-session commands (DESIGN §1b contract).
+
+`launch` prints only the new session id on stdout; `status --json` prints one JSON array of session
+objects; everything meant for people goes to stderr.  A SESSION argument may be a unique id prefix.
+Only argparse is imported here; the engine is imported inside the handlers (fast `--help`).
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+
+_TERMINAL_STATES = ("ready", "crashed", "exited", "stopped")
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser(
+        "launch",
+        help="start a server from a profile, detached; prints the session id",
+        description="Validate PROFILE, start its server detached (it outlives this command), and print "
+        "the new session id on stdout.",
+    )
+    p.add_argument("profile", metavar="PROFILE", help="a profile name (<config>/profiles/NAME.toml) or a path")
+    p.add_argument("--wait-ready", action="store_true", help="wait until the server is ready; exit 1 if it fails")
+    p.add_argument("--timeout", type=float, default=None, metavar="S", help="with --wait-ready: give up after S s")
+    p.set_defaults(func=_launch)
+
+    p = subparsers.add_parser("status", help="show sessions (state, phase, ranks, port)")
+    p.add_argument("session", nargs="?", metavar="SESSION", help="a session id or unique prefix (default: all)")
+    p.add_argument("--json", action="store_true", help="print one JSON array of session objects")
+    p.add_argument("--live", action="store_true", help="only sessions whose server is still running")
+    p.add_argument("--no-http", action="store_true", help="do not probe /ready and /model_info")
+    p.set_defaults(func=_status)
+
+    p = subparsers.add_parser(
+        "stop",
+        help="stop a session: SIGTERM, grace period, then SIGKILL what remains",
+        description="SIGTERM the server's main process, wait --grace seconds, SIGKILL the process group and "
+        "anything of the session left behind, then check that nothing remains and the port is free.",
+    )
+    p.add_argument("session", metavar="SESSION")
+    p.add_argument("--grace", type=float, default=30.0, metavar="S", help="seconds to wait after SIGTERM (30)")
+    p.add_argument("--json", action="store_true", help="print the stop report as JSON on stdout")
+    p.set_defaults(func=_stop)
+
+    p = subparsers.add_parser(
+        "restart",
+        help="stop a session and launch its profile as it is now; shows the flag diff first",
+    )
+    p.add_argument("session", metavar="SESSION")
+    p.add_argument("--yes", "-y", action="store_true", help="do not ask for confirmation")
+    p.add_argument("--grace", type=float, default=30.0, metavar="S", help="seconds to wait after SIGTERM (30)")
+    p.set_defaults(func=_restart)
+
+    p = subparsers.add_parser("logs", help="print a session's server log (-f follows it)")
+    p.add_argument("session", metavar="SESSION")
+    p.add_argument("-f", "--follow", action="store_true", help="keep printing new lines until Ctrl-C or exit")
+    p.add_argument("-n", "--lines", type=int, default=None, metavar="N", help="only the last N lines")
+    p.set_defaults(func=_logs)
+
+
+# --- handlers ---------------------------------------------------------------------------------------------
+
+
+def _find(ref: str):
+    from app.cli import CliError
+    from sessions.server import SessionError, find_session
+
+    try:
+        return find_session(ref)
+    except SessionError as exc:
+        raise CliError(str(exc), exc.code) from None
+
+
+def _launch(args: argparse.Namespace) -> int:
+    from app.cli import EXIT_BAD_INPUT, CliError
+    from sessions.profiles import ProfileError, load_profile
+    from sessions.server import LaunchError, ServerSession
+
+    try:
+        profile = load_profile(args.profile)
+    except ProfileError as exc:
+        raise CliError(_profile_error_text(args.profile, exc), EXIT_BAD_INPUT) from None
+    try:
+        session = ServerSession.launch(profile)
+    except LaunchError as exc:
+        raise CliError(str(exc), exc.code) from None
+    print(session.session_id, flush=True)
+    rec = session.state_record
+    print(
+        f"launched {session.session_id}: pid {rec.get('pid')}, {rec.get('host')}:{rec.get('port')}, "
+        f"log {session.log_path}",
+        file=sys.stderr,
+    )
+    if args.wait_ready:
+        return _wait_ready(session, args.timeout)
+    return 0
+
+
+def _wait_ready(session, timeout_s: float | None) -> int:
+    import time
+
+    from app.cli import EXIT_FAILED
+
+    deadline = None if timeout_s is None else time.monotonic() + timeout_s
+    shown = None
+    while True:
+        status = session.status()
+        if (status.state, status.phase) != shown:
+            shown = (status.state, status.phase)
+            print(f"{status.state}: {status.phase}", file=sys.stderr)
+        if status.state == "ready":
+            return 0
+        if status.state in _TERMINAL_STATES:
+            where = f" (line {status.summary.error_line}: {status.summary.error})" if status.summary.error else ""
+            print(f"{session.session_id} {status.state} in {status.phase}{where}", file=sys.stderr)
+            return EXIT_FAILED
+        if deadline is not None and time.monotonic() >= deadline:
+            print(
+                f"{session.session_id} not ready after {timeout_s:g}s: {status.state} in {status.phase}, "
+                "still running",
+                file=sys.stderr,
+            )
+            return EXIT_FAILED
+        time.sleep(0.2)
+
+
+def _status(args: argparse.Namespace) -> int:
+    import json
+
+    from sessions.server import list_sessions
+
+    sessions = [_find(args.session)] if args.session else list_sessions(include_ended=not args.live)
+    statuses = [s.status(probe_http=not args.no_http) for s in sessions]
+    if args.json:
+        print(json.dumps([st.to_json() for st in statuses], indent=2))
+        return 0
+    if not statuses:
+        print("no sessions", file=sys.stderr)
+        return 0
+    print(_status_table(statuses))
+    return 0
+
+
+def _status_table(statuses) -> str:
+    import time
+
+    rows = [("SESSION", "PROFILE", "STATE", "PHASE", "PID", "PORT", "RANKS", "AGE", "SILENT")]
+    now = time.time()
+    for st in statuses:
+        schedulers = [r for r in st.ranks if r.role == "scheduler"]
+        expected = st.summary.ranks_expected
+        ranks = f"{len(schedulers)}/{expected}" if expected else str(len(schedulers))
+        age = _duration(now - st.started_at) if st.started_at else "?"
+        silent = _duration(st.silent_for_s) if st.alive else "-"
+        rows.append(
+            (st.session_id, st.profile, st.state, st.phase, str(st.pid or "-"), str(st.port or "-"), ranks,
+             age, silent)
+        )
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows)
+
+
+def _duration(seconds: float) -> str:
+    total = max(0, int(seconds))
+    if total < 60:
+        return f"{total}s"
+    if total < 3600:
+        return f"{total // 60}m{total % 60:02d}s"
+    return f"{total // 3600}h{total % 3600 // 60:02d}m"
+
+
+def _stop(args: argparse.Namespace) -> int:
+    import json
+
+    from app.cli import EXIT_FAILED
+
+    session = _find(args.session)
+    report = session.stop(grace_s=args.grace)
+    if args.json:
+        print(json.dumps(report.to_json(), indent=2))
+    print(report.message, file=sys.stderr)
+    return 0 if report.stopped else EXIT_FAILED
+
+
+def _restart(args: argparse.Namespace) -> int:
+    from app.cli import EXIT_BAD_INPUT, CliError
+    from sessions.profiles import ProfileError
+    from sessions.server import SessionError, flag_diff
+
+    session = _find(args.session)
+    try:
+        new_profile = session.current_profile()
+    except ProfileError as exc:
+        source = session.state_record.get("profile_source") or session.session_id
+        raise CliError(_profile_error_text(source, exc), EXIT_BAD_INPUT) from None
+    diff = flag_diff(session.profile, new_profile)
+    print(f"restart {session.session_id} with profile {new_profile.name}:", file=sys.stderr)
+    for line in diff or ["(no flag or env changes)"]:
+        print(f"  {line}", file=sys.stderr)
+    if not args.yes:
+        if not sys.stdin.isatty():
+            raise CliError("restart needs --yes when stdin is not a terminal", EXIT_BAD_INPUT)
+        print("stop it and launch again? [y/N] ", end="", file=sys.stderr, flush=True)
+        if sys.stdin.readline().strip().lower() not in ("y", "yes"):
+            print("not restarted", file=sys.stderr)
+            return 0
+    try:
+        new = session.restart(profile=new_profile, grace_s=args.grace)
+    except SessionError as exc:
+        raise CliError(str(exc), exc.code) from None
+    print(new.session_id, flush=True)
+    print(f"restarted as {new.session_id}: pid {new.state_record.get('pid')}", file=sys.stderr)
+    return 0
+
+
+def _logs(args: argparse.Namespace) -> int:
+    from app.cli import EXIT_BAD_INPUT, CliError
+
+    if args.lines is not None and args.lines < 0:
+        raise CliError(f"-n must be 0 or more, got {args.lines}", EXIT_BAD_INPUT)
+    session = _find(args.session)
+    from sessions.redaction import redact_text, secret_values
+
+    try:
+        known = secret_values(dict(session.profile.server.env))
+    except Exception:  # noqa: BLE001 - an unreadable snapshot: the shape-based redaction still applies
+        known = []
+    out = sys.stdout
+
+    def emit(text: str) -> None:
+        out.write(redact_text(text, known))
+        out.flush()
+
+    try:
+        _print_log(session, args.lines, args.follow, emit, tty=out.isatty())
+    except KeyboardInterrupt:
+        return 0
+    return 0
+
+
+def _print_log(session, last_n: int | None, follow: bool, emit, tty: bool = False) -> None:
+    """Print the log (or its last N lines); with ``follow``, keep printing until the server has exited.
+
+    `sessions.logs.LogFile` does the reading, so truncation and rotation are handled as in the TUI.  On a
+    terminal, a tqdm bar still being drawn (no newline yet) is redrawn in place; into a pipe only complete
+    lines go, so the output is the file's own text.
+    """
+    import time
+
+    from sessions.logs import LogFile
+
+    shown_partial = ""
+    with LogFile(session.log_path, follow_from="end" if last_n is not None else "start") as log:
+        if last_n:
+            emit("".join(line.raw + "\n" for line in log.tail_lines(last_n)))
+        ended = False
+        while True:
+            result = log.poll()
+            if result.truncated or result.rotated:
+                what = "truncated" if result.truncated else "rotated"
+                print(f"({session.log_path} was {what}; reading it from the top)", file=sys.stderr)
+            if result.lines:
+                prefix = "\r" if shown_partial else ""
+                shown_partial = ""
+                emit(prefix + "".join(line.raw + "\n" for line in result.lines))
+            if result.more:
+                continue
+            if not follow or ended:
+                break
+            if tty and result.partial and result.partial != shown_partial:
+                emit("\r" + result.partial)
+                shown_partial = result.partial
+            # One more poll after the server is gone drains what it wrote last.
+            ended = not session.is_alive()
+            if not ended:
+                time.sleep(0.2)
+        partial = log.partial_line()
+        if partial and partial != shown_partial:
+            emit(("\r" if shown_partial else "") + partial)
+
+
+def _tail_offset(fh, last_n: int) -> int:
+    """The byte offset where the last ``last_n`` lines of an open binary file begin."""
+    import os
+
+    end = fh.seek(0, os.SEEK_END)
+    if last_n == 0:
+        return end
+    pos, newlines, block = end, 0, 1 << 16
+    fh.seek(max(0, end - 1))
+    skip_final = fh.read(1) == b"\n"  # a trailing newline ends the last line, it does not start one
+    while pos > 0:
+        step = min(block, pos)
+        pos -= step
+        fh.seek(pos)
+        data = fh.read(step)
+        if skip_final and pos + step == end:
+            data = data[:-1]
+        idx = len(data)
+        while True:
+            idx = data.rfind(b"\n", 0, idx)
+            if idx < 0:
+                break
+            newlines += 1
+            if newlines == last_n:
+                return pos + idx + 1
+    return 0
+
+
+def _profile_error_text(name: str, exc: Exception) -> str:
+    problems = getattr(exc, "problems", None) or []
+    if not problems:
+        return f"profile '{name}': {exc}"
+    lines = [f"profile '{name}' has {len(problems)} problem(s):"]
+    for p in problems:
+        where = f" (line {p.line})" if getattr(p, "line", None) else ""
+        lines.append(f"  {p.field}{where}: {p.message}")
+    return "\n".join(lines)

@@ -1,0 +1,514 @@
+"""Probes of a running server from the outside: its TCP port, its HTTP endpoints and its process tree.
+
+Every probe is bounded and never raises for the thing it probes (a refused port, a dead pid, a timeout);
+it returns a value that says so, as nvitop does for NVML.  Three rules come from SGLang 0.5.23:
+
+* Poll ``/ready`` and ``/model_info`` only.  Every ``/health`` call injects a 1-token generation
+  (``sglang/srt/entrypoints/http_server.py:721-799``), and ``/server_info`` round-trips to every scheduler
+  with no server-side timeout (``http_server.py:853-895``), so it hangs exactly when a rank is stuck.
+* The port is not bound until every scheduler has loaded (``engine.py:1347-1352``): a refused connection
+  during loading is normal.
+* A process is identified by (pid, create_time), never by pid alone or by name.  Ranks are recognised by
+  the titles SGLang sets with ``setproctitle`` (``managers/scheduler.py:6257-6300``).
+"""
+from __future__ import annotations
+
+import errno
+import functools
+import os
+import re
+import socket
+import ssl
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any, NamedTuple
+
+import psutil
+
+# psutil derives create_time from jiffies since boot, so two readings of one process agree to the tick;
+# a pid reused by another process within one tick is not a case worth a wider window.
+CREATE_TIME_TOLERANCE_S = 0.05
+
+# `sglang::scheduler` + `_DP{d}` `_PP{p}` `_ATTN_CP{c}` `_MOE_DP{m}` `_TP{t}` `_EP{e}`, each optional, in this
+# order (sglang/srt/managers/scheduler.py:6257-6300).  No `_TP` suffix means tp_size 1, i.e. TP rank 0.
+_SCHEDULER_TITLE = re.compile(
+    r"^sglang::scheduler"
+    r"(?:_DP(?P<dp>\d+))?(?:_PP(?P<pp>\d+))?(?:_ATTN_CP(?P<cp>\d+))?(?:_MOE_DP(?P<moe_dp>\d+))?"
+    r"(?:_TP(?P<tp>\d+))?(?:_EP(?P<ep>\d+))?(?=$|\s)"
+)
+_FIXED_ROLES = {
+    "sglang::detokenizer": "detokenizer",
+    "sglang::detokenizer_router": "detokenizer",
+    "sglang::data_parallel_controller": "dp_controller",
+}
+
+
+@dataclass(frozen=True)
+class RankTitle:
+    """What a process title says about its role: ``role`` is main/scheduler/detokenizer/dp_controller/other."""
+
+    role: str
+    tp_rank: int | None = None
+    dp_rank: int | None = None
+    pp_rank: int | None = None
+    ep_rank: int | None = None
+
+
+@dataclass(frozen=True)
+class ProcInfo:
+    """One process of a server tree, read once.  Fields psutil could not read are None."""
+
+    pid: int
+    ppid: int | None
+    create_time: float
+    title: str
+    name: str
+    status: str
+    cpu_percent: float | None  # None on the first sight of a process (psutil needs two readings)
+    rss_bytes: int | None
+    num_threads: int | None
+    children: tuple[str, ...]  # names of direct children, e.g. ("ninja",) while DeepGEMM compiles
+    role: str
+    rank: int | None  # TP rank for schedulers; None otherwise
+    dp_rank: int | None = None
+    pp_rank: int | None = None
+    ep_rank: int | None = None
+
+    @property
+    def identity(self) -> tuple[int, float]:
+        return (self.pid, self.create_time)
+
+
+class HttpResult(NamedTuple):
+    """The outcome of one bounded GET: ``status`` None means no HTTP answer (refused, timeout, ...)."""
+
+    status: int | None
+    json: Any
+    error: str | None
+
+
+# --- ports -----------------------------------------------------------------------------------------------
+
+
+def connect_host(host: str) -> str:
+    """Where to connect to reach a server bound to ``host`` (a wildcard bind is reached on loopback)."""
+    if host in ("", "0.0.0.0"):
+        return "127.0.0.1"
+    if host in ("::", "[::]"):
+        return "::1"
+    return host.strip("[]")
+
+
+def port_listening(host: str, port: int, timeout_s: float = 0.5) -> bool:
+    """True when a TCP connect to (host, port) succeeds within ``timeout_s``."""
+    try:
+        with socket.create_connection((connect_host(host), int(port)), timeout=timeout_s):
+            return True
+    except OSError:
+        return False
+
+
+def port_free(host: str, port: int) -> bool:
+    """True when (host, port) can be bound now.
+
+    SO_REUSEADDR is set, as uvicorn and asyncio servers set it: a port whose only sockets are in
+    TIME_WAIT (after a server died with open connections) is free for the next server, so it is free here.
+    """
+    bind_host = host.strip("[]") or "0.0.0.0"
+    family = socket.AF_INET6 if ":" in bind_host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((bind_host, int(port)))
+        return True
+    except OSError as exc:
+        # EADDRNOTAVAIL (host not on this machine) and the like are not "in use": the server will say it.
+        return exc.errno not in (errno.EADDRINUSE, errno.EACCES)
+    finally:
+        sock.close()
+
+
+def pid_listening_on(port: int, host: str | None = None) -> int | None:
+    """The pid holding a listening TCP socket on ``port`` (and ``host``, when given), or None.
+
+    None also when the owner cannot be seen: psutil raises AccessDenied on some systems (macOS, hardened
+    /proc) or reports pid None for other users' sockets.
+    """
+    try:
+        conns = psutil.net_connections(kind="tcp")
+    except (psutil.AccessDenied, PermissionError, OSError):
+        return None
+    wanted_hosts = None
+    if host is not None and host not in ("", "0.0.0.0", "::"):
+        wanted_hosts = {host.strip("[]"), "0.0.0.0", "::"}
+    for conn in conns:
+        if conn.status != psutil.CONN_LISTEN or not conn.laddr or conn.laddr.port != int(port):
+            continue
+        if wanted_hosts is not None and conn.laddr.ip not in wanted_hosts:
+            continue
+        if conn.pid:
+            return conn.pid
+    return None
+
+
+def describe_port_user(host: str, port: int) -> str:
+    """``"port 30000 on 127.0.0.1 is in use by pid 1234 (python)"``, or without the pid when unknown."""
+    text = f"port {port} on {host} is in use"
+    pid = pid_listening_on(port, host)
+    if pid is not None:
+        try:
+            name = psutil.Process(pid).name()
+        except (psutil.Error, OSError):
+            name = "?"
+        text += f" by pid {pid} ({name})"
+    return text
+
+
+# --- HTTP ------------------------------------------------------------------------------------------------
+
+
+def http_get_json(url: str, timeout_s: float = 1.0) -> HttpResult:
+    """GET ``url`` with a hard client timeout; never raises.
+
+    ``json`` is the decoded body when it is JSON, else None.  Proxies from the environment are ignored
+    (``trust_env=False``): an ``http_proxy`` meant for the internet must not intercept a probe of a local
+    server (the hang catalogue's proxy-intercepts-warmup case).
+    """
+    import httpx
+
+    timeout = httpx.Timeout(timeout_s, connect=min(timeout_s, 1.0))
+    try:
+        with httpx.Client(
+            timeout=timeout, trust_env=False, follow_redirects=False, verify=_ssl_context()
+        ) as client:
+            response = client.get(url)
+    except httpx.TimeoutException:
+        return HttpResult(None, None, f"timed out after {timeout_s:g}s")
+    except httpx.HTTPError as exc:
+        return HttpResult(None, None, _http_error_text(exc))
+    except Exception as exc:  # noqa: BLE001 - a probe reports, it does not crash its caller
+        return HttpResult(None, None, f"{type(exc).__name__}: {exc}")
+    try:
+        body = response.json()
+    except ValueError:
+        body = None
+    return HttpResult(response.status_code, body, None)
+
+
+@functools.cache
+def _ssl_context() -> ssl.SSLContext:
+    # httpx builds (and loads the CA bundle into) a new context per client: ~80 ms, every poll.
+    return ssl.create_default_context()
+
+
+def _http_error_text(exc: Exception) -> str:
+    text = str(exc) or type(exc).__name__
+    if "refused" in text.lower():
+        return "connection refused"
+    return text
+
+
+# --- processes -------------------------------------------------------------------------------------------
+
+
+def parse_title(title: str) -> RankTitle:
+    """Recognise SGLang's process titles; anything else is ``other``."""
+    head = title.strip()
+    match = _SCHEDULER_TITLE.match(head)
+    if match:
+        def num(key: str) -> int | None:
+            value = match.group(key)
+            return int(value) if value is not None else None
+
+        tp = num("tp")
+        return RankTitle(
+            role="scheduler",
+            tp_rank=tp if tp is not None else 0,
+            dp_rank=num("dp"),
+            pp_rank=num("pp"),
+            ep_rank=num("ep"),
+        )
+    first = head.split(" ", 1)[0]
+    if first in _FIXED_ROLES:
+        return RankTitle(role=_FIXED_ROLES[first])
+    return RankTitle(role="other")
+
+
+def process_title(proc: psutil.Process) -> str:
+    """The title as ``ps -o args`` shows it: setproctitle rewrites argv, so cmdline carries the title."""
+    try:
+        cmdline = proc.cmdline()
+    except (psutil.Error, OSError):
+        cmdline = []
+    title = " ".join(part for part in cmdline if part).strip()
+    if title:
+        return title
+    try:
+        return proc.name()
+    except (psutil.Error, OSError):
+        return "?"
+
+
+def same_process(proc: psutil.Process, create_time: float) -> bool:
+    try:
+        return abs(proc.create_time() - float(create_time)) <= CREATE_TIME_TOLERANCE_S
+    except (psutil.Error, OSError):
+        return False
+
+
+def get_process(pid: int, create_time: float) -> psutil.Process | None:
+    """The live process with this identity, or None (gone, a zombie, or the pid now belongs to another)."""
+    try:
+        proc = psutil.Process(int(pid))
+    except (psutil.Error, OSError, ValueError):
+        return None
+    if not same_process(proc, create_time):
+        return None
+    try:
+        if proc.status() == psutil.STATUS_ZOMBIE:
+            _reap_if_child(proc.pid)
+            return None
+    except (psutil.Error, OSError):
+        return None
+    return proc
+
+
+def process_alive(pid: int, create_time: float) -> bool:
+    return get_process(pid, create_time) is not None
+
+
+def _reap_if_child(pid: int) -> None:
+    """Collect our own dead child so it stops showing up as a zombie (we launched it with Popen)."""
+    try:
+        os.waitpid(pid, os.WNOHANG)
+    except (ChildProcessError, OSError):
+        pass
+
+
+# Process objects kept between calls so that cpu_percent() measures the time since the previous call.
+_CPU_TRACKERS: dict[tuple[int, float], psutil.Process] = {}
+
+
+def _tracked(proc: psutil.Process, create_time: float) -> tuple[psutil.Process, bool]:
+    key = (proc.pid, round(create_time, 2))
+    known = _CPU_TRACKERS.get(key)
+    if known is not None:
+        return known, True
+    _CPU_TRACKERS[key] = proc
+    return proc, False
+
+
+def _forget_dead_trackers(alive: set[tuple[int, float]]) -> None:
+    if len(_CPU_TRACKERS) < 256:
+        return
+    for key in [k for k in _CPU_TRACKERS if k not in alive]:
+        _CPU_TRACKERS.pop(key, None)
+
+
+def read_proc(
+    proc: psutil.Process, main_pid: int | None = None, children: tuple[str, ...] | None = None
+) -> ProcInfo | None:
+    """One reading of ``proc``; None when it vanished while being read.
+
+    ``children``: the names of its direct children when the caller already knows them (`process_tree`
+    does: asking psutil per process would scan all of /proc once per process).
+    """
+    try:
+        with proc.oneshot():
+            create_time = proc.create_time()
+            status = proc.status()
+            ppid = proc.ppid()
+            title = process_title(proc)
+            name = proc.name()
+            rss = _maybe(lambda: proc.memory_info().rss)
+            threads = _maybe(proc.num_threads)
+    except (psutil.NoSuchProcess, psutil.ZombieProcess):
+        return None
+    except (psutil.AccessDenied, OSError):
+        return None
+    tracker, seen_before = _tracked(proc, create_time)
+    cpu = _maybe(lambda: tracker.cpu_percent(interval=None))
+    if not seen_before:
+        cpu = None  # psutil's first reading is always 0.0, which would read as "this rank is idle"
+    if children is None:
+        try:
+            children = tuple(sorted(c.name() for c in proc.children(recursive=False)))
+        except (psutil.Error, OSError):
+            children = ()
+    parsed = parse_title(title)
+    role = "main" if proc.pid == main_pid else parsed.role
+    return ProcInfo(
+        pid=proc.pid,
+        ppid=ppid,
+        create_time=create_time,
+        title=title,
+        name=name,
+        status=status,
+        cpu_percent=cpu,
+        rss_bytes=rss,
+        num_threads=threads,
+        children=children,
+        role=role,
+        rank=parsed.tp_rank,
+        dp_rank=parsed.dp_rank,
+        pp_rank=parsed.pp_rank,
+        ep_rank=parsed.ep_rank,
+    )
+
+
+def _maybe(read):
+    try:
+        return read()
+    except (psutil.Error, OSError):
+        return None
+
+
+def _parent_map() -> dict[int, tuple[int, str]]:
+    """pid -> (ppid, name) of every process, read from /proc in one pass (psutil where there is none)."""
+    found: dict[int, tuple[int, str]] = {}
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        entries = None
+    if entries is None:
+        for pid in psutil.pids():  # not process_iter: see processes_with_env
+            try:
+                proc = psutil.Process(pid)
+                found[pid] = (proc.ppid(), proc.name())
+            except (psutil.Error, OSError):
+                continue
+        return found
+    for entry in entries:
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as fh:
+                stat = fh.read()
+        except OSError:
+            continue
+        # "pid (comm) state ppid ...": comm may hold spaces and parentheses, so split at the last ")".
+        open_at, close_at = stat.find(b"("), stat.rfind(b")")
+        fields = stat[close_at + 2:].split()
+        if open_at < 0 or close_at < 0 or len(fields) < 2:
+            continue
+        found[int(entry)] = (int(fields[1]), stat[open_at + 1:close_at].decode("utf-8", "replace"))
+    return found
+
+
+def process_tree(pid: int, create_time: float, cpu_interval_s: float | None = None) -> list[ProcInfo]:
+    """The process (pid, create_time) and all its descendants, the root first; [] when it is gone.
+
+    CPU% compares with the previous call in this process; pass ``cpu_interval_s`` to measure over a
+    short interval now instead (diagnosis wants "this rank is at 0% while the others spin").
+    """
+    root = get_process(pid, create_time)
+    if root is None:
+        return []
+    # One pass over /proc for the whole tree (psutil's children() rescans every process per call).
+    children_of: dict[int, list[tuple[int, str]]] = {}
+    for child_pid, (ppid, name) in _parent_map().items():
+        children_of.setdefault(ppid, []).append((child_pid, name))
+    procs = [root]
+    names: dict[int, tuple[str, ...]] = {}
+    for proc in procs:  # breadth first; grows while it walks
+        kids = children_of.get(proc.pid, [])
+        names[proc.pid] = tuple(sorted(name for _, name in kids))
+        for child_pid, _ in kids:
+            try:
+                procs.append(psutil.Process(child_pid))
+            except (psutil.Error, OSError):
+                continue
+    if cpu_interval_s:
+        for proc in procs:
+            try:
+                _tracked(proc, proc.create_time())[0].cpu_percent(interval=None)
+            except (psutil.Error, OSError):
+                pass
+        time.sleep(cpu_interval_s)
+    infos = [i for i in (read_proc(p, main_pid=root.pid, children=names[p.pid]) for p in procs) if i is not None]
+    infos = [i for i in infos if i.status != psutil.STATUS_ZOMBIE or i.pid == root.pid]
+    _forget_dead_trackers({(i.pid, round(i.create_time, 2)) for i in infos})
+    return infos
+
+
+def processes_with_env(name: str, value: str, exclude_pids: Iterable[int] = ()) -> list[psutil.Process]:
+    """Live processes whose environment has ``name=value``.
+
+    This finds what left the process group and lost its parent (a daemonised grandchild, a compiler):
+    environments are inherited, as SGLang's own ``SGLANG_RUN_ID`` shows (engine.py:1878-1942).  It cannot
+    find SGLang's ranks: ``setproctitle`` reuses the environ area for the title, so their
+    ``/proc/PID/environ`` reads back empty; `processes_in_group` finds those.  Processes whose environment
+    we may not read are skipped.
+    """
+    skip = set(exclude_pids) | {os.getpid()}
+    found: list[psutil.Process] = []
+    # Fresh Process objects, not psutil.process_iter(): its cache skips, for one pass, a pid that was
+    # reused since the previous pass, which is exactly the new process a long-lived caller looks for.
+    for pid in psutil.pids():
+        if pid in skip:
+            continue
+        try:
+            proc = psutil.Process(pid)
+            if proc.environ().get(name) == value and proc.status() != psutil.STATUS_ZOMBIE:
+                found.append(proc)
+        except (psutil.Error, OSError):
+            continue
+    return found
+
+
+def group_is_ours(leader_pid: int, leader_create_time: float) -> bool:
+    """True when process group / session ``leader_pid`` can only be the one our leader created.
+
+    Either the leader (pid, create_time) still lives, or no process has that pid: Linux does not hand a
+    pid number out again while a process still uses it as its group or session id, so a pid that no
+    process holds means any member of that group is a leftover of ours.
+    """
+    if process_alive(leader_pid, leader_create_time):
+        return True
+    try:
+        proc = psutil.Process(int(leader_pid))
+    except psutil.NoSuchProcess:
+        return True
+    except (psutil.Error, OSError):
+        return False
+    try:
+        return proc.status() == psutil.STATUS_ZOMBIE and same_process(proc, leader_create_time)
+    except (psutil.Error, OSError):
+        return False
+
+
+def processes_in_group(leader_pid: int, leader_create_time: float) -> list[psutil.Process]:
+    """Live processes whose process group or session is the one (leader_pid, create_time) started.
+
+    A launch with ``start_new_session=True`` makes the server the leader of both; SGLang's ranks stay in
+    its group (sglang-facts §1.2) and keep it after the main process dies.  [] when the group id may
+    belong to someone else now (see `group_is_ours`).
+    """
+    if not group_is_ours(leader_pid, leader_create_time):
+        return []
+    me = os.getpid()
+    found = []
+    for pid in psutil.pids():
+        if pid in (me, leader_pid):
+            continue
+        try:
+            if leader_pid in (os.getpgid(pid), os.getsid(pid)):
+                proc = psutil.Process(pid)
+                if proc.status() != psutil.STATUS_ZOMBIE and proc.create_time() >= leader_create_time - 1:
+                    found.append(proc)
+        except (OSError, psutil.Error):
+            continue
+    return found
+
+
+def kill_identity(pid: int, create_time: float, sig: int) -> bool:
+    """Send ``sig`` to (pid, create_time) if that exact process still lives; True when sent."""
+    proc = get_process(pid, create_time)
+    if proc is None:
+        return False
+    try:
+        proc.send_signal(sig)
+        return True
+    except (psutil.Error, OSError):
+        return False

@@ -1,0 +1,1038 @@
+"""Detached server sessions: launch, status, stop, restart and reattach (DESIGN §2, §3).
+
+A session is a folder ``<home.sessions_dir>/<session-id>/`` holding ``profile.toml`` (the profile as
+launched), ``command.json`` (argv and the env changes, secrets redacted), ``server.log`` (stdout and
+stderr of the server) and ``state.json`` (identity, port, phase times, outcome).  Everything about a
+session can be rebuilt from that folder, so any process may reattach to it: the TUI after a restart,
+``eagle3-tui stop`` from another shell.
+
+The server runs in its own session and process group (it outlives the TUI, SSH drops and SIGHUP) and is
+identified by (pid, create_time).  The state of a session (``starting``, ``ready``, ``stalled``,
+``crashed``, ``exited``, ``stopped``) is derived on every ``status()`` from the log, the process tree,
+the port and ``/ready``; only facts (phase first seen, outcome, stop) are written back to ``state.json``.
+"""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import fcntl
+import hashlib
+import json
+import math
+import os
+import re
+import secrets
+import signal
+import subprocess
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import psutil
+
+from sessions import probes
+from sessions.history import last_good, record_start
+from sessions.home import (
+    Home,
+    atomic_write_json,
+    atomic_write_text,
+    ensure_private_dir,
+    read_json,
+    resolve_home,
+)
+from sessions.phases import StartupPhase, StartupSummary, StartupTracker
+from sessions.profiles import LaunchProfile, Problem, build_command, load_profile, validate_profile
+from sessions.redaction import redact_argv, redact_env
+from sessions.stall import is_compiler_name, stall_limit_s
+
+SESSION_ENV = "EAGLE3_TUI_SESSION"  # in the server's environment: finds strays that left the process group
+STATE_VERSION = 1
+STATES = ("starting", "ready", "stalled", "crashed", "exited", "stopped")
+FINAL_STATES = ("crashed", "exited", "stopped")
+
+STATE_FILE = "state.json"
+PROFILE_FILE = "profile.toml"
+COMMAND_FILE = "command.json"
+LOG_FILE = "server.log"
+EMULATED_GPUS_FILE = "emulated_gpus.json"
+
+HTTP_PROBE_TIMEOUT_S = 1.0
+KILL_WAIT_S = 10.0  # after SIGKILL: a rank in uninterruptible sleep (GPU driver) may take a moment
+_LOG_READ_LIMIT_BYTES = 64 << 20  # per status() call, so a huge log never blocks one refresh for long
+_TAIL_KEEP_BYTES = 8192
+_SAFE_ID_CHARS = re.compile(r"[^A-Za-z0-9._-]+")
+_LOG_TIME_FORMAT = "%Y-%m-%d %H:%M:%S"
+_LINE_TIME = re.compile(rb"\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d)")
+# uvicorn's access line for one of our probes: `INFO:     127.0.0.1:5433 - "GET /ready HTTP/1.1" 503 ...`
+_PROBE_ACCESS_LINE = re.compile(rb'"GET /(?:ready|model_info|get_model_info)(?:\?[^ "]*)? HTTP/1\.[01]" \d{3}')
+
+
+class SessionError(Exception):
+    """A session action failed; ``code`` is the CLI exit code (1 failed, 2 bad input)."""
+
+    code = 1
+
+
+class SessionNotFound(SessionError):
+    code = 2
+
+
+class LaunchError(SessionError):
+    """Launch refused or failed.  ``problems`` are the validation problems (each names its field)."""
+
+    def __init__(self, message: str, problems: list[Problem] | tuple[Problem, ...] = (), code: int = 1):
+        super().__init__(message)
+        self.problems = list(problems)
+        self.code = code
+
+
+@dataclass(frozen=True)
+class RankStatus:
+    """One SGLang child process: a scheduler (``rank`` = its TP rank), the detokenizer or DP controller."""
+
+    pid: int
+    title: str
+    rank: int | None
+    status: str
+    cpu_percent: float | None
+    rss_bytes: int | None
+    gpu_index: int | None
+    role: str = "scheduler"
+    create_time: float = 0.0
+    num_threads: int | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "pid": self.pid,
+            "title": self.title,
+            "rank": self.rank,
+            "status": self.status,
+            "role": self.role,
+            "cpu_percent": self.cpu_percent,
+            "rss_bytes": self.rss_bytes,
+            "num_threads": self.num_threads,
+            "gpu_index": self.gpu_index,
+        }
+
+
+@dataclass(frozen=True)
+class SessionStatus:
+    """One reading of a session (immutable); ``to_json`` gives the ``status --json`` object."""
+
+    session_id: str
+    profile: str
+    pid: int | None
+    create_time: float | None
+    state: str
+    phase: str
+    port: int | None
+    host: str
+    ranks: tuple[RankStatus, ...]
+    log_path: Path
+    started_at: float | None
+    port_listening: bool
+    ready: bool | None  # /ready answered 200 (None: not asked, e.g. the port is closed)
+    model_info: dict | None
+    silent_for_s: float
+    summary: StartupSummary
+    phase_entered_at: dict[str, float]
+    alive: bool = False
+    outcome: str | None = None
+    stall_limit_s: float | None = None  # math.inf: no limit now (a compiler child is alive, ...)
+    processes: tuple[probes.ProcInfo, ...] = ()  # the whole tree, main first (diagnosis reads it)
+    http_error: str | None = None
+    session_dir: Path | None = None
+    taken_at: float = field(default_factory=time.time)
+
+    @property
+    def has_compile_child(self) -> bool:
+        return any(is_compiler_name(p.name) for p in self.processes[1:])
+
+    def to_json(self) -> dict[str, Any]:
+        s = self.summary
+        progress = None
+        if s.progress is not None:
+            progress = {"label": s.progress.label, "done": s.progress.done, "total": s.progress.total}
+        return {
+            # DESIGN §1b contract fields
+            "session_id": self.session_id,
+            "profile": self.profile,
+            "pid": self.pid,
+            "state": self.state,
+            "phase": self.phase,
+            "port": self.port,
+            "ranks": [r.to_json() for r in self.ranks],
+            "log_path": str(self.log_path),
+            "started_at": self.started_at,
+            # extras
+            "host": self.host,
+            "create_time": self.create_time,
+            "alive": self.alive,
+            "outcome": self.outcome,
+            "port_listening": self.port_listening,
+            "ready": self.ready,
+            "model_info": self.model_info,
+            "silent_for_s": round(self.silent_for_s, 3),
+            "stall_limit_s": self.stall_limit_s if self.stall_limit_s not in (None, math.inf) else None,
+            "phase_entered_at": dict(self.phase_entered_at),
+            "error": s.error,
+            "error_line": s.error_line,
+            "progress": progress,
+            "ranks_expected": s.ranks_expected,
+            "ranks_loaded": list(s.ranks_loaded),
+            "line_count": s.line_count,
+            "http_error": self.http_error,
+            "session_dir": str(self.session_dir) if self.session_dir else None,
+        }
+
+
+@dataclass(frozen=True)
+class StopReport:
+    """What ``stop()`` did and what it verified afterwards."""
+
+    stopped: bool  # nothing of the session remains
+    signals_sent: tuple[str, ...]
+    waited_s: float
+    survivors: tuple[int, ...]
+    port_free: bool
+    gpu_pids_left: tuple[int, ...]
+    message: str
+
+    def to_json(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+# --- the session --------------------------------------------------------------------------------------
+
+
+class ServerSession:
+    """A server launched by eagle3-tui, live or ended, rebuilt from its folder."""
+
+    def __init__(self, session_dir: Path, home: Home) -> None:
+        self.session_dir = Path(session_dir)
+        self.session_id = self.session_dir.name
+        self.home = home
+        self.log_path = self.session_dir / LOG_FILE
+        self._profile: LaunchProfile | None = None
+        self._popen: subprocess.Popen | None = None  # set when this process launched it (to reap it)
+        self._tracker = StartupTracker()
+        self._log_offset = 0
+        self._log_tail = b""
+        self._activity_at: float | None = None  # wall clock of the last log write that was not a probe
+        self._model_info: dict | None = None
+        self.restart_diff: list[str] = []
+
+    def __repr__(self) -> str:
+        return f"ServerSession({self.session_id!r})"
+
+    # -- construction ----------------------------------------------------------------------------------
+
+    @classmethod
+    def load(cls, session_id: str, home: Home | None = None) -> ServerSession:
+        """Reattach to a session by its exact id."""
+        home = home or resolve_home()
+        session_dir = home.sessions_dir / session_id
+        if not session_id or "/" in session_id or not (session_dir / STATE_FILE).is_file():
+            raise SessionNotFound(f"no session '{session_id}' in {home.sessions_dir}")
+        return cls(session_dir, home)
+
+    @classmethod
+    def launch(cls, profile: LaunchProfile, home: Home | None = None) -> ServerSession:
+        """Validate ``profile``, start its server detached, and return the new session.
+
+        Raises `LaunchError` with every validation problem (nothing is started then), or when the
+        process cannot be started.
+        """
+        home = (home or resolve_home()).ensure()
+        # validate_profile's port check names who holds the port (probes.describe_port_user).
+        problems = validate_profile(profile, check_port=True)
+        errors = [p for p in problems if p.is_error]
+        if errors:
+            raise LaunchError(_problems_text(profile, errors), errors, code=2)
+        command = build_command(profile)
+
+        session_dir = _new_session_dir(home, profile.name)
+        session_id = session_dir.name
+        atomic_write_text(session_dir / PROFILE_FILE, profile.to_toml())
+        added_env = {SESSION_ENV: session_id, "PYTHONUNBUFFERED": "1"}
+        env_changes = dict(command.env_changes) | added_env
+        redacted_argv = redact_argv(command.argv)
+        atomic_write_json(
+            session_dir / COMMAND_FILE,
+            {
+                "argv": redacted_argv,
+                "env_changes": redact_env(env_changes),
+                "cwd": str(session_dir),
+                "shell_text": command.shell_text(redacted=True),
+            },
+        )
+        log_path = session_dir / LOG_FILE
+        started_at = time.time()
+        log_fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        try:
+            # cwd = the session dir: a user's own app/ or sessions/ folder never shadows ours under -m.
+            popen = subprocess.Popen(
+                command.argv,
+                env=os.environ | env_changes,
+                cwd=session_dir,
+                stdin=subprocess.DEVNULL,
+                stdout=log_fd,
+                stderr=log_fd,
+                start_new_session=True,  # own session + group: survives SIGHUP and the TUI's exit
+                close_fds=True,
+            )
+        except OSError as exc:
+            raise LaunchError(f"could not start {command.argv[0]}: {exc.strerror or exc}") from exc
+        finally:
+            os.close(log_fd)
+        try:
+            create_time = _create_time_of(popen.pid)
+            server = profile.server
+            atomic_write_json(
+                session_dir / STATE_FILE,
+                {
+                    "version": STATE_VERSION,
+                    "session_id": session_id,
+                    "profile": profile.name,
+                    "profile_source": str(profile.path) if getattr(profile, "path", None) else None,
+                    "launcher": server.launcher,
+                    "pid": popen.pid,
+                    "create_time": create_time,
+                    "pgid": _pgid_of(popen.pid),
+                    "host": server.host,
+                    "port": server.port,
+                    "tp_size": server.tp_size,
+                    "stall_after_s": profile.watch.stall_after_s,
+                    "started_at": started_at,
+                    "argv_sha256": hashlib.sha256(json.dumps(redacted_argv).encode()).hexdigest(),
+                    "phase_entered_at": {StartupPhase.LAUNCHING.value: started_at},
+                    "descendants": [],
+                    "outcome": None,
+                },
+            )
+        except BaseException:
+            _kill_quietly(popen)
+            raise
+        session = cls(session_dir, home)
+        session._profile = profile
+        session._popen = popen
+        return session
+
+    # -- what is on disk -------------------------------------------------------------------------------
+
+    @property
+    def state_record(self) -> dict[str, Any]:
+        """The current ``state.json`` (read fresh: another process may have stopped the session)."""
+        return read_json(self.session_dir / STATE_FILE, default={}) or {}
+
+    @property
+    def profile(self) -> LaunchProfile:
+        """The profile as launched (the snapshot in the session folder)."""
+        if self._profile is None:
+            profile = load_profile(self.session_dir / PROFILE_FILE)
+            name = self.state_record.get("profile")
+            if name and getattr(profile, "name", name) != name:
+                profile = dataclasses.replace(profile, name=name)
+            self._profile = profile
+        return self._profile
+
+    @property
+    def pid(self) -> int | None:
+        return self.state_record.get("pid")
+
+    def is_alive(self) -> bool:
+        """The main process (pid, create_time) still runs."""
+        self._reap()
+        rec = self.state_record
+        return bool(rec.get("pid")) and probes.process_alive(rec["pid"], rec.get("create_time", 0.0))
+
+    def current_profile(self) -> LaunchProfile:
+        """The profile a restart would launch: the source file as it is now, else the snapshot."""
+        source = self.state_record.get("profile_source")
+        if source and Path(source).is_file():
+            profile = load_profile(Path(source))
+            if profile.name != self.profile.name:
+                profile = dataclasses.replace(profile, name=self.profile.name)
+            return profile
+        return self.profile
+
+    # -- status ----------------------------------------------------------------------------------------
+
+    def status(self, probe_http: bool = True, gpu_snapshot: Any = None) -> SessionStatus:
+        """Read the log, the process tree, the port and (when it listens) ``/ready`` and ``/model_info``."""
+        self._reap()
+        rec = self.state_record
+        pid, create_time = rec.get("pid"), rec.get("create_time")
+        host, port = rec.get("host", "127.0.0.1"), rec.get("port")
+        summary = self._read_log()
+        silent_for_s = self._silent_for_s(rec)
+        log_ready = summary.phase == StartupPhase.READY or summary.outcome == "ready"
+        if self._model_info is None and isinstance(rec.get("model_info"), dict):
+            self._model_info = rec["model_info"]
+
+        tree = probes.process_tree(pid, create_time) if pid else []
+        alive = bool(tree) and tree[0].pid == pid
+        listening = bool(alive and port and probes.port_listening(host, port))
+        ready_http: bool | None = None
+        http_error = None
+        # Every request lands in the server's access log: ask /ready only until the start is over and
+        # /model_info once (it is kept in state.json), so watching a server does not fill its log.
+        known_ready = log_ready or rec.get("start_outcome") == "ready"
+        if listening and probe_http:
+            base = f"http://{_url_host(host)}:{port}"
+            if known_ready:
+                ready_http = True
+            else:
+                result = probes.http_get_json(f"{base}/ready", HTTP_PROBE_TIMEOUT_S)
+                ready_http = result.status == 200 if result.status is not None else None
+                http_error = result.error
+            if self._model_info is None:
+                info = probes.http_get_json(f"{base}/model_info", HTTP_PROBE_TIMEOUT_S)
+                if info.status == 200 and isinstance(info.json, dict):
+                    self._model_info = info.json
+
+        # The log's ready line comes after warmup, as /ready's 200 does (http_server.py:2502); a 503 after
+        # it means draining (SIGTERM), which is still a server that was ready, not a start.
+        ready_now = alive and (ready_http is True or log_ready)
+        phase = StartupPhase.READY.value if ready_now else str(summary.phase)
+        fatal = summary.outcome == "crashed" or any(e.fatal for e in summary.errors)
+        ever_ready = (
+            log_ready
+            or ready_now
+            or rec.get("start_outcome") == "ready"
+            or StartupPhase.READY.value in rec.get("phase_entered_at", {})
+        )
+        stall_limit = self._stall_limit_s(rec, summary, tree)
+        stalled = alive and not ready_now and silent_for_s > stall_limit
+        state = classify_state(
+            alive=alive,
+            stopped=bool(rec.get("stopped_at")),
+            fatal_error=fatal,
+            ready=ready_now,
+            ever_ready=ever_ready,
+            stalled=stalled,
+        )
+        rec = self._record_progress(rec, summary, state, tree, ready_now, alive, self._model_info)
+
+        gpu_of = _gpu_index_by_pid(gpu_snapshot, self.session_dir)
+        ranks = tuple(
+            RankStatus(
+                pid=p.pid,
+                title=p.title,
+                rank=p.rank,
+                status=p.status,
+                cpu_percent=p.cpu_percent,
+                rss_bytes=p.rss_bytes,
+                gpu_index=gpu_of.get(p.pid),
+                role=p.role,
+                create_time=p.create_time,
+                num_threads=p.num_threads,
+            )
+            for p in tree
+            if p.role in ("scheduler", "detokenizer", "dp_controller")
+        )
+        return SessionStatus(
+            session_id=self.session_id,
+            profile=rec.get("profile", ""),
+            pid=pid,
+            create_time=create_time,
+            state=state,
+            phase=phase,
+            port=port,
+            host=host,
+            ranks=tuple(sorted(ranks, key=_rank_sort_key)),
+            log_path=self.log_path,
+            started_at=rec.get("started_at"),
+            port_listening=listening,
+            ready=ready_http,
+            model_info=self._model_info,
+            silent_for_s=silent_for_s,
+            summary=summary,
+            phase_entered_at=dict(rec.get("phase_entered_at", {})),
+            alive=alive,
+            outcome=rec.get("outcome"),
+            stall_limit_s=stall_limit,
+            processes=tuple(tree),
+            http_error=http_error,
+            session_dir=self.session_dir,
+        )
+
+    def _read_log(self) -> StartupSummary:
+        """Feed what the log gained since the last call into the tracker (a fresh object re-reads it)."""
+        try:
+            st = self.log_path.stat()
+        except FileNotFoundError:
+            return self._tracker.summary()
+        if st.st_size < self._log_offset:  # truncated or replaced: start over
+            self._tracker = StartupTracker()
+            self._log_offset = 0
+            self._log_tail = b""
+            self._activity_at = None
+        if st.st_size > self._log_offset:
+            with open(self.log_path, "rb") as fh:
+                fh.seek(self._log_offset)
+                chunk = fh.read(min(st.st_size - self._log_offset, _LOG_READ_LIMIT_BYTES))
+            first_read = self._log_offset == 0
+            self._log_offset += len(chunk)
+            self._tracker.feed_bytes(chunk)  # it keeps a partial last line until its newline comes
+            self._log_tail = (self._log_tail + chunk[-_TAIL_KEEP_BYTES:])[-_TAIL_KEEP_BYTES:]
+            activity_at = _last_activity_at(chunk, st.st_mtime, exact=not first_read)
+            if activity_at is not None:
+                self._activity_at = max(activity_at, self._activity_at or 0.0)
+        return self._tracker.summary()
+
+    def _last_lines(self, count: int = 5) -> tuple[str, ...]:
+        """The latest non-empty log lines (tqdm renders split at ``\r``), for stall's DeepGEMM check."""
+        text = self._log_tail.decode("utf-8", errors="replace")
+        return tuple([line for line in re.split(r"[\r\n]", text) if line.strip()][-count:])
+
+    def _silent_for_s(self, rec: dict) -> float:
+        """Seconds since the server last wrote something other than the access lines of our probes."""
+        last = self._activity_at if self._activity_at is not None else rec.get("started_at") or time.time()
+        return max(0.0, time.time() - last)
+
+    def _stall_limit_s(self, rec: dict, summary: StartupSummary, tree: list[probes.ProcInfo]) -> float:
+        """Seconds of log silence before a start counts as stalled (wall clock, never time-scaled)."""
+        try:
+            profile: Any = self.profile
+        except Exception:  # noqa: BLE001 - an unreadable snapshot must not break status; the recorded limit will do
+            profile = SimpleNamespace(watch=SimpleNamespace(stall_after_s=rec.get("stall_after_s")))
+        baseline = last_good(self.home, rec.get("profile", ""), exclude_session_id=self.session_id)
+        has_compile_child = any(is_compiler_name(p.name) for p in tree[1:])
+        return stall_limit_s(profile, summary, baseline, has_compile_child, last_lines=self._last_lines())
+
+    def _record_progress(
+        self,
+        rec: dict,
+        summary: StartupSummary,
+        state: str,
+        tree: list[probes.ProcInfo],
+        ready_now: bool,
+        alive: bool,
+        model_info: dict | None,
+    ) -> dict:
+        """Write new facts to state.json, once each: phases first seen, the descendants, how it ended.
+
+        ``start_outcome`` is how the start ended (``ready`` / ``crashed``; ``stop()`` adds ``stopped``),
+        ``outcome`` how the session ended (``crashed`` / ``exited``; ``stop()`` adds ``stopped``).
+        """
+        now = time.time()
+        started_at = rec.get("started_at") or now
+        entered = dict(rec.get("phase_entered_at", {}))
+        new_phases: dict[str, float] = {}
+        for event in summary.events:
+            name = str(event.phase)
+            if name not in entered and name not in new_phases:
+                new_phases[name] = _event_wall_time(event.log_time, started_at, now)
+        if ready_now and StartupPhase.READY.value not in entered:
+            new_phases.setdefault(StartupPhase.READY.value, now)
+        known = {tuple(d) for d in rec.get("descendants", [])}
+        new_descendants = [(p.pid, p.create_time) for p in tree[1:] if (p.pid, p.create_time) not in known]
+        start_outcome = None
+        if rec.get("start_outcome") is None and state in ("ready", "crashed"):
+            start_outcome = state
+        elif rec.get("start_outcome") is None and state == "exited":
+            start_outcome = "ready"  # it got ready between two looks, then ended
+        end_outcome = state if state in ("crashed", "exited") and not alive and not rec.get("outcome") else None
+        new_model_info = model_info if model_info is not None and "model_info" not in rec else None
+        if (
+            not new_phases
+            and not new_descendants
+            and start_outcome is None
+            and end_outcome is None
+            and new_model_info is None
+        ):
+            return rec
+
+        def update(state_rec: dict) -> None:
+            phases_now = state_rec.setdefault("phase_entered_at", {})
+            for name, t in new_phases.items():
+                phases_now.setdefault(name, t)
+            kept = {tuple(d) for d in state_rec.get("descendants", [])}
+            state_rec["descendants"] = sorted(list(d) for d in kept | set(new_descendants))
+            if start_outcome is not None and state_rec.get("start_outcome") is None:
+                state_rec["start_outcome"] = start_outcome
+            if new_model_info is not None:
+                state_rec.setdefault("model_info", new_model_info)
+            if end_outcome is not None and not state_rec.get("outcome"):
+                state_rec["outcome"] = end_outcome
+                state_rec.setdefault("ended_at", now)
+
+        rec = self._update_state(update)
+        self._record_history(rec, summary)
+        return rec
+
+    def _record_history(self, rec: dict, summary: StartupSummary) -> None:
+        """Tell the history, once, how this start ended: the baseline the next start is compared with."""
+        outcome = rec.get("start_outcome")
+        if outcome is None or rec.get("history_recorded"):
+            return
+        claimed = {}
+
+        def claim(state_rec: dict) -> None:
+            claimed["ok"] = not state_rec.get("history_recorded")
+            state_rec["history_recorded"] = True
+
+        self._update_state(claim)
+        if claimed.get("ok"):
+            record_start(
+                self.home,
+                rec.get("profile", ""),
+                self.session_id,
+                summary,
+                rec.get("phase_entered_at", {}),
+                outcome,
+                started_at=rec.get("started_at"),
+            )
+
+    # -- stop ------------------------------------------------------------------------------------------
+
+    def stop(self, grace_s: float = 30.0) -> StopReport:
+        """SIGTERM the main process, wait ``grace_s``, SIGKILL whatever remains, then verify.
+
+        Only the main process gets SIGTERM: SGLang then drains, shuts its schedulers down and kills its
+        own tree (tokenizer_manager.py:3508-3565).  A SIGTERM to every rank would send each scheduler's
+        watchdog down its ~65 s crash-dump path (sglang-facts §6, §7).
+        """
+        t0 = time.monotonic()
+        self._reap()
+        rec = self.state_record
+        pid, create_time = rec.get("pid"), rec.get("create_time", 0.0)
+        main = probes.get_process(pid, create_time) if pid else None
+        was_alive = main is not None
+        # Every process of the session, captured before any signal: once the main dies, orphaned
+        # descendants are no longer its children.
+        members = self._members(rec) | _identities(self._strays(pid, create_time))
+        signals: list[str] = []
+        if main is not None:
+            try:
+                main.send_signal(signal.SIGTERM)
+                signals.append(f"SIGTERM to {pid}")
+            except psutil.NoSuchProcess:  # it ended on its own just now
+                main = None
+        _wait_gone(lambda: self._alive_members(members, pid, create_time), grace_s, self._reap)
+
+        remaining = self._alive_members(members, pid, create_time)
+        if remaining:
+            pgid = rec.get("pgid")
+            # start_new_session made the main the leader of its group (pgid == pid).  The number names
+            # our group only while the leader lives or no process holds that pid (probes.group_is_ours).
+            if pgid and pgid == pid and probes.group_is_ours(pid, create_time):
+                try:
+                    os.killpg(pgid, signal.SIGKILL)
+                    signals.append(f"SIGKILL to group {pgid}")
+                except OSError:
+                    pass
+            for member_pid, member_ct in remaining:
+                if probes.kill_identity(member_pid, member_ct, signal.SIGKILL):
+                    signals.append(f"SIGKILL to {member_pid}")
+            _wait_gone(lambda: self._alive_members(members, pid, create_time), KILL_WAIT_S, self._reap)
+
+        # Last sweep: orphans still in the group (ranks whose parent died without PDEATHSIG) and strays
+        # that left it but carry our session id in their environment (a daemonised grandchild).
+        for proc in self._strays(pid, create_time):
+            with contextlib.suppress(psutil.Error):  # NoSuchProcess: gone by itself
+                members.add((proc.pid, proc.create_time()))
+                proc.kill()
+                signals.append(f"SIGKILL to {proc.pid} (left behind)")
+        _wait_gone(lambda: self._alive_members(members, pid, create_time), KILL_WAIT_S, self._reap)
+
+        survivors = tuple(sorted({p for p, _ in self._alive_members(members, pid, create_time)}))
+        host, port = rec.get("host", "127.0.0.1"), rec.get("port")
+        port_is_free = True
+        if port:
+            deadline = time.monotonic() + 2.0
+            while not (port_is_free := probes.port_free(host, port)) and time.monotonic() < deadline:
+                time.sleep(0.05)
+        gpu_left = _gpu_pids_left({p for p, _ in members} | ({pid} if pid else set()))
+        stopped = not survivors and not gpu_left
+        waited_s = round(time.monotonic() - t0, 3)
+        message = _stop_message(
+            self.session_id, was_alive, stopped, survivors, port_is_free, gpu_left, port, host, signals, waited_s
+        )
+        report = StopReport(
+            stopped=stopped,
+            signals_sent=tuple(signals),
+            waited_s=waited_s,
+            survivors=survivors,
+            port_free=port_is_free,
+            gpu_pids_left=gpu_left,
+            message=message,
+        )
+
+        def update(state_rec: dict) -> None:
+            now = time.time()
+            if was_alive or "stop" not in state_rec:  # a later clean-up keeps the report of the real stop
+                state_rec["stop"] = report.to_json() | {"at": now}
+            if was_alive and stopped:
+                state_rec["stopped_at"] = now
+                state_rec["outcome"] = "stopped"
+                state_rec.setdefault("ended_at", now)
+                if state_rec.get("start_outcome") is None:
+                    state_rec["start_outcome"] = "stopped"
+
+        rec = self._update_state(update)
+        self._record_history(rec, self._read_log())
+        return report
+
+    def _members(self, rec: dict) -> set[tuple[int, float]]:
+        members: set[tuple[int, float]] = set()
+        for d in rec.get("descendants", []):
+            members.add((int(d[0]), float(d[1])))
+        if rec.get("pid"):
+            for info in probes.process_tree(rec["pid"], rec.get("create_time", 0.0))[1:]:
+                members.add((info.pid, info.create_time))
+        return members
+
+    def _strays(self, pid: int | None, create_time: float) -> list:
+        found = {p.pid: p for p in probes.processes_with_env(SESSION_ENV, self.session_id)}
+        if pid:
+            found.update({p.pid: p for p in probes.processes_in_group(pid, create_time)})
+        return list(found.values())
+
+    def _alive_members(self, members: set[tuple[int, float]], pid: int | None, create_time: float) -> list:
+        alive = [(p, ct) for p, ct in members if probes.process_alive(p, ct)]
+        if pid and probes.process_alive(pid, create_time):
+            alive.append((pid, create_time))
+        return alive
+
+    def _reap(self) -> None:
+        if self._popen is not None:
+            self._popen.poll()
+
+    # -- restart ---------------------------------------------------------------------------------------
+
+    def restart(self, profile: LaunchProfile | None = None, grace_s: float = 30.0) -> ServerSession:
+        """Stop this session and launch the current profile (or ``profile``); the new one keeps the diff."""
+        new_profile = profile or self.current_profile()
+        diff = flag_diff(self.profile, new_profile)
+        # Refuse a broken profile while the old server still runs (its port is checked after the stop).
+        errors = [p for p in validate_profile(new_profile, check_port=False) if p.is_error]
+        if errors:
+            raise LaunchError(_problems_text(new_profile, errors), errors, code=2)
+        report = self.stop(grace_s=grace_s)
+        if not report.stopped:
+            raise SessionError(f"restart of {self.session_id} aborted: {report.message}")
+        new = ServerSession.launch(new_profile, self.home)
+        new.restart_diff = diff
+
+        def note(state_rec: dict) -> None:
+            state_rec["restarted_from"] = self.session_id
+            state_rec["restart_diff"] = diff
+
+        new._update_state(note)
+        self._update_state(lambda rec: rec.__setitem__("restarted_as", new.session_id))
+        return new
+
+    # -- state.json --------------------------------------------------------------------------------------
+
+    def _update_state(self, mutate: Callable[[dict], None]) -> dict:
+        """Read-modify-write state.json under a lock: the TUI and a CLI may write at the same time."""
+        with _locked(self.session_dir / ".state.lock"):
+            rec = self.state_record
+            mutate(rec)
+            atomic_write_json(self.session_dir / STATE_FILE, rec)
+        return rec
+
+
+# --- module functions -----------------------------------------------------------------------------------
+
+
+def classify_state(
+    *, alive: bool, stopped: bool, fatal_error: bool, ready: bool, ever_ready: bool, stalled: bool
+) -> str:
+    """DESIGN §3's state of a session from the facts one status() gathers."""
+    if stopped and not alive:
+        return "stopped"
+    if fatal_error:
+        return "crashed"
+    if alive:
+        if ready:
+            return "ready"
+        return "stalled" if stalled else "starting"
+    return "exited" if ever_ready else "crashed"
+
+
+def list_sessions(home: Home | None = None, include_ended: bool = True) -> list[ServerSession]:
+    """Every session folder with a state.json, oldest first; ``include_ended=False`` keeps the live ones."""
+    home = home or resolve_home()
+    try:
+        dirs = [d for d in home.sessions_dir.iterdir() if (d / STATE_FILE).is_file() and not d.is_symlink()]
+    except FileNotFoundError:
+        return []
+    sessions = [ServerSession(d, home) for d in dirs]
+    sessions.sort(key=lambda s: (s.state_record.get("started_at") or 0.0, s.session_id))
+    if not include_ended:
+        sessions = [s for s in sessions if s.is_alive()]
+    return sessions
+
+
+def find_session(ref: str, home: Home | None = None) -> ServerSession:
+    """A session by its id or a unique prefix of it (the CLI's SESSION argument)."""
+    home = home or resolve_home()
+    if (home.sessions_dir / ref / STATE_FILE).is_file():
+        return ServerSession.load(ref, home)
+    matches = [s for s in list_sessions(home) if s.session_id.startswith(ref)] if ref else []
+    if not matches:
+        raise SessionNotFound(f"no session '{ref}' in {home.sessions_dir}")
+    if len(matches) > 1:
+        names = ", ".join(s.session_id for s in matches[:5])
+        raise SessionNotFound(f"session '{ref}' is ambiguous: {len(matches)} match ({names})")
+    return matches[0]
+
+
+def flag_diff(old: LaunchProfile, new: LaunchProfile) -> list[str]:
+    """The command-line flags and env changes that differ, secrets redacted.
+
+    Lines read ``+ --flag value`` (added), ``- --flag value`` (removed), ``~ --flag old -> new`` (changed),
+    and the same with ``env NAME=value``.
+    """
+    old_cmd, new_cmd = build_command(old), build_command(new)
+    lines: list[str] = []
+    old_head, old_flags = _parse_argv(old_cmd.argv)
+    new_head, new_flags = _parse_argv(new_cmd.argv)
+    if old_head != new_head:
+        lines.append(f"~ command {' '.join(redact_argv(old_head))} -> {' '.join(redact_argv(new_head))}")
+    lines += _diff_maps(old_flags, new_flags, prefix="")
+    old_env = {k: v for k, v in old_cmd.env_changes.items()}
+    new_env = {k: v for k, v in new_cmd.env_changes.items()}
+    lines += _diff_maps(
+        {k: (v, redact_env({k: v})[k]) for k, v in old_env.items()},
+        {k: (v, redact_env({k: v})[k]) for k, v in new_env.items()},
+        prefix="env ",
+        joiner="=",
+    )
+    return lines
+
+
+def _parse_argv(argv: list[str]) -> tuple[list[str], dict[str, tuple[str, str]]]:
+    """Split argv into its head (interpreter, -m module) and flag -> (raw value, redacted value)."""
+    redacted = redact_argv(argv)
+    head_len = next((i for i, a in enumerate(argv) if a.startswith("--")), len(argv))
+    flags: dict[str, tuple[list[str], list[str]]] = {}
+    current: str | None = None
+    for raw, shown in zip(argv[head_len:], redacted[head_len:]):
+        if raw.startswith("--"):
+            name, eq, value = raw.partition("=")
+            _, _, shown_value = shown.partition("=")
+            current = name
+            entry = flags.setdefault(name, ([], []))
+            if eq:
+                entry[0].append(value)
+                entry[1].append(shown_value)
+        elif current is not None:
+            flags[current][0].append(raw)
+            flags[current][1].append(shown)
+    return argv[:head_len], {k: (" ".join(v[0]), " ".join(v[1])) for k, v in flags.items()}
+
+
+def _diff_maps(
+    old: dict[str, tuple[str, str]], new: dict[str, tuple[str, str]], prefix: str, joiner: str = " "
+) -> list[str]:
+    def show(name: str, value: str) -> str:
+        return f"{prefix}{name}{joiner}{value}" if value else f"{prefix}{name}"
+
+    lines = []
+    for name in sorted(set(old) | set(new)):
+        if name not in new:
+            lines.append(f"- {show(name, old[name][1])}")
+        elif name not in old:
+            lines.append(f"+ {show(name, new[name][1])}")
+        elif old[name][0] != new[name][0]:
+            before, after = old[name][1], new[name][1]
+            suffix = " (secret changed)" if before == after else ""
+            lines.append(f"~ {show(name, before)} -> {after or '(no value)'}{suffix}")
+    return lines
+
+
+def _problems_text(profile: LaunchProfile, problems: list[Problem]) -> str:
+    lines = [f"profile '{profile.name}' cannot be launched:"]
+    for p in problems:
+        where = f" (line {p.line})" if p.line else ""
+        lines.append(f"  {p.field}{where}: {p.message}")
+    return "\n".join(lines)
+
+
+def _new_session_dir(home: Home, profile_name: str) -> Path:
+    base = _SAFE_ID_CHARS.sub("-", profile_name).strip("-.") or "session"
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    for _ in range(100):
+        session_dir = home.sessions_dir / f"{base}-{stamp}-{secrets.token_hex(2)}"
+        try:
+            session_dir.mkdir(mode=0o700)
+        except FileExistsError:
+            continue
+        return ensure_private_dir(session_dir)
+    raise LaunchError(f"could not create a session folder in {home.sessions_dir}")
+
+
+def _create_time_of(pid: int) -> float:
+    return psutil.Process(pid).create_time()
+
+
+def _pgid_of(pid: int) -> int | None:
+    try:
+        return os.getpgid(pid)
+    except OSError:
+        return None
+
+
+def _kill_quietly(popen: subprocess.Popen) -> None:
+    try:
+        os.killpg(popen.pid, signal.SIGKILL)
+    except OSError:
+        pass
+    try:
+        popen.wait(timeout=5)
+    except subprocess.TimeoutExpired:
+        pass
+
+
+def _identities(procs: list) -> set[tuple[int, float]]:
+    found = set()
+    for proc in procs:
+        with contextlib.suppress(psutil.Error):  # NoSuchProcess: already gone
+            found.add((proc.pid, proc.create_time()))
+    return found
+
+
+def _wait_gone(alive: Callable[[], list], timeout_s: float, reap: Callable[[], None]) -> None:
+    deadline = time.monotonic() + max(0.0, timeout_s)
+    delay = 0.02
+    while True:
+        reap()
+        if not alive() or time.monotonic() >= deadline:
+            return
+        time.sleep(delay)
+        delay = min(delay * 1.5, 0.25)
+
+
+def _gpu_pids_left(pids: set[int]) -> tuple[int, ...]:
+    """Session pids that NVML still lists as holding GPU memory (empty without NVML)."""
+    from sessions.gpus import NvmlSource
+
+    source = NvmlSource(wait_s=3.0)
+    try:
+        deadline = time.monotonic() + 5.0  # the driver may release a dead process's memory a moment later
+        while True:
+            snapshot = source.snapshot()
+            if not snapshot.available:
+                return ()
+            held = {p.pid for s in snapshot.samples for p in s.processes} & pids
+            if not held or time.monotonic() >= deadline:
+                return tuple(sorted(held))
+            time.sleep(0.25)
+    finally:
+        source.close()
+
+
+def _gpu_index_by_pid(gpu_snapshot: Any, session_dir: Path) -> dict[int, int]:
+    """pid -> GPU index from a GpuSnapshot, else from the emulator's ``emulated_gpus.json``."""
+    mapping: dict[int, int] = {}
+    if gpu_snapshot is not None:
+        for sample in getattr(gpu_snapshot, "samples", ()):
+            for proc in sample.processes:
+                mapping.setdefault(proc.pid, sample.index)
+        return mapping
+    data = read_json(session_dir / EMULATED_GPUS_FILE)
+    if isinstance(data, dict):
+        for gpu in data.get("gpus", []) or []:
+            try:
+                for proc in gpu.get("processes", []) or []:
+                    mapping.setdefault(int(proc["pid"]), int(gpu["index"]))
+            except (KeyError, TypeError, ValueError):
+                continue
+    return mapping
+
+
+def _stop_message(
+    session_id: str,
+    was_alive: bool,
+    stopped: bool,
+    survivors: tuple[int, ...],
+    port_is_free: bool,
+    gpu_left: tuple[int, ...],
+    port: int | None,
+    host: str,
+    signals: list[str],
+    waited_s: float,
+) -> str:
+    if stopped and was_alive:
+        how = "SIGTERM" if not any("SIGKILL" in s for s in signals) else "SIGTERM, then SIGKILL"
+        text = f"stopped {session_id} in {waited_s:.1f}s ({how})"
+        if port and port_is_free:
+            text += f"; port {port} is free"
+    elif stopped:
+        text = f"{session_id} was not running; nothing of it remains"
+    else:
+        parts = []
+        if survivors:
+            parts.append(f"still running: pid {', '.join(map(str, survivors))}")
+        if gpu_left:
+            parts.append(f"still holding GPU memory: pid {', '.join(map(str, gpu_left))}")
+        text = f"could not stop {session_id}: " + "; ".join(parts)
+    if port and not port_is_free:
+        text += f"; {probes.describe_port_user(host, port)}"
+    return text
+
+
+def _last_activity_at(chunk: bytes, mtime: float, exact: bool) -> float | None:
+    """When the server last wrote something in ``chunk`` other than the access lines of /ready and
+    /model_info probes (uvicorn logs each request): those would keep a hung warmup looking busy.
+
+    ``exact``: the chunk is what the log gained since the previous look, so its non-probe text was
+    written by ``mtime``.  A first read of a whole log dates its last non-probe line by its own
+    timestamp when probe lines follow it.  None: nothing but probe lines.
+    """
+    segments = [s for s in re.split(rb"[\r\n]", chunk) if s.strip()]
+    for i in range(len(segments) - 1, -1, -1):
+        if _PROBE_ACCESS_LINE.search(segments[i]):
+            continue
+        if exact or i == len(segments) - 1:
+            return mtime
+        match = _LINE_TIME.match(segments[i])
+        if match:
+            try:
+                stamp = time.mktime(time.strptime(match.group(1).decode(), _LOG_TIME_FORMAT))
+            except ValueError:
+                return mtime
+            return min(stamp, mtime)
+        return mtime
+    return None
+
+
+def _event_wall_time(log_time: str | None, started_at: float, now: float) -> float:
+    """When a phase began: the log line's own timestamp when plausible, else now (when we saw it)."""
+    if log_time:
+        try:
+            t = time.mktime(time.strptime(log_time.strip()[:19], _LOG_TIME_FORMAT))
+        except ValueError:
+            t = None
+        if t is not None and started_at - 1.0 <= t <= now + 1.0:
+            return min(max(t, started_at), now)
+    return now
+
+
+def _rank_sort_key(rank: RankStatus) -> tuple:
+    order = {"dp_controller": 0, "scheduler": 1, "detokenizer": 2}
+    return (order.get(rank.role, 3), rank.rank if rank.rank is not None else -1, rank.pid)
+
+
+def _url_host(host: str) -> str:
+    target = probes.connect_host(host)
+    return f"[{target}]" if ":" in target else target
+
+
+@contextmanager
+def _locked(lock_path: Path) -> Iterator[None]:
+    fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        os.close(fd)

@@ -1,0 +1,214 @@
+"""Shared fixtures: a private home, free ports, emulator model dirs and profiles, and launched sessions.
+
+* ``home`` - a fresh ``EAGLE3_TUI_HOME`` under ``tmp_path`` (set with monkeypatch, so CLI subprocesses
+  started with ``os.environ`` see it too); returns the ensured `Home`.
+* ``free_port`` - a TCP port that was free on 127.0.0.1 a moment ago (bind port 0, read it, close).
+* ``emulator_model_dir`` / ``small_model_dir`` - config-only model dirs: Kimi-like (DeepseekV3ForCausalLM,
+  61 layers, hidden 7168) and a small one (8 layers, hidden 256).  ``make_model_dir(name, **config)``
+  makes others.
+* ``make_emulator_profile(name, tp=4, fault="none", time_scale=0.003, **overrides)`` - writes
+  ``<profiles_dir>/<name>.toml`` with ``launcher = "emulator"`` and loads it.  An override whose value is a
+  dict updates that TOML section (``emulator={"gpu_memory_gb": 1}``, ``watch={...}``); ``env={...}`` is
+  ``[server.env]``; any other value goes to ``[server]`` (``port=..., cuda_graph=False``).
+* ``launched`` - launches and tracks sessions, and ALWAYS stops them at teardown: ``stop()`` first, then
+  SIGKILL of every (pid, create_time) it ever saw, then of anything left in the session's process group
+  or carrying the session's env id.
+  Use ``launched.launch(profile)``, ``launched.track(session_id)`` for sessions a CLI subprocess started,
+  and ``launched.remember(session)`` after the ranks are up.
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import socket
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+KIMI_LIKE_CONFIG = {
+    "architectures": ["DeepseekV3ForCausalLM"],
+    "model_type": "deepseek_v3",
+    "num_hidden_layers": 61,
+    "hidden_size": 7168,
+    "intermediate_size": 18432,
+    "moe_intermediate_size": 2048,
+    "num_attention_heads": 64,
+    "num_key_value_heads": 64,
+    "n_routed_experts": 384,
+    "num_experts_per_tok": 8,
+    "first_k_dense_replace": 1,
+    "vocab_size": 163840,
+    "max_position_embeddings": 262144,
+    "torch_dtype": "bfloat16",
+}
+SMALL_CONFIG = KIMI_LIKE_CONFIG | {
+    "num_hidden_layers": 8,
+    "hidden_size": 256,
+    "intermediate_size": 512,
+    "moe_intermediate_size": 128,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 4,
+    "n_routed_experts": 8,
+    "num_experts_per_tok": 2,
+    "vocab_size": 1024,
+    "max_position_embeddings": 4096,
+}
+
+
+@pytest.fixture
+def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """A private eagle3-tui home for this test (EAGLE3_TUI_HOME), created with its folders."""
+    from sessions.home import HOME_ENV, resolve_home
+
+    monkeypatch.setenv(HOME_ENV, str(tmp_path / "eagle3-home"))
+    monkeypatch.delenv("EAGLE3_TUI_DEMO", raising=False)
+    return resolve_home().ensure()
+
+
+def get_free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.fixture
+def free_port() -> int:
+    return get_free_port()
+
+
+@pytest.fixture
+def make_model_dir(tmp_path: Path) -> Callable[..., Path]:
+    """``make_model_dir(name, **config_overrides)``: a model dir holding only a Kimi-like config.json."""
+
+    def make(name: str = "kimi-like", **config: Any) -> Path:
+        model_dir = tmp_path / "models" / name
+        model_dir.mkdir(parents=True, exist_ok=True)
+        (model_dir / "config.json").write_text(json.dumps(KIMI_LIKE_CONFIG | config, indent=2))
+        return model_dir
+
+    return make
+
+
+@pytest.fixture
+def emulator_model_dir(make_model_dir) -> Path:
+    return make_model_dir("kimi-like")
+
+
+@pytest.fixture
+def small_model_dir(make_model_dir) -> Path:
+    return make_model_dir("small", **SMALL_CONFIG)
+
+
+@pytest.fixture
+def make_emulator_profile(home, emulator_model_dir: Path) -> Callable[..., Any]:
+    """Write and load an emulator profile (see the module docstring); each call gets its own free port."""
+    import tomli_w
+    from sessions.profiles import load_profile
+
+    def make(name: str = "emu", tp: int = 4, fault: str = "none", time_scale: float = 0.003, **overrides: Any):
+        doc: dict[str, dict[str, Any]] = {
+            "server": {
+                "launcher": "emulator",
+                "python": sys.executable,
+                "model_path": str(emulator_model_dir),
+                "tp_size": tp,
+                "host": "127.0.0.1",
+                "port": get_free_port(),
+            },
+            "watch": {"stall_after_s": 300},
+            "emulator": {"time_scale": time_scale, "fault": fault},
+        }
+        for key, value in overrides.items():
+            if key == "env":
+                doc["server"]["env"] = dict(value)
+            elif isinstance(value, dict):
+                doc.setdefault(key, {}).update(value)
+            else:
+                doc["server"][key] = value
+        path = home.profiles_dir / f"{name}.toml"
+        path.write_text(tomli_w.dumps(doc))
+        return load_profile(path)
+
+    return make
+
+
+class LaunchedSessions:
+    """Sessions a test started; `cleanup()` makes sure nothing of them outlives the test."""
+
+    def __init__(self, home) -> None:
+        self.home = home
+        self.sessions: list[Any] = []
+        self.identities: set[tuple[int, float]] = set()
+
+    def launch(self, profile):
+        from sessions.server import ServerSession
+
+        return self.track(ServerSession.launch(profile, self.home))
+
+    def track(self, session_or_id):
+        """Register a session (or the id a CLI subprocess printed) for teardown."""
+        from sessions.server import ServerSession
+
+        session = session_or_id
+        if isinstance(session_or_id, str):
+            session = ServerSession.load(session_or_id.strip(), self.home)
+        if all(s.session_id != session.session_id for s in self.sessions):
+            self.sessions.append(session)
+        self.remember(session)
+        return session
+
+    def remember(self, session) -> None:
+        """Record the (pid, create_time) of the main process and of every process of its tree now."""
+        from sessions import probes
+
+        rec = session.state_record
+        if rec.get("pid"):
+            self.identities.add((rec["pid"], rec["create_time"]))
+            for info in probes.process_tree(rec["pid"], rec["create_time"]):
+                self.identities.add(info.identity)
+
+    def cleanup(self) -> None:
+        from sessions import probes
+        from sessions.server import SESSION_ENV
+
+        for session in self.sessions:
+            try:
+                self.remember(session)
+                session.stop(grace_s=5.0)
+            except Exception as exc:  # noqa: BLE001 - keep going: the kills below are the last resort
+                print(f"cleanup: stop({session.session_id}) failed: {exc!r}", file=sys.stderr)
+        for pid, create_time in self.identities:
+            probes.kill_identity(pid, create_time, signal.SIGKILL)
+        for session in self.sessions:
+            rec = session.state_record
+            strays = probes.processes_with_env(SESSION_ENV, session.session_id)
+            if rec.get("pid"):
+                strays += probes.processes_in_group(rec["pid"], rec["create_time"])
+            for proc in strays:
+                with contextlib.suppress(psutil.Error):
+                    proc.kill()
+
+
+@pytest.fixture
+def launched(home):
+    registry = LaunchedSessions(home)
+    try:
+        yield registry
+    finally:
+        registry.cleanup()
+
+
+@pytest.fixture
+def cli_env(home) -> dict[str, str]:
+    """The environment for `python -m app ...` subprocesses: this test's home, our checkout importable."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), env.get("PYTHONPATH", "")]))
+    return env
