@@ -1,0 +1,165 @@
+"""`eagle3-tui extract run|status|pause|resume|cancel|verify`: extraction jobs from the shell (DESIGN §6).
+
+`extract run JOB.toml` prints only the job id on stdout (the job runs detached); `extract status JOB
+--json` prints one JSON object (without JOB: an array of every job).  Human text goes to stderr.
+Only argparse is imported here; the engine is imported inside the handlers (`--help` stays fast).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+_CONTRACT_FIELDS = ("job_id", "pid", "state", "total", "done", "failed_lines", "tokens", "bytes",
+                    "samples_per_s", "output_dir")
+
+
+def register(subparsers: Any) -> None:
+    extract = subparsers.add_parser("extract", help="extraction jobs: dataset → server → SpecForge files",
+                                    description="Extraction jobs write SpecForge-format EAGLE-3 training data.")
+    sub = extract.add_subparsers(dest="extract_command", metavar="ACTION", required=True)
+
+    run = sub.add_parser("run", help="start a job detached; prints its job id")
+    run.add_argument("spec", help="the job spec (TOML with a [job] table)")
+    run.set_defaults(func=_run)
+
+    status = sub.add_parser("status", help="progress of one job (or of all)")
+    status.add_argument("job", nargs="?", help="job id (default: every job)")
+    status.add_argument("--json", action="store_true", help="machine-readable output")
+    status.set_defaults(func=_status)
+
+    for name, helptext, func in (
+        ("pause", "stop sending new requests (the process stays)", _pause),
+        ("resume", "continue a paused job, or restart a stopped one from its manifest", _resume),
+        ("cancel", "stop the job after the requests in flight", _cancel),
+    ):
+        action = sub.add_parser(name, help=helptext)
+        action.add_argument("job", help="job id")
+        action.set_defaults(func=func)
+
+    verify = sub.add_parser("verify", help="check every file of an output dir")
+    verify.add_argument("output_dir")
+    verify.add_argument("--against-http", type=int, default=0, metavar="N",
+                        help="re-request N samples with return_hidden_states and compare the aux rows")
+    verify.add_argument("--server-url", help="server for --against-http (default: the one in dataset.json)")
+    verify.add_argument("--lm-head-check", action="store_true",
+                        help="top-1 of hidden_state @ lm_head^T vs the next token on assistant positions")
+    verify.add_argument("--model-path", help="model dir for --lm-head-check (default: dataset.json's)")
+    verify.add_argument("--min-top1", type=float, default=0.5,
+                        help="--lm-head-check fails below this agreement (default 0.5)")
+    verify.add_argument("--json", action="store_true", help="machine-readable report")
+    verify.set_defaults(func=_verify)
+
+
+def _job_error(exc: Exception) -> Exception:
+    from app.cli import CliError
+
+    return CliError(str(exc), getattr(exc, "code", 1))
+
+
+def _run(args: argparse.Namespace) -> int:
+    from sessions.extraction.job import JobError, run_job
+
+    try:
+        job_id = run_job(args.spec)
+    except JobError as exc:
+        raise _job_error(exc) from None
+    print(job_id)
+    print(f"started job {job_id}; follow it with: eagle3-tui extract status {job_id}", file=sys.stderr)
+    return 0
+
+
+def _format_bytes(n: float) -> str:
+    for unit in ("B", "KB", "MB", "GB", "TB"):
+        if abs(n) < 1000 or unit == "TB":
+            return f"{n:.1f} {unit}" if unit != "B" else f"{int(n)} B"
+        n /= 1000
+    return f"{n:.1f} TB"
+
+
+def _human(p: Any) -> str:
+    pct = f"{100 * p.fraction:5.1f}%" if p.total else "  -  "
+    eta = f", ETA {p.eta_s:.0f} s" if p.eta_s else ""
+    line = (f"{p.job_id}  {p.state:<11} {pct}  {p.done}/{p.total} samples, {p.failed_lines} errors, "
+            f"{p.tokens} tokens, {_format_bytes(p.bytes)}, {p.samples_per_s:.1f} samples/s, "
+            f"{p.tokens_per_s:.0f} tok/s, {p.gb_per_s:.3f} GB/s{eta}")
+    if p.reason:
+        line += f"\n    {p.reason}"
+    return line
+
+
+def _status_json(p: Any) -> dict[str, Any]:
+    data = p.to_json()
+    return {**{k: data[k] for k in _CONTRACT_FIELDS}, **data}
+
+
+def _status(args: argparse.Namespace) -> int:
+    from sessions.extraction.job import JobError, all_jobs, job_status
+
+    try:
+        jobs = [job_status(args.job)] if args.job else all_jobs()
+    except JobError as exc:
+        raise _job_error(exc) from None
+    if args.json:
+        payload: Any = _status_json(jobs[0]) if args.job else [_status_json(p) for p in jobs]
+        print(json.dumps(payload, indent=2))
+    elif not jobs:
+        print("no extraction jobs", file=sys.stderr)
+    else:
+        for p in jobs:
+            print(_human(p))
+    return 0
+
+
+def _pause(args: argparse.Namespace) -> int:
+    from sessions.extraction.job import JobError, pause_job
+
+    try:
+        pause_job(args.job)
+    except JobError as exc:
+        raise _job_error(exc) from None
+    print(f"job {args.job} pauses after the requests in flight", file=sys.stderr)
+    return 0
+
+
+def _resume(args: argparse.Namespace) -> int:
+    from sessions.extraction.job import JobError, resume_job
+
+    try:
+        progress = resume_job(args.job)
+    except JobError as exc:
+        raise _job_error(exc) from None
+    print(f"job {args.job} resumed (pid {progress.pid})", file=sys.stderr)
+    return 0
+
+
+def _cancel(args: argparse.Namespace) -> int:
+    from sessions.extraction.job import JobError, cancel_job
+
+    try:
+        progress = cancel_job(args.job)
+    except JobError as exc:
+        raise _job_error(exc) from None
+    print(f"job {args.job} is {progress.state}", file=sys.stderr)
+    return 0
+
+
+def _verify(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from app.cli import CliError
+    from sessions.extraction.verify import verify_output
+
+    out = Path(args.output_dir)
+    if not out.is_dir():
+        raise CliError(f"{out} is not a folder", 2)
+    report = verify_output(out, against_http=args.against_http, server_url=args.server_url,
+                           lm_head_check=args.lm_head_check,
+                           model_path=Path(args.model_path) if args.model_path else None,
+                           min_top1=args.min_top1, log=lambda m: print(m, file=sys.stderr))
+    if args.json:
+        print(json.dumps(report.to_json(), indent=2))
+    else:
+        print(report.summary())
+    return 0 if report.ok else 1

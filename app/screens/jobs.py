@@ -1,0 +1,280 @@
+"""The jobs screen (key ``x``): one progress bar per extraction job, its rates, pause/resume/cancel, and a
+notification when a job finishes, fails, dies or stalls.
+
+It reads ``JobProgress`` snapshots (``sessions.extraction.progress``, no torch) in a thread worker and
+re-arms a one-shot timer after each render, so polls never pile up (dolphie's loop).  Actions go through
+``sessions.extraction.job``, the same functions the CLI uses.
+"""
+from __future__ import annotations
+
+import time
+from typing import Any, ClassVar
+
+from rich.text import Text
+from textual import work
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Vertical
+from textual.screen import ModalScreen, Screen
+from textual.widgets import Footer, Input, ListItem, ListView, ProgressBar, Static
+
+POLL_INTERVAL_S = 1.0
+STALL_AFTER_S = 120.0  # a running job with no sample finished for this long is worth a notification
+_STATE_STYLE = {"running": "bold green", "paused": "bold yellow", "starting": "bold cyan", "done": "bold blue",
+                "failed": "bold red", "interrupted": "bold red", "cancelled": "dim"}
+_FINAL = ("done", "failed", "cancelled", "interrupted")
+
+
+def _bytes(n: float) -> str:
+    for unit in ("B", "KB", "MB", "GB", "TB"):
+        if abs(n) < 1000 or unit == "TB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1000
+    return f"{n:.1f} TB"
+
+
+def _eta(seconds: float | None) -> str:
+    if seconds is None:
+        return "ETA n/a"
+    seconds = int(seconds)
+    if seconds >= 3600:
+        return f"ETA {seconds // 3600}h{seconds % 3600 // 60:02d}m"
+    return f"ETA {seconds // 60}m{seconds % 60:02d}s"
+
+
+def stalled_for_s(progress: Any, now: float | None = None) -> float | None:
+    """Seconds since the last sample finished, for a running job that has stopped moving (else None)."""
+    if progress.state != "running":
+        return None
+    since = progress.last_progress_at or progress.started_at
+    if since is None:
+        return None
+    idle = (now or time.time()) - since
+    return idle if idle >= STALL_AFTER_S else None
+
+
+class JobRow(ListItem):
+    """One job: title and state, a progress bar, and a line of rates."""
+
+    DEFAULT_CSS = """
+    JobRow { height: auto; padding: 0 1; }
+    JobRow > Vertical { height: auto; }
+    JobRow ProgressBar { width: 100%; }
+    JobRow .job-rates { color: $text-muted; }
+    """
+
+    def __init__(self, progress: Any) -> None:
+        super().__init__(id=f"job-{progress.job_id}".replace(".", "_"))
+        self.progress = progress
+
+    def compose(self) -> ComposeResult:
+        with Vertical():
+            yield Static(id="title", markup=False)
+            yield ProgressBar(total=max(1, self.progress.total), show_eta=False, id="bar")
+            yield Static(classes="job-rates", id="rates", markup=False)
+
+    def on_mount(self) -> None:
+        self.show(self.progress)
+
+    def show(self, p: Any) -> None:
+        self.progress = p
+        title = Text()
+        title.append(p.name or p.job_id, style="bold")
+        title.append(f"  {p.job_id}  ")
+        title.append(p.state, style=_STATE_STYLE.get(p.state, "bold"))
+        if p.reason:
+            title.append(f"  {p.reason}", style="italic")
+        self.query_one("#title", Static).update(title)
+        self.query_one("#bar", ProgressBar).update(total=max(1, p.total), progress=p.done)
+        rates = (f"{p.done}/{p.total} samples · {p.failed_lines} errors · {p.tokens:,} tokens · {_bytes(p.bytes)}"
+                 f" · {p.samples_per_s:.1f} samples/s · {p.tokens_per_s:,.0f} tok/s · {p.gb_per_s:.3f} GB/s"
+                 f" · {_eta(p.eta_s) if p.state == 'running' else ''}"
+                 f"{' · capture fs ' + format(p.capture_fill, '.0%') if p.capture_fill is not None else ''}")
+        self.query_one("#rates", Static).update(rates)
+
+
+class SpecPathModal(ModalScreen[str | None]):
+    """Asks for a job spec path (Enter starts the job, Esc cancels)."""
+
+    DEFAULT_CSS = """
+    SpecPathModal { align: center middle; }
+    SpecPathModal > Vertical { width: 90%; max-width: 110; height: auto; border: thick $accent;
+                               background: $surface; padding: 0 1; }
+    """
+    BINDINGS: ClassVar[list[Binding]] = [Binding("escape", "cancel", "Cancel", id="jobs.new.cancel")]
+
+    def compose(self) -> ComposeResult:
+        with Vertical():
+            yield Static("Start an extraction job from a spec (TOML with a [job] table):", markup=False)
+            yield Input(placeholder="/path/to/job.toml", id="spec-path")
+
+    def on_mount(self) -> None:
+        self.query_one("#spec-path", Input).focus()
+
+    def on_input_submitted(self, event: Input.Submitted) -> None:
+        event.stop()
+        self.dismiss(event.value.strip() or None)
+
+    def action_cancel(self) -> None:
+        self.dismiss(None)
+
+
+class JobsScreen(Screen):
+    """Every extraction job of the home (demo-aware through ``resolve_home``)."""
+
+    DEFAULT_CSS = """
+    JobsScreen { layout: vertical; }
+    JobsScreen #jobs-header { padding: 0 1; text-style: bold; }
+    JobsScreen #jobs-empty { padding: 1 2; color: $text-muted; }
+    JobsScreen ListView { height: 1fr; }
+    """
+
+    BINDINGS: ClassVar[list[Binding]] = [
+        Binding("n", "new", "New job", id="jobs.new"),
+        Binding("p", "pause", "Pause", id="jobs.pause"),
+        Binding("r", "resume", "Resume", id="jobs.resume"),
+        Binding("c", "cancel", "Cancel", id="jobs.cancel"),
+        Binding("escape", "back", "Back", id="jobs.back"),
+    ]
+
+    def __init__(self, home: Any = None) -> None:
+        super().__init__()
+        self._home = home
+        self.jobs: list[Any] = []
+        self._states: dict[str, str] = {}
+        self._stall_notified: set[str] = set()
+        self._first_poll = True
+
+    @property
+    def home(self) -> Any:
+        if self._home is None:
+            from sessions.home import resolve_home
+
+            self._home = resolve_home()
+        return self._home
+
+    def compose(self) -> ComposeResult:
+        yield Static("Extraction jobs", id="jobs-header")
+        yield Static("No extraction jobs yet. Start one with `eagle3-tui extract run JOB.toml`.", id="jobs-empty")
+        yield ListView(id="jobs")
+        yield Footer()
+
+    def on_mount(self) -> None:
+        self.poll()
+
+    # -- polling ----------------------------------------------------------------------------------------
+    @work(thread=True, exclusive=True, group="jobs-poll")
+    def poll(self) -> None:
+        from sessions.extraction.progress import list_jobs
+
+        try:
+            jobs = list_jobs(self.home)
+        except Exception as exc:  # noqa: BLE001 - an unreadable jobs dir is shown, never crashes the TUI
+            self.app.call_from_thread(self.notify, f"Cannot read jobs: {exc}", severity="error")
+            jobs = self.jobs
+        self.app.call_from_thread(self._show, jobs)
+
+    def _show(self, jobs: list[Any]) -> None:
+        self._notify_changes(jobs)
+        self.jobs = jobs
+        view = self.query_one("#jobs", ListView)
+        self.query_one("#jobs-empty", Static).display = not jobs
+        rows = {row.progress.job_id: row for row in view.query(JobRow)}
+        if [p.job_id for p in jobs] == [row.progress.job_id for row in view.query(JobRow)]:
+            for p in jobs:
+                rows[p.job_id].show(p)
+        else:
+            index = view.index
+            view.clear()
+            view.extend(JobRow(p) for p in jobs)
+            if jobs:
+                view.index = min(index or 0, len(jobs) - 1)
+        self.set_timer(POLL_INTERVAL_S, self.poll)
+
+    def _notify_changes(self, jobs: list[Any]) -> None:
+        for p in jobs:
+            before = self._states.get(p.job_id)
+            self._states[p.job_id] = p.state
+            if before is not None and before != p.state and p.state in _FINAL and not self._first_poll:
+                severity = "information" if p.state in ("done", "cancelled") else "error"
+                detail = f": {p.reason}" if p.reason else ""
+                self.notify(f"Job {p.name or p.job_id} {p.state} ({p.done}/{p.total} samples){detail}",
+                            severity=severity, timeout=10)
+            idle = stalled_for_s(p)
+            if idle is not None and p.job_id not in self._stall_notified:
+                self._stall_notified.add(p.job_id)
+                self.notify(f"Job {p.name or p.job_id} stalled: no sample finished for {idle:.0f} s",
+                            severity="warning", timeout=10)
+            elif idle is None:
+                self._stall_notified.discard(p.job_id)
+        self._first_poll = False
+
+    # -- actions ----------------------------------------------------------------------------------------
+    def selected(self) -> Any:
+        view = self.query_one("#jobs", ListView)
+        item = view.highlighted_child
+        return item.progress if isinstance(item, JobRow) else None
+
+    def action_pause(self) -> None:
+        self._act("pause")
+
+    def action_resume(self) -> None:
+        self._act("resume")
+
+    def action_cancel(self) -> None:
+        job = self.selected()
+        if job is None:
+            self.notify("No job selected.", severity="warning")
+            return
+        from widgets.confirm_modal import ConfirmModal
+
+        def answered(yes: bool | None) -> None:
+            if yes:
+                self._act("cancel")
+
+        self.app.push_screen(ConfirmModal(f"Cancel job {job.job_id}?",
+                                          "Requests in flight finish and are kept; `resume` continues later."),
+                             answered)
+
+    def action_back(self) -> None:
+        self.app.pop_screen()
+
+    def action_new(self) -> None:
+        def chosen(path: str | None) -> None:
+            if path:
+                self._start(path)
+
+        self.app.push_screen(SpecPathModal(), chosen)
+
+    @work(thread=True, group="jobs-action")
+    def _start(self, path: str) -> None:
+        from sessions.extraction import job as jobs
+
+        try:
+            job_id = jobs.run_job(path, self.home)
+        except jobs.JobError as exc:
+            self.app.call_from_thread(self.notify, str(exc), severity="error", timeout=15)
+            return
+        self.app.call_from_thread(self.notify, f"Started job {job_id}.")
+        self.app.call_from_thread(self.poll)
+
+    def _act(self, action: str) -> None:
+        job = self.selected()
+        if job is None:
+            self.notify("No job selected.", severity="warning")
+            return
+        self._run_action(action, job.job_id)
+
+    @work(thread=True, group="jobs-action")
+    def _run_action(self, action: str, job_id: str) -> None:
+        from sessions.extraction import job as jobs
+
+        functions = {"pause": jobs.pause_job, "resume": jobs.resume_job, "cancel": jobs.cancel_job}
+        try:
+            functions[action](job_id, self.home)
+        except jobs.JobError as exc:
+            self.app.call_from_thread(self.notify, str(exc), severity="warning")
+            return
+        past = {"pause": "pausing", "resume": "resumed", "cancel": "cancelled"}[action]
+        self.app.call_from_thread(self.notify, f"Job {job_id} {past}.")
+        self.app.call_from_thread(self.poll)

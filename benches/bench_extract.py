@@ -1,0 +1,262 @@
+"""Bench: the extraction client and collector are never the bottleneck (DESIGN §8).
+
+Prints (targets in brackets; it never asserts):
+  dispatch_rps        /generate requests/s our client sustains against the emulator answering with its
+                      FixedBackend on a config-only model dir (no model, near no-op)      [>= 2000]
+  collector_gbps      output GB/s of the collector (read dumps, check, torch.save, fsync, rename,
+                      delete dumps) vs `cp` of the same dump bytes (and `cp` + `sync`)    [>= 0.90 of cp]
+  extraction_ratio    samples/s of a real extraction job vs plain prefill-only /generate requests with
+                      the same token ids on the same emulator server (demo model, capture on)  [>= 0.95]
+
+Usage: ``python benches/bench_extract.py [--device cpu|cuda] [--only dispatch,collector,extraction]``.
+``--device cuda`` puts the emulator's model on the GPU (the lead runs it on the H200); size the model with
+``--hidden-size``/``--layers`` and the load with ``--samples``/``--answer-words``.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO_ROOT))
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def launch(home, name: str, model_dir: Path, capture_dir: Path | None, env_device: str, **server) -> object:
+    import tomli_w
+
+    from sessions.profiles import load_profile
+    from sessions.server import ServerSession
+
+    doc: dict = {"server": {"launcher": "emulator", "python": sys.executable, "model_path": str(model_dir),
+                            "tp_size": 1, "host": "127.0.0.1", "port": free_port(), **server},
+                 "emulator": {"time_scale": 0.001, "fault": "none"}}
+    if env_device == "cpu":
+        doc["server"]["env"] = {"CUDA_VISIBLE_DEVICES": ""}
+    if capture_dir is not None:
+        doc["capture"] = {"enabled": True, "dir": str(capture_dir), "rid_prefix": "eagle3-"}
+    path = home.profiles_dir / f"{name}.toml"
+    path.write_text(tomli_w.dumps(doc))
+    session = ServerSession.launch(load_profile(path), home)
+    deadline = time.monotonic() + 300
+    while session.status().state != "ready":
+        if time.monotonic() > deadline:
+            raise SystemExit(f"{name}: the emulator did not get ready; see {session.log_path}")
+        time.sleep(0.2)
+    return session
+
+
+async def fire(url: str, payloads: list[dict], concurrency: int, cpu: list | None = None) -> float:
+    """Send every payload through our client's request path; returns requests/s (``cpu`` gets the
+    client's own CPU seconds, so its capacity can be told apart from the server's)."""
+    from sessions.extraction.client import ExtractionClient
+
+    client = ExtractionClient(url, concurrency=concurrency, request_timeout_s=120)
+    queue = list(reversed(payloads))
+
+    async def worker() -> None:
+        while queue:
+            payload = queue.pop()
+            await client.post_generate(payload["rid"], payload["input_ids"])
+
+    started, cpu_started = time.perf_counter(), time.process_time()
+    await asyncio.gather(*(worker() for _ in range(concurrency)))
+    elapsed = time.perf_counter() - started
+    if cpu is not None:
+        cpu.append(time.process_time() - cpu_started)
+    await client.aclose()
+    return len(payloads) / elapsed
+
+
+def bench_dispatch(home, args) -> None:
+    model_dir = home.state_root / "models" / "config-only"
+    model_dir.mkdir(parents=True, exist_ok=True)
+    (model_dir / "config.json").write_text(json.dumps({
+        "architectures": ["LlamaForCausalLM"], "model_type": "llama", "num_hidden_layers": 8, "hidden_size": 64,
+        "num_attention_heads": 4, "num_key_value_heads": 4, "vocab_size": 1024}))
+    session = launch(home, "noop", model_dir, None, "cpu", radix_cache=False)
+    try:
+        url = f"http://127.0.0.1:{session.status().port}"
+        payloads = [{"rid": f"bench-{i}", "input_ids": [1, 2, 3, 4, 5, 6, 7, 8]} for i in range(args.requests)]
+        asyncio.run(fire(url, payloads[:200], args.concurrency))  # warm up connections
+        cpu: list[float] = []
+        rps = asyncio.run(fire(url, payloads, args.concurrency, cpu))
+        print(f"dispatch_rps           {rps:9.0f}  requests/s end to end, concurrency {args.concurrency}, "
+              f"{args.requests} requests (the emulator's FixedBackend answering)")
+        print(f"client_capacity_rps    {args.requests / cpu[0]:9.0f}  requests per client CPU second "
+              f"({1e6 * cpu[0] / args.requests:.0f} us each; one core's worth)       [target >= 2000]")
+    finally:
+        session.stop(grace_s=10)
+
+
+def bench_collector(home, args) -> None:
+    import torch
+
+    from sessions.capture.writer import write_chunks
+    from sessions.extraction.collector import collect_sample, remove_dumps
+    from sessions.extraction.output import OutputDir
+
+    work = Path(tempfile.mkdtemp(prefix="bench-collector-", dir=args.scratch))
+    capture = work / "capture"
+    capture.mkdir(mode=0o700)
+    hidden, layers, tokens, count = args.collector_hidden, 3, args.collector_tokens, args.collector_samples
+    aux = torch.randn(tokens, layers * hidden).bfloat16()
+    last = torch.randn(tokens, hidden).bfloat16()
+    ids = torch.arange(tokens)
+    for i in range(count):
+        write_chunks(capture, [f"eagle3-b-{i}"], [0], [tokens], aux, last, ids, {"layers": [2, 4, 5]}, fsync=False)
+    dump_bytes = sum(p.stat().st_size for p in capture.rglob("*.safetensors"))
+    copy_src = work / "copy-src"
+    shutil.copytree(capture, copy_src)  # the same bytes, for cp
+    subprocess.run(["sync"], check=True)
+
+    out = OutputDir(work / "out")
+    out.acquire("b", fresh=True)
+    mask = [1] * tokens
+
+    def collect_one(i: int) -> int:  # what a job's collector thread does per sample
+        rid = f"eagle3-b-{i}"
+        sample, _ = collect_sample(capture, rid, f"b-{i}", ids.tolist(), mask, None, 5.0)
+        _, size, _ = out.write_sample(i, sample)
+        remove_dumps(capture, rid)
+        return size
+
+    from concurrent.futures import ThreadPoolExecutor
+
+    started = time.perf_counter()
+    with ThreadPoolExecutor(max_workers=args.collector_workers) as pool:
+        written = sum(pool.map(collect_one, range(count)))
+    collector_s = time.perf_counter() - started
+    out.release()
+
+    started = time.perf_counter()
+    subprocess.run(["cp", "-r", str(copy_src), str(work / "cp-dst")], check=True)
+    cp_s = time.perf_counter() - started
+    started = time.perf_counter()
+    subprocess.run(["cp", "-r", str(copy_src), str(work / "cp-dst2")], check=True)
+    subprocess.run(["sync", "-f", str(work / "cp-dst2")], check=True)
+    cp_sync_s = time.perf_counter() - started
+    shutil.rmtree(work)
+    collector_gbps, cp_gbps, cp_sync_gbps = written / collector_s / 1e9, dump_bytes / cp_s / 1e9, \
+        dump_bytes / cp_sync_s / 1e9
+    print(f"collector_gbps         {collector_gbps:9.2f}  GB/s ({count} samples x {tokens} tokens, H={hidden}, "
+          f"fsync per file, {args.collector_workers} threads) on {args.scratch}")
+    print(f"cp_gbps                {cp_gbps:9.2f}  GB/s (cp -r of the same dump bytes, no fsync)")
+    print(f"cp_sync_gbps           {cp_sync_gbps:9.2f}  GB/s (cp -r + sync)")
+    print(f"collector_vs_cp        {collector_gbps / cp_gbps:9.2f}  (vs cp+sync: {collector_gbps / cp_sync_gbps:.2f})"
+          f"                                  [target >= 0.90]")
+
+
+def bench_extraction(home, args) -> None:
+    sys.path.insert(0, str(REPO_ROOT / "tests"))
+    from _extract_support import chat_rows, write_dataset, write_spec
+
+    from sessions.demo_model import write_demo_model
+    from sessions.extraction.datasets import iter_dataset
+    from sessions.extraction.job import job_status, run_job
+    from sessions.extraction.rendering import ChatRenderer
+
+    model = write_demo_model(home.state_root / "models" / "demo", num_layers=args.layers,
+                             hidden_size=args.hidden_size)
+    capture = Path(tempfile.mkdtemp(prefix="bench-capture-", dir="/dev/shm" if os.path.isdir("/dev/shm") else None))
+    os.chmod(capture, 0o700)
+    session = launch(home, "capture", model, capture, args.device, chunked_prefill_size=-1)
+    work = Path(tempfile.mkdtemp(prefix="bench-extract-", dir=args.scratch))
+    try:
+        url = f"http://127.0.0.1:{session.status().port}"
+        dataset = write_dataset(work / "data.jsonl", chat_rows(args.samples, words=args.answer_words))
+        renderer = ChatRenderer.load(model, max_length=4096)
+        ids = [renderer.render(r).input_ids for r in iter_dataset(dataset)]
+        tokens = sum(len(x) for x in ids)
+        plain = [{"rid": f"plain-{i}", "input_ids": list(x)} for i, x in enumerate(ids)]  # no capture prefix
+        warm = [{**p, "rid": p["rid"] + "-warm"} for p in plain[: max(50, len(plain) // 4)]]
+        asyncio.run(fire(url, warm, args.concurrency))  # warm up the model (first GPU calls are slow)
+        before = asyncio.run(fire(url, plain, args.concurrency))
+        spec = write_spec(work / "job.toml", name="bench", session=session.session_id, dataset=dataset,
+                          output_dir=work / "out", concurrency=args.concurrency)
+        job_id = run_job(spec, home)
+        deadline = time.monotonic() + 1800
+        while (progress := job_status(job_id, home)).state not in ("done", "failed", "cancelled", "interrupted"):
+            if time.monotonic() > deadline:
+                raise SystemExit(f"job {job_id} did not finish")
+            time.sleep(0.2)
+        if progress.state != "done":
+            raise SystemExit(f"job {job_id} {progress.state}: {progress.reason}")
+        raw = json.loads((Path(progress.job_dir) / "progress.json").read_text())
+        job_sps = raw["done_this_run"] / (raw["finished_at"] - raw["pipeline_started_at"])
+        after = asyncio.run(fire(url, [{**p, "rid": p["rid"] + "-again"} for p in plain], args.concurrency))
+        # The same requests with the capture rid prefix: the server dumps them, nobody collects (the dumps
+        # are deleted afterwards).  extraction / this = the cost of our client + collector alone.
+        dumped = [{**p, "rid": f"eagle3-capture-only-{i}"} for i, p in enumerate(plain)]
+        capture_only = asyncio.run(fire(url, dumped, args.concurrency))
+        for entry in capture.iterdir():
+            shutil.rmtree(entry, ignore_errors=True)
+        baseline = max(before, after)  # the better of the two: a conservative ratio
+        print(f"plain_prefill_sps      {baseline:9.1f}  samples/s (best of {before:.1f} before, {after:.1f} after the job; "
+              f"{args.samples} samples, {tokens / args.samples:.0f} tokens each)")
+        print(f"extraction_sps         {job_sps:9.1f}  samples/s ({raw['bytes'] / 1e6:.1f} MB written, "
+              f"H={args.hidden_size}, {args.layers} layers, device {args.device})")
+        print(f"capture_only_sps       {capture_only:9.1f}  samples/s (same requests with the capture rid prefix: "
+              "the server dumps, nothing collects)")
+        print(f"extraction_ratio       {job_sps / baseline:9.3f}  vs plain prefill                          "
+              "[target >= 0.95]")
+        print(f"collect_overhead_ratio {job_sps / capture_only:9.3f}  vs capture-only requests (client + collector alone)")
+    finally:
+        session.stop(grace_s=10)
+        shutil.rmtree(work, ignore_errors=True)
+        shutil.rmtree(capture, ignore_errors=True)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--only", default="dispatch,collector,extraction")
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    parser.add_argument("--concurrency", type=int, default=64)
+    parser.add_argument("--requests", type=int, default=5000)
+    parser.add_argument("--collector-samples", type=int, default=40)
+    parser.add_argument("--collector-tokens", type=int, default=1024)
+    parser.add_argument("--collector-hidden", type=int, default=4096)
+    parser.add_argument("--collector-workers", type=int, default=4, help="collector threads (a job uses up to 8)")
+    parser.add_argument("--samples", type=int, default=300)
+    parser.add_argument("--answer-words", type=int, default=12)
+    parser.add_argument("--hidden-size", type=int, default=256)
+    parser.add_argument("--layers", type=int, default=8)
+    parser.add_argument("--scratch", default=tempfile.gettempdir(), help="where output files are written")
+    args = parser.parse_args()
+    if args.device == "cuda":
+        import torch
+
+        if not torch.cuda.is_available():
+            raise SystemExit("--device cuda: torch sees no GPU here")
+    from sessions.home import HOME_ENV, resolve_home
+
+    with tempfile.TemporaryDirectory(prefix="bench-extract-home-") as tmp:
+        os.environ[HOME_ENV] = tmp
+        os.environ.pop("EAGLE3_TUI_DEMO", None)
+        home = resolve_home().ensure()
+        chosen = set(args.only.split(","))
+        if "dispatch" in chosen:
+            bench_dispatch(home, args)
+        if "collector" in chosen:
+            bench_collector(home, args)
+        if "extraction" in chosen:
+            bench_extraction(home, args)
+
+
+if __name__ == "__main__":
+    main()

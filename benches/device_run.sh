@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# The GPU-machine runs for the closing notes, in one call (device time is scarce): NVML memory release on
+# stop, the TUI on real NVML next to nvitop, and extraction on the GPU. Results land in $OUT.
+# Usage (on the device): bash benches/device_run.sh   (wheels carried in .whl, see README "GPU runs")
+set -u
+export PYTHONUNBUFFERED=1
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/nvitop .whl/nvitop/*.whl || exit 1
+export PYTHONPATH=/tmp/site:$PWD
+export PATH=/tmp/site/bin:$PATH
+OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv | tee "$OUT/nvidia-smi.txt"
+python3 -c 'import torch;print("torch",torch.__version__,"cuda",torch.cuda.is_available(),torch.cuda.device_count())'
+echo "== memory release"
+timeout 200 python3 benches/gpu_memory_release.py --tp 1,2,4,8 --gb 10 --out "$OUT/gpu_release.json" 2>&1 | tail -40
+echo "== tui vs nvitop"
+timeout 240 python3 benches/gpu_tui_vs_nvitop.py --out "$OUT" --nvitop-path /tmp/nvitop --seconds 60 2>&1 | tail -40
+echo "== extraction on GPU"
+timeout 150 python3 benches/bench_extract.py --device cuda --only extraction 2>&1 | tail -30
+ls -la "$OUT"

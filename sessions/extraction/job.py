@@ -1,0 +1,281 @@
+"""Extraction jobs as detached processes: create, spawn, status, pause, continue, cancel, resume.
+
+Job state lives under ``<home.jobs_dir>/<job-id>/`` and never in the output dir (DESIGN §6):
+``spec.toml`` (the resolved spec: absolute paths), ``job.json`` (id, creation time, dataset fingerprint),
+``progress.json`` (written by the job process; read by ``progress.read_progress``), ``control.json``
+(pause/cancel requests from the CLI or the TUI), ``job.log`` (the process's stdout and stderr).
+
+The process is ``python -m sessions.extraction.runner --job-dir DIR`` started with ``start_new_session``,
+stdin from /dev/null and the job dir as working directory, so it outlives the TUI and the SSH session, and
+a user's own ``sessions/`` folder cannot shadow ours.  It is identified by pid + create time.  Nothing
+here imports torch: the TUI calls these functions.
+"""
+from __future__ import annotations
+
+import os
+import secrets
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from sessions.extraction.progress import (
+    PROGRESS_FILE,
+    JobProgress,
+    list_jobs,
+    process_alive,
+    read_progress,
+)
+from sessions.extraction.spec import JobSpec, JobSpecError, check_paths, load_job_spec
+from sessions.home import (
+    Home,
+    atomic_write_json,
+    atomic_write_text,
+    ensure_private_dir,
+    read_json,
+    resolve_home,
+)
+
+CONTROL_FILE = "control.json"
+JOB_FILE = "job.json"
+SPEC_FILE = "spec.toml"
+LOG_FILE = "job.log"
+DEFAULT_RID_PREFIX = "eagle3-"  # the capture plugin's default (plugin/eagle3_capture/spec.py)
+
+
+class JobError(RuntimeError):
+    """A job action that cannot be done; ``code`` is the CLI exit code (1 failed, 2 bad input)."""
+
+    def __init__(self, message: str, code: int = 1) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+def new_job_id(name: str) -> str:
+    return f"{name}-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(2)}"
+
+
+def job_dir(job_id: str, home: Home | None = None) -> Path:
+    home = home or resolve_home()
+    if not job_id or "/" in job_id or job_id.startswith("."):
+        raise JobError(f"not a job id: {job_id!r}", code=2)
+    return home.jobs_dir / job_id
+
+
+def find_job(job_id: str, home: Home | None = None) -> Path:
+    path = job_dir(job_id, home)
+    if not (path / JOB_FILE).is_file():
+        raise JobError(f"no job {job_id!r} under {path.parent}", code=2)
+    return path
+
+
+def write_spec_copy(spec: JobSpec, path: Path) -> None:
+    import tomli_w
+
+    atomic_write_text(path, tomli_w.dumps(spec.to_toml_dict()))
+
+
+def resolve_spec(spec: JobSpec, home: Home) -> JobSpec:
+    """Fill server_url, capture_dir, rid_prefix and model_path from ``session`` (the spec's own values win)."""
+    from dataclasses import replace
+
+    if not spec.session:
+        return replace(spec, rid_prefix=spec.rid_prefix or DEFAULT_RID_PREFIX)
+    from sessions.server import ServerSession, SessionNotFound
+
+    try:
+        session = ServerSession.load(spec.session, home)
+        profile = session.profile
+    except SessionNotFound as exc:
+        raise JobError(f"job.session: {exc}", code=2) from None
+    except Exception as exc:  # noqa: BLE001 - a damaged session folder: say which
+        raise JobError(f"job.session: cannot read session {spec.session}: {exc}", code=2) from None
+    capture = profile.capture
+    if not capture.enabled:
+        raise JobError(f"job.session: session {spec.session} runs profile {profile.name!r} with capture "
+                       "off; turn capture on and restart it", code=2)
+    host = profile.server.host
+    if host in ("0.0.0.0", "::", ""):
+        host = "127.0.0.1"
+    port = session.state_record.get("port") or profile.server.port
+    if spec.capture_dir is not None:
+        capture_dir = spec.capture_dir
+    else:
+        from sessions.capture.toggle import capture_dir as profile_capture_dir
+
+        capture_dir = Path(profile_capture_dir(profile))  # the profile's, or the default the launch used
+    return replace(
+        spec,
+        server_url=f"http://{host}:{port}",
+        capture_dir=Path(capture_dir),
+        rid_prefix=spec.rid_prefix or capture.rid_prefix or DEFAULT_RID_PREFIX,
+        model_path=spec.model_path or Path(profile.server.model_path),
+        capture_layers=tuple(capture.layers) if capture.layers else None,
+    )
+
+
+def _write_progress(path: Path, **fields: Any) -> None:
+    current = read_json(path / PROGRESS_FILE, default={}) or {}
+    current.update(fields)
+    current["updated_at"] = time.time()
+    atomic_write_json(path / PROGRESS_FILE, current)
+
+
+def _preflight_output_dir(spec: JobSpec) -> None:
+    """Refuse, before spawning, an output dir that holds anything (a fresh job needs an empty one)."""
+    out = spec.output_dir
+    if out.is_dir() and any(out.iterdir()):
+        from sessions.extraction.output import OutputDir
+
+        owner = OutputDir(out).owner_job_id()
+        hint = f"; it holds job {owner}'s dataset: `eagle3-tui extract resume {owner}`" if owner else ""
+        raise JobError(f"output_dir {out} is not empty{hint}", code=1)
+
+
+def create_job(spec_path: Path | str, home: Home | None = None) -> tuple[str, Path]:
+    """Check the spec and make the job dir (no process yet); returns (job id, job dir)."""
+    home = (home or resolve_home()).ensure()
+    try:
+        spec = load_job_spec(spec_path)
+    except FileNotFoundError:
+        raise JobError(f"job spec {spec_path} not found", code=2) from None
+    except JobSpecError as exc:
+        raise JobError(str(exc), code=2) from None
+    problems = check_paths(spec)
+    if problems:
+        raise JobError(f"{spec_path}: " + "; ".join(str(p) for p in problems), code=2)
+    resolve_spec(spec, home)  # a named session must exist and have capture on
+    _preflight_output_dir(spec)
+    job_id = new_job_id(spec.name)
+    path = ensure_private_dir(home.jobs_dir / job_id)
+    write_spec_copy(spec, path / SPEC_FILE)
+    atomic_write_json(path / JOB_FILE, {"job_id": job_id, "created_at": time.time(),
+                                         "spec_source": str(spec.source_path), "home_demo": home.demo})
+    _write_progress(path, job_id=job_id, name=spec.name, state="starting", output_dir=str(spec.output_dir),
+                    dataset=str(spec.dataset), server_url=spec.server_url, started_at=time.time())
+    return job_id, path
+
+
+def spawn(path: Path, resume: bool) -> int:
+    """Start the job process detached; return its pid (also recorded in progress.json)."""
+    import psutil
+
+    project_root = str(Path(__file__).resolve().parents[2])
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (project_root, env.get("PYTHONPATH", "")) if p)
+    env.setdefault("HF_HUB_OFFLINE", "1")  # local files only: a job never reaches a hub
+    env.setdefault("TRANSFORMERS_OFFLINE", "1")
+    env["PYTHONUNBUFFERED"] = "1"
+    argv = [sys.executable, "-m", "sessions.extraction.runner", "--job-dir", str(path)]
+    if resume:
+        argv.append("--resume")
+    atomic_write_json(path / CONTROL_FILE, {"pause": False, "cancel": False})
+    with open(path / LOG_FILE, "ab") as log:
+        proc = subprocess.Popen(argv, cwd=path, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                                env=env, start_new_session=True, close_fds=True)
+    try:
+        create_time = psutil.Process(proc.pid).create_time()
+    except psutil.NoSuchProcess:
+        create_time = None
+    _write_progress(path, pid=proc.pid, create_time=create_time, state="starting", reason=None,
+                    paused_by_user=False)
+    # Reap it when it ends, so a long-lived parent (the TUI) does not collect zombies; nothing waits on it.
+    threading.Thread(target=proc.wait, name=f"reap-{path.name}", daemon=True).start()
+    return proc.pid
+
+
+def run_job(spec_path: Path | str, home: Home | None = None) -> str:
+    """``extract run``: create and spawn; returns the job id."""
+    job_id, path = create_job(spec_path, home)
+    spawn(path, resume=False)
+    return job_id
+
+
+def job_status(job_id: str, home: Home | None = None) -> JobProgress:
+    path = find_job(job_id, home)
+    progress = read_progress(path)
+    if progress is None:
+        raise JobError(f"job {job_id} has no progress file yet", code=1)
+    return progress
+
+
+def all_jobs(home: Home | None = None) -> list[JobProgress]:
+    return list_jobs(home or resolve_home())
+
+
+def _control(path: Path, **changes: bool) -> None:
+    current = read_json(path / CONTROL_FILE, default={}) or {}
+    current.update(changes)
+    atomic_write_json(path / CONTROL_FILE, current)
+
+
+def pause_job(job_id: str, home: Home | None = None) -> JobProgress:
+    progress = job_status(job_id, home)
+    if not progress.is_live:
+        raise JobError(f"job {job_id} is {progress.state}, not running", code=1)
+    _control(Path(progress.job_dir), pause=True)
+    return progress
+
+
+def continue_job(job_id: str, home: Home | None = None) -> JobProgress:
+    progress = job_status(job_id, home)
+    if not progress.is_live:
+        raise JobError(f"job {job_id} is {progress.state}; use resume", code=1)
+    _control(Path(progress.job_dir), pause=False)
+    return progress
+
+
+def resume_job(job_id: str, home: Home | None = None) -> JobProgress:
+    """``extract resume``: a live job paused by the user continues; a stopped one (or a done one with failed
+    samples, which are retried) gets a new process that continues from the manifest under the same id."""
+    progress = job_status(job_id, home)
+    path = Path(progress.job_dir)
+    if progress.is_live:
+        if progress.paused_by_user or (read_json(path / CONTROL_FILE, default={}) or {}).get("pause"):
+            _control(path, pause=False)
+            return progress
+        raise JobError(f"job {job_id} is already {progress.state} (pid {progress.pid})", code=1)
+    if progress.state == "done" and not progress.extraction_failures:
+        raise JobError(f"job {job_id} is done: nothing to resume", code=1)
+    spawn(path, resume=True)
+    return job_status(job_id, home)
+
+
+def cancel_job(job_id: str, home: Home | None = None, grace_s: float = 30.0) -> JobProgress:
+    """Stop the job: it finishes the requests in flight, records them, and exits as ``cancelled``.
+
+    A job that does not exit within ``grace_s`` is killed; its partial work is redone on resume (the
+    output dir reconciles against the manifest), so nothing is lost either way.
+    """
+    progress = job_status(job_id, home)
+    path = Path(progress.job_dir)
+    if not progress.is_live:
+        if progress.state in ("done", "cancelled"):
+            return progress
+        _write_progress(path, state="cancelled", reason="cancelled while not running", finished_at=time.time())
+        return job_status(job_id, home)
+    _control(path, cancel=True)
+    pid, create_time = progress.pid, progress.create_time
+    if pid and process_alive(pid, create_time):
+        try:
+            os.kill(pid, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+    deadline = time.monotonic() + grace_s
+    while time.monotonic() < deadline and process_alive(pid, create_time):
+        time.sleep(0.1)
+    if process_alive(pid, create_time):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        time.sleep(0.2)
+    latest = read_progress(path)
+    if latest is None or latest.state != "cancelled":
+        _write_progress(path, state="cancelled", reason="cancelled (the process was stopped)",
+                        finished_at=time.time())
+    return job_status(job_id, home)
+

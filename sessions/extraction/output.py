@@ -1,0 +1,337 @@
+"""The output dir in SpecForge's offline format (DESIGN §6 contract, extraction-anchors §1.4), kept consistent.
+
+Layout: ``rows_<a>-<b>/data_<i>.ckpt`` (one ``torch.save`` dict per sample, default zipfile format, never
+padded), ``manifest.jsonl`` (one line per source line that reached an outcome), ``errors.jsonl`` (the
+non-ok lines, derived from the manifest), ``dataset.json`` and optionally ``vocab_mapping/vocab_mapping.pt``.
+Nothing else lives here: job state is under the jobs dir.
+
+Safer than SpecForge's own script (anchors §1.6b/d): each file is written to a ``.tmp`` name (which
+SpecForge's reader ignores: it keeps only ``*.ckpt``/``*.ckpt.gz``), fsynced, then renamed; the manifest
+line is appended only after the rename.  ``reconcile`` makes the dir agree with its manifest before a
+(re)start: a partial last line is dropped, entries whose file is missing or has the wrong size are
+redone, ``.tmp`` leftovers and files without an entry are deleted.  So a SIGKILL at any instant leaves
+each sample either complete and listed once, or absent.
+"""
+from __future__ import annotations
+
+import errno
+import fcntl
+import json
+import os
+import re
+import zlib
+from collections.abc import Iterable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from sessions.home import atomic_write_json
+
+STATUSES = ("ok", "skipped", "error", "failed")
+# "failed" = extraction failed (server error, bad capture): a resume tries those lines again.
+_RETRY_ON_RESUME = ("failed",)
+_DATA_RE = re.compile(r"^data_(\d+)\.ckpt$")
+_ROWS_RE = re.compile(r"^rows_(\d+)-(\d+)$")
+OUTPUT_NAMES = ("manifest.jsonl", "errors.jsonl", "dataset.json", "vocab_mapping")
+
+
+class OutputDirError(RuntimeError):
+    """The output dir cannot be used (in use, owned by another job, not ours)."""
+
+
+@dataclass(frozen=True)
+class ManifestEntry:
+    """One source line's outcome.  ``path`` is relative to the output dir; ``checksum`` is ``crc32:<hex>``
+    of the file's bytes."""
+
+    index: int
+    line: int
+    sample_id: str
+    status: str
+    tokens: int = 0
+    supervised_tokens: int = 0
+    path: str | None = None
+    bytes: int = 0
+    checksum: str | None = None
+    reason: str | None = None
+
+    def to_json(self) -> str:
+        record = {k: v for k, v in asdict(self).items() if v is not None}
+        return json.dumps(record, sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> ManifestEntry:
+        raw = json.loads(text)
+        return cls(**{k: raw[k] for k in cls.__dataclass_fields__ if k in raw})
+
+
+@dataclass(frozen=True)
+class ReconcileReport:
+    """What ``reconcile`` found and repaired."""
+
+    entries: dict[int, ManifestEntry]
+    dropped_partial_lines: int
+    redo_missing_files: int
+    removed_orphans: int
+    removed_tmp: int
+    retried_failed: int
+
+
+class _CrcWriter:
+    """A write-only file wrapper that computes crc32 of what passes through (no second read of the file)."""
+
+    def __init__(self, fh: Any) -> None:
+        self._fh = fh
+        self.crc = 0
+        self.size = 0
+
+    def write(self, data: bytes) -> int:
+        self.crc = zlib.crc32(data, self.crc)
+        self.size += len(data)
+        return self._fh.write(data)
+
+    def flush(self) -> None:
+        self._fh.flush()
+
+
+def file_crc32(path: Path) -> str:
+    crc = 0
+    with open(path, "rb") as fh:
+        while chunk := fh.read(1 << 22):
+            crc = zlib.crc32(chunk, crc)
+    return f"crc32:{crc:08x}"
+
+
+class OutputDir:
+    """A SpecForge output dir owned by one job at a time (an flock on the folder itself)."""
+
+    def __init__(self, root: Path, file_group_size: int = 2000) -> None:
+        self.root = Path(root)
+        self.file_group_size = file_group_size
+        self._lock_fd: int | None = None
+        self._manifest_fh: Any = None
+
+    # -- paths -------------------------------------------------------------------------------------------
+    @property
+    def manifest_path(self) -> Path:
+        return self.root / "manifest.jsonl"
+
+    @property
+    def errors_path(self) -> Path:
+        return self.root / "errors.jsonl"
+
+    @property
+    def dataset_json_path(self) -> Path:
+        return self.root / "dataset.json"
+
+    @property
+    def vocab_mapping_path(self) -> Path:
+        return self.root / "vocab_mapping" / "vocab_mapping.pt"
+
+    def relative_sample_path(self, index: int) -> str:
+        group = (index // self.file_group_size) * self.file_group_size
+        return f"rows_{group}-{group + self.file_group_size}/data_{index}.ckpt"
+
+    # -- ownership ---------------------------------------------------------------------------------------
+    def acquire(self, job_id: str, fresh: bool) -> None:
+        """Create the dir if needed and lock it.  A fresh job refuses a dir that holds another dataset."""
+        if self.root.is_symlink():
+            raise OutputDirError(f"output_dir {self.root} is a symlink; give the real folder")
+        self.root.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.root, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as exc:
+            os.close(fd)
+            if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
+                raise OutputDirError(f"output_dir {self.root} is in use by another running job") from None
+            raise
+        self._lock_fd = fd
+        owner = self.owner_job_id()
+        if fresh:
+            foreign = [p.name for p in self.root.iterdir() if p.name != "dataset.json" or owner != job_id]
+            if foreign:
+                self.release()
+                shown = ", ".join(sorted(foreign)[:5])
+                hint = f" (it belongs to job {owner}: use `extract resume {owner}`)" if owner else ""
+                raise OutputDirError(f"output_dir {self.root} is not empty: {shown}{hint}")
+        elif owner is not None and owner != job_id:
+            self.release()
+            raise OutputDirError(f"output_dir {self.root} belongs to job {owner}, not {job_id}")
+
+    def owner_job_id(self) -> str | None:
+        try:
+            return json.loads(self.dataset_json_path.read_text()).get("job_id")
+        except (OSError, ValueError, AttributeError):
+            return None
+
+    def release(self) -> None:
+        if self._manifest_fh is not None:
+            self._manifest_fh.close()
+            self._manifest_fh = None
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)
+            self._lock_fd = None
+
+    # -- manifest ----------------------------------------------------------------------------------------
+    def read_manifest(self) -> tuple[dict[int, ManifestEntry], int]:
+        """Entries by index (a later line for the same index wins) and the count of unreadable lines."""
+        entries: dict[int, ManifestEntry] = {}
+        bad = 0
+        try:
+            text = self.manifest_path.read_text(encoding="utf-8", errors="replace")
+        except FileNotFoundError:
+            return entries, 0
+        for raw in text.splitlines():
+            if not raw.strip():
+                continue
+            try:
+                entry = ManifestEntry.from_json(raw)
+            except (ValueError, TypeError):
+                bad += 1  # a line cut by a crash mid-append
+                continue
+            entries[entry.index] = entry
+        return entries, bad
+
+    def reconcile(self, retry_failed: bool = True) -> ReconcileReport:
+        """Make files and manifest agree (see the module docstring); rewrites manifest and errors."""
+        entries, bad = self.read_manifest()
+        redo = retried = 0
+        kept: dict[int, ManifestEntry] = {}
+        for index, entry in entries.items():
+            if entry.status in _RETRY_ON_RESUME and retry_failed:
+                retried += 1
+                continue
+            if entry.status == "ok":
+                path = self.root / (entry.path or "")
+                try:
+                    ok = entry.path is not None and path.stat().st_size == entry.bytes
+                except OSError:
+                    ok = False
+                if not ok:
+                    redo += 1
+                    continue
+            kept[index] = entry
+        wanted = {e.path for e in kept.values() if e.status == "ok"}
+        orphans = tmps = 0
+        for rows in self.root.iterdir():
+            if not (rows.is_dir() and not rows.is_symlink() and _ROWS_RE.match(rows.name)):
+                continue
+            for child in rows.iterdir():
+                rel = f"{rows.name}/{child.name}"
+                if child.name.endswith(".tmp"):
+                    child.unlink()
+                    tmps += 1
+                elif _DATA_RE.match(child.name) and rel not in wanted:
+                    child.unlink()
+                    orphans += 1
+        self._rewrite(kept.values())
+        return ReconcileReport(kept, bad, redo, orphans, tmps, retried)
+
+    def _rewrite(self, entries: Iterable[ManifestEntry]) -> None:
+        ordered = sorted(entries, key=lambda e: e.index)
+        from sessions.home import atomic_write_text
+
+        atomic_write_text(self.manifest_path, "".join(e.to_json() + "\n" for e in ordered), mode=0o644)
+        self._rewrite_errors(ordered)
+
+    def _rewrite_errors(self, ordered: list[ManifestEntry]) -> None:
+        from sessions.home import atomic_write_text
+
+        lines = [json.dumps(_error_record(e), sort_keys=True) + "\n" for e in ordered if e.status != "ok"]
+        atomic_write_text(self.errors_path, "".join(lines), mode=0o644)
+
+    def append(self, entry: ManifestEntry) -> None:
+        """Record one outcome.  Called only after the sample file (if any) is durable under its name."""
+        if self._manifest_fh is None:
+            self._manifest_fh = open(self.manifest_path, "a", encoding="utf-8")  # noqa: SIM115 - kept open
+        # One write() per line: a SIGKILL cannot interleave two lines; a crash can only cut the last one.
+        self._manifest_fh.write(entry.to_json() + "\n")
+        self._manifest_fh.flush()
+        if entry.status != "ok":
+            with open(self.errors_path, "a", encoding="utf-8") as fh:
+                fh.write(json.dumps(_error_record(entry), sort_keys=True) + "\n")
+
+    def sync_manifest(self) -> None:
+        if self._manifest_fh is not None:
+            os.fsync(self._manifest_fh.fileno())
+
+    # -- samples -----------------------------------------------------------------------------------------
+    def write_sample(self, index: int, sample: dict[str, Any]) -> tuple[str, int, str]:
+        """``torch.save`` one sample dict atomically; returns (relative path, bytes, checksum)."""
+        import torch
+
+        rel = self.relative_sample_path(index)
+        final = self.root / rel
+        final.parent.mkdir(exist_ok=True)
+        tmp = final.with_name(f".{final.name}.{os.getpid()}.tmp")
+        try:
+            with open(tmp, "wb") as fh:
+                writer = _CrcWriter(fh)
+                torch.save(sample, writer)  # default zipfile format: SpecForge mmaps it (anchors §1.4.2)
+                fh.flush()
+                os.fsync(fh.fileno())
+            os.replace(tmp, final)
+        except BaseException:
+            try:
+                tmp.unlink()
+            except FileNotFoundError:
+                pass
+            raise
+        return rel, writer.size, f"crc32:{writer.crc:08x}"
+
+    # -- dataset.json and the vocab map -------------------------------------------------------------------
+    def write_dataset_json(self, info: dict[str, Any]) -> None:
+        atomic_write_json(self.dataset_json_path, info, mode=0o644)
+
+    def read_dataset_json(self) -> dict[str, Any] | None:
+        try:
+            return json.loads(self.dataset_json_path.read_text())
+        except (OSError, ValueError):
+            return None
+
+    def token_counts(self, entries: Iterable[ManifestEntry]) -> dict[int, int]:
+        """Frequencies of supervised token ids over the written samples (what SpecForge counts)."""
+        import torch
+
+        counts: dict[int, int] = {}
+        for entry in entries:
+            if entry.status != "ok" or entry.path is None:
+                continue
+            data = torch.load(self.root / entry.path, weights_only=True, mmap=True)
+            ids = data["input_ids"][data["loss_mask"] == 1]
+            uniq, freq = ids.unique(return_counts=True)
+            for token, n in zip(uniq.tolist(), freq.tolist()):
+                counts[token] = counts.get(token, 0) + n
+        return counts
+
+    def write_vocab_mapping(self, counts: dict[int, int], draft_vocab_size: int, target_vocab_size: int) -> None:
+        """``{"d2t": int64[draft], "t2d": bool[target]}`` as SpecForge builds it (data/preprocessing.py
+        ``process_token_dict_to_mappings``): the most frequent supervised ids, padded with the lowest unused
+        ids, sorted; ``d2t[i] = target_id - i``."""
+        import io
+
+        import torch
+
+        chosen = sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))[:draft_vocab_size]
+        used = {token for token, _ in chosen}
+        filler = 0
+        while len(used) < min(draft_vocab_size, target_vocab_size):
+            if filler not in used:
+                used.add(filler)
+            filler += 1
+        ordered = sorted(used)
+        d2t = torch.tensor([t - i for i, t in enumerate(ordered)], dtype=torch.int64)
+        t2d = torch.zeros(target_vocab_size, dtype=torch.bool)
+        t2d[torch.tensor(ordered, dtype=torch.int64)] = True
+        buffer = io.BytesIO()
+        torch.save({"d2t": d2t, "t2d": t2d}, buffer)
+        self.vocab_mapping_path.parent.mkdir(exist_ok=True)
+        from sessions.home import atomic_write_bytes
+
+        atomic_write_bytes(self.vocab_mapping_path, buffer.getvalue(), mode=0o644)
+
+
+def _error_record(entry: ManifestEntry) -> dict[str, Any]:
+    return {"index": entry.index, "line": entry.line, "sample_id": entry.sample_id, "status": entry.status,
+            "reason": entry.reason or ""}

@@ -1,0 +1,703 @@
+"""The pipeline inside the detached job process: ``python -m sessions.extraction.runner --job-dir DIR``.
+
+    dataset lines ─▶ render thread ─▶ dispatcher ─▶ (capture gate, client: /generate with retries)
+                                                    └▶ collector thread: dumps → checks → atomic .ckpt
+                                                       └▶ manifest line (event-loop thread only)
+
+Start-up (fresh or ``--resume``, the same path): lock the output dir, reconcile it with its manifest
+(``output.OutputDir.reconcile``), check the dataset is the one the job started on, load the tokenizer,
+run the disk preflight, delete stale dumps of this job's rids, then stream every line not yet in the
+manifest.  SIGTERM (``extract cancel``) stops dispatching, lets the requests in flight finish and exits
+``cancelled``; a SIGKILL loses nothing either, because reconcile redoes whatever was not recorded.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import errno
+import os
+import queue
+import shutil
+import signal
+import sys
+import threading
+import time
+import traceback
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from sessions.extraction.backpressure import CaptureSpaceGate, GateClosed
+from sessions.extraction.client import (
+    AttemptFailed,
+    ExtractionClient,
+    JobAborted,
+    RetryPolicy,
+    SampleFailed,
+    Stopped,
+)
+from sessions.extraction.datasets import DatasetLineError, count_lines, dataset_fingerprint, iter_dataset
+from sessions.extraction.job import CONTROL_FILE, JOB_FILE, SPEC_FILE, JobError, resolve_spec
+from sessions.extraction.output import ManifestEntry, OutputDir, OutputDirError
+from sessions.extraction.progress import PROGRESS_FILE, RateMeter
+from sessions.extraction.spec import JobSpec, JobSpecError, load_job_spec
+from sessions.home import atomic_write_json, read_json, resolve_home
+
+REPORT_INTERVAL_S = 0.5
+PREFLIGHT_SAMPLE_LINES = 64
+CANCEL_GRACE_S = 20.0
+_OUT_OF_SPACE = (errno.ENOSPC, errno.EDQUOT)
+
+
+class JobFailure(Exception):
+    """The job cannot go on; the message becomes the progress file's ``reason``."""
+
+
+@dataclass(frozen=True)
+class ModelDims:
+    hidden_size: int | None
+    num_layers: int | None
+    vocab_size: int | None
+    architectures: tuple[str, ...]
+    model_type: str | None
+
+
+def read_model_dims(model_path: Path) -> ModelDims:
+    """The model's shape from config.json; Kimi-K2.5 nests the text model under ``text_config``."""
+    config = read_json(model_path / "config.json", default={}) or {}
+    text = config.get("text_config") if isinstance(config.get("text_config"), dict) else {}
+
+    def pick(key: str) -> Any:
+        return config.get(key) if config.get(key) is not None else text.get(key)
+
+    return ModelDims(pick("hidden_size"), pick("num_hidden_layers"), pick("vocab_size"),
+                     tuple(config.get("architectures") or ()), config.get("model_type"))
+
+
+def bytes_per_token(hidden_size: int, num_aux_layers: int) -> int:
+    """Output bytes per token: bf16 aux (K·H) and final (H) states, int64 ids and mask (anchors §5.1)."""
+    return 2 * hidden_size * (num_aux_layers + 1) + 16
+
+
+def draft_layer_ids(points: tuple[int, ...] | None, dims: ModelDims) -> list[int] | None:
+    """The draft-config spelling of the capture points, by the model family's +1 rule (DESIGN §5)."""
+    if not points or not dims.num_layers:
+        return None
+    from sessions.capture.layers import LayerConvention, LayerError, LayerRule, rule_for
+
+    rule = next((r for a in dims.architectures if (r := rule_for(a)) is not None), LayerRule.PLUS_ONE)
+    try:
+        return LayerConvention(rule, dims.num_layers).ids_for_points(points)
+    except LayerError:
+        return None
+
+
+class JobRun:
+    """One run of a job process (fresh or resumed)."""
+
+    def __init__(self, job_dir: Path, resume: bool) -> None:
+        self.job_dir = job_dir
+        self.resume = resume
+        meta = read_json(job_dir / JOB_FILE, default={}) or {}
+        if "job_id" not in meta:
+            raise SystemExit(f"{job_dir} is not a job dir (no {JOB_FILE})")
+        self.job_id: str = meta["job_id"]
+        self.meta = meta
+        self.spec: JobSpec | None = None
+        self.output: OutputDir | None = None
+        self.started_at = time.time()
+        self.state = "starting"
+        self.reason: str | None = None
+        self.pause_reasons: dict[str, str] = {}
+        self.cancel_requested = False
+        self.abort_reason: str | None = None
+        self.total = 0
+        self.counts = {"ok": 0, "skipped": 0, "error": 0, "failed": 0}
+        self.tokens = self.supervised_tokens = self.bytes = 0
+        self.rates = RateMeter()
+        self.last_progress_at: float | None = None
+        self.shape = None
+        self._shape_lock = threading.Lock()
+        self.client: ExtractionClient | None = None
+        self.gate: CaptureSpaceGate | None = None
+        self.dump_bytes_per_token = 0
+        self.estimated_output_bytes: int | None = None
+        self.sglang_version: str | None = None
+        self._render_stop = threading.Event()
+        self.pipeline_started_at: float | None = None
+        self.done_at_pipeline_start = 0
+
+    # -- reporting ---------------------------------------------------------------------------------------
+    def log(self, message: str) -> None:
+        print(f"{time.strftime('%Y-%m-%d %H:%M:%S')} [{self.job_id}] {message}", flush=True)
+
+    @property
+    def done(self) -> int:
+        return sum(self.counts.values())
+
+    def snapshot(self) -> dict[str, Any]:
+        samples_s, tokens_s, bytes_s = self.rates.rates()
+        remaining = max(0, self.total - self.done)
+        state = self.state
+        reason = self.reason
+        if state == "running" and self.pause_reasons:
+            state = "paused"
+            reason = "; ".join(self.pause_reasons.values())
+        spec = self.spec
+        gate = self.gate
+        fill = None
+        if gate is not None and gate._usage is not None:
+            fill = round(gate._usage.fill, 4)
+        return {
+            "job_id": self.job_id,
+            "name": spec.name if spec else "",
+            "pid": os.getpid(),
+            "create_time": _own_create_time(),
+            "state": state,
+            "reason": reason,
+            "total": self.total,
+            "done": self.done,
+            "ok": self.counts["ok"],
+            "skipped": self.counts["skipped"],
+            "failed_lines": self.counts["error"] + self.counts["failed"],
+            "extraction_failures": self.counts["failed"],
+            "tokens": self.tokens,
+            "supervised_tokens": self.supervised_tokens,
+            "bytes": self.bytes,
+            "samples_per_s": round(samples_s, 3),
+            "tokens_per_s": round(tokens_s, 1),
+            "gb_per_s": round(bytes_s / 1e9, 4),
+            "eta_s": round(remaining / samples_s, 1) if samples_s > 0 and remaining else (0.0 if not remaining else None),
+            "output_dir": str(spec.output_dir) if spec else "",
+            "dataset": str(spec.dataset) if spec else "",
+            "server_url": spec.server_url if spec else None,
+            "started_at": self.started_at,
+            "updated_at": time.time(),
+            "finished_at": time.time() if self.state in ("done", "failed", "cancelled") else None,
+            "last_progress_at": self.last_progress_at,
+            "in_flight": gate.in_flight if gate else 0,
+            "retries": self.client.retries if self.client else 0,
+            "backpressure_waits": gate.waits if gate else 0,
+            "peak_reserved_capture_bytes": gate.peak_reserved_bytes if gate else 0,
+            "capture_fill": fill,
+            "paused_by_user": "user" in self.pause_reasons,
+            "estimated_output_bytes": self.estimated_output_bytes,
+            # For benches: this run's own rate, from the first request to the end.
+            "pipeline_started_at": self.pipeline_started_at,
+            "done_this_run": self.done - self.done_at_pipeline_start if self.pipeline_started_at else 0,
+        }
+
+    def write_progress(self) -> None:
+        atomic_write_json(self.job_dir / PROGRESS_FILE, self.snapshot())
+
+    # -- start-up ----------------------------------------------------------------------------------------
+    def setup(self) -> Iterator[Any]:
+        try:
+            spec = load_job_spec(self.job_dir / SPEC_FILE)
+        except JobSpecError as exc:
+            raise JobFailure(str(exc)) from None
+        try:
+            spec = resolve_spec(spec, resolve_home())
+        except JobError as exc:
+            raise JobFailure(str(exc)) from None
+        self.spec = spec
+        self.log(f"{'resuming' if self.resume else 'starting'}: dataset {spec.dataset} → {spec.output_dir} "
+                 f"via {spec.server_url} (capture dir {spec.capture_dir}, rid prefix {spec.rid_prefix})")
+        self.output = OutputDir(spec.output_dir, spec.file_group_size)
+        try:
+            self.output.acquire(self.job_id, fresh=not self.resume)
+        except OutputDirError as exc:
+            raise JobFailure(str(exc)) from None
+        fingerprint = dataset_fingerprint(spec.dataset)
+        known = self.meta.get("dataset")
+        if known is None:
+            self.meta["dataset"] = fingerprint
+            atomic_write_json(self.job_dir / JOB_FILE, self.meta)
+        elif known.get("sha256") != fingerprint["sha256"]:
+            raise JobFailure(f"dataset {spec.dataset} changed since the job started (sha256 "
+                             f"{known.get('sha256', '')[:12]}… → {fingerprint['sha256'][:12]}…); line numbers "
+                             "would no longer name the same samples. Start a new job")
+        report = self.output.reconcile()
+        if report.redo_missing_files or report.removed_orphans or report.removed_tmp or report.retried_failed:
+            self.log(f"reconciled output: {len(report.entries)} recorded, {report.redo_missing_files} to redo "
+                     f"(file missing or short), {report.removed_orphans} unrecorded files and "
+                     f"{report.removed_tmp} tmp files removed, {report.retried_failed} failed samples to retry")
+        for entry in report.entries.values():
+            self._count(entry, rate=False)
+        self.total = count_lines(spec.dataset, spec.num_samples)
+        self.dims = read_model_dims(spec.model_path)
+        self.renderer = self._load_renderer(spec)
+        self._write_dataset_json(complete=False)
+        self._clear_stale_dumps()
+        records = iter_dataset(spec.dataset, spec.dataset_format, skip=set(report.entries),
+                               limit=spec.num_samples)
+        rendered = self._rendered(records)
+        head = [item for _, item in zip(range(PREFLIGHT_SAMPLE_LINES), rendered)]
+        self._disk_preflight(head)
+        return _chain(head, rendered)
+
+    def _load_renderer(self, spec: JobSpec) -> Any:
+        from sessions.extraction.rendering import ChatRenderer, RendererSetupError
+
+        try:
+            renderer = ChatRenderer.load(
+                spec.model_path, trust_remote_code=spec.trust_remote_code, max_length=spec.max_length,
+                on_too_long=spec.on_too_long, system_prompt=spec.system_prompt, thinking=spec.thinking,
+                chat_template_kwargs=spec.chat_template_kwargs,
+            )
+        except RendererSetupError as exc:
+            raise JobFailure(str(exc)) from None
+        needs_template = spec.dataset_format != "tokenized"
+        problems = renderer.setup_problems(needs_template)
+        if problems:
+            raise JobFailure("; ".join(problems))
+        return renderer
+
+    def _rendered(self, records: Iterator[Any]) -> Iterator[Any]:
+        """Records → RenderedSample, or the ManifestEntry of a line that cannot become a sample."""
+        from sessions.extraction.rendering import RenderError
+
+        for record in records:
+            if self._render_stop.is_set():
+                return
+            if isinstance(record, DatasetLineError):
+                yield self._entry(record.index, record.line, "error", reason=record.reason)
+                continue
+            try:
+                yield self.renderer.render(record)
+            except RenderError as exc:
+                yield self._entry(record.index, record.line, exc.status, reason=str(exc))
+
+    def _entry(self, index: int, line: int, status: str, **fields: Any) -> ManifestEntry:
+        return ManifestEntry(index=index, line=line, sample_id=f"{self.job_id}-{index}", status=status, **fields)
+
+    def _disk_preflight(self, head: list[Any]) -> None:
+        spec = self.spec
+        assert spec is not None
+        hidden = self.dims.hidden_size
+        if not hidden:
+            self.log("disk preflight skipped: config.json has no hidden_size")
+            return
+        layers = len(spec.capture_layers) if spec.capture_layers else 3
+        per_token = bytes_per_token(hidden, layers)
+        self.dump_bytes_per_token = 2 * hidden * (layers + 1) + 8
+        lengths = [len(item.input_ids) for item in head if not isinstance(item, ManifestEntry)]
+        pending = self.total - self.done
+        if not lengths or pending <= 0:
+            return
+        mean_tokens = sum(lengths) / len(lengths)
+        estimate = int(mean_tokens * pending * per_token * 1.01)  # + zip headers
+        self.estimated_output_bytes = estimate
+        spec.output_dir.mkdir(parents=True, exist_ok=True)
+        free = shutil.disk_usage(spec.output_dir).free
+        self.log(f"disk preflight: ~{mean_tokens:.0f} tokens x {pending} samples x {per_token} B/token "
+                 f"= {estimate / 1e9:.2f} GB needed, {free / 1e9:.2f} GB free at {spec.output_dir}")
+        if spec.disk_preflight and estimate > free:
+            raise JobFailure(f"disk preflight: the output needs about {estimate / 1e9:.2f} GB "
+                             f"({mean_tokens:.0f} tokens/sample x {pending} samples x {per_token} B/token) but "
+                             f"{spec.output_dir} has {free / 1e9:.2f} GB free (set disk_preflight = false to "
+                             "override)")
+
+    def _clear_stale_dumps(self) -> None:
+        """Dumps of this job's rids left by a killed run (or still arriving) would mix with new ones."""
+        spec = self.spec
+        assert spec is not None and spec.capture_dir is not None
+        prefix = f"{spec.rid_prefix}{self.job_id}-"
+        try:
+            names = [e.name for e in os.scandir(spec.capture_dir) if e.name.startswith(prefix)]
+        except FileNotFoundError:
+            return
+        from sessions.extraction.collector import remove_dumps
+
+        for name in names:
+            remove_dumps(spec.capture_dir, name)
+        if names:
+            self.log(f"removed {len(names)} stale dump folders of this job from {spec.capture_dir}")
+
+    def _write_dataset_json(self, complete: bool) -> None:
+        spec = self.spec
+        assert spec is not None and self.output is not None
+        shape = self.shape
+        points = shape.layers if shape else None
+        draft_ids = (list(shape.draft_layer_ids) if shape and shape.draft_layer_ids
+                     else draft_layer_ids(points, self.dims))
+        previous = self.output.read_dataset_json() or {}
+        info = {
+            "format": "specforge_hidden_states_v1",
+            "writer": "eagle3-tui",
+            "job_id": self.job_id,
+            "name": spec.name,
+            "complete": complete,
+            "created_at": previous.get("created_at", self.started_at),
+            "updated_at": time.time(),
+            "model": {"path": str(spec.model_path), "architectures": list(self.dims.architectures),
+                      "model_type": self.dims.model_type, "num_hidden_layers": self.dims.num_layers,
+                      "hidden_size": self.dims.hidden_size, "vocab_size": self.dims.vocab_size},
+            "layers": {
+                "capture_points": list(points) if points else previous.get("layers", {}).get("capture_points"),
+                "draft_config_ids": draft_ids or previous.get("layers", {}).get("draft_config_ids"),
+                "meaning": "capture_points: SGLang layers_to_capture (input of decoder layer p = HF "
+                           "hidden_states[p]); draft_config_ids: eagle_aux_hidden_state_layer_ids",
+            },
+            "hidden_size": shape.hidden_size if shape else previous.get("hidden_size"),
+            "aux_width": shape.aux_width if shape else previous.get("aux_width"),
+            "dtype": "bfloat16",
+            "tensors": {"input_ids": "int64 [T]", "loss_mask": "int64 [T]",
+                        "hidden_state": "bfloat16 [1, T, H] post-norm final",
+                        "aux_hidden_state": "bfloat16 [1, T, K*H] ascending capture points"},
+            "sglang_version": (shape.sglang_version if shape else None) or previous.get("sglang_version"),
+            "server_url": spec.server_url,
+            "session": spec.session,
+            "rid_prefix": spec.rid_prefix,
+            "dataset": {**(self.meta.get("dataset") or {}), "format": spec.dataset_format},
+            "rendering": self.renderer.describe(),
+            "file_group_size": spec.file_group_size,
+            "counts": {"lines": self.total, **self.counts, "tokens": self.tokens,
+                       "supervised_tokens": self.supervised_tokens, "bytes": self.bytes},
+            "vocab_mapping": ("vocab_mapping/vocab_mapping.pt"
+                              if spec.draft_vocab_size and self.output.vocab_mapping_path.exists() else None),
+        }
+        self.output.write_dataset_json(info)
+
+    # -- the pipeline ------------------------------------------------------------------------------------
+    def _count(self, entry: ManifestEntry, rate: bool = True) -> None:
+        self.counts[entry.status] = self.counts.get(entry.status, 0) + 1
+        if entry.status == "ok":
+            self.tokens += entry.tokens
+            self.supervised_tokens += entry.supervised_tokens
+            self.bytes += entry.bytes
+        if rate:
+            self.last_progress_at = time.time()
+            self.rates.add(self.done, self.tokens, self.bytes)
+
+    def _record(self, entry: ManifestEntry) -> None:
+        assert self.output is not None
+        self.output.append(entry)
+        self._count(entry)
+
+    def _on_server_state(self, up: bool, reason: str | None) -> None:
+        if up:
+            self.pause_reasons.pop("server", None)
+            self.log("server is back; continuing")
+        else:
+            self.pause_reasons["server"] = reason or "server unreachable"
+            self.log(f"paused: {reason}")
+        self.write_progress()
+
+    def _read_control(self) -> None:
+        control = read_json(self.job_dir / CONTROL_FILE, default={}) or {}
+        if control.get("cancel"):
+            self.request_cancel()
+        if control.get("pause") and "user" not in self.pause_reasons:
+            self.pause_reasons["user"] = "paused by user"
+            self.log("paused by user")
+        elif not control.get("pause") and "user" in self.pause_reasons:
+            self.pause_reasons.pop("user")
+            self.log("continued by user")
+
+    def request_cancel(self) -> None:
+        if not self.cancel_requested:
+            self.cancel_requested = True
+            self._stop_sending()
+            self.log("cancel requested: finishing the requests in flight")
+
+    def _stop_sending(self) -> None:
+        self._render_stop.set()
+        if self.client is not None:
+            self.client.stop()
+        if self.gate is not None:
+            self.gate.closed = True
+
+    async def _report_loop(self) -> None:
+        last_sync = time.monotonic()
+        while True:
+            self._read_control()
+            gate = self.gate
+            if gate is not None and gate.blocked_reason:
+                self.pause_reasons["capture"] = gate.blocked_reason
+            else:
+                self.pause_reasons.pop("capture", None)
+            self.write_progress()
+            if time.monotonic() - last_sync > 2.0 and self.output is not None:
+                await asyncio.to_thread(self.output.sync_manifest)
+                last_sync = time.monotonic()
+            await asyncio.sleep(REPORT_INTERVAL_S)
+
+    async def pipeline(self, items: Iterator[Any]) -> None:
+        spec = self.spec
+        assert spec is not None and spec.capture_dir is not None and spec.server_url is not None
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+            loop.add_signal_handler(sig, self.request_cancel)
+        self.client = ExtractionClient(
+            spec.server_url, concurrency=spec.concurrency,
+            retry=RetryPolicy(spec.max_retries, spec.retry_backoff_s, spec.retry_backoff_max_s),
+            request_timeout_s=spec.request_timeout_s, max_consecutive_failures=spec.max_consecutive_failures,
+            server_down_timeout_s=spec.server_down_timeout_s, on_server_state=self._on_server_state,
+        )
+        self.gate = CaptureSpaceGate(spec.capture_dir, spec.capture_fill_threshold, spec.capture_budget_bytes)
+        self.pool = ThreadPoolExecutor(max_workers=max(2, min(8, spec.concurrency)),
+                                       thread_name_prefix="collector")
+        self.state = "running"
+        self.pipeline_started_at = time.time()
+        self.done_at_pipeline_start = self.done
+        reporter = loop.create_task(self._report_loop())
+        ready: queue.Queue = queue.Queue(maxsize=max(64, 4 * spec.concurrency))
+        renderer_thread = threading.Thread(target=self._render_into, args=(items, ready), daemon=True,
+                                           name="render")
+        renderer_thread.start()
+        slots = asyncio.Semaphore(2 * spec.concurrency)
+        tasks: set[asyncio.Task] = set()
+        try:
+            while not self.cancel_requested and not self.abort_reason:
+                try:
+                    item = ready.get_nowait()
+                except queue.Empty:
+                    await asyncio.sleep(0.002)
+                    continue
+                if item is _END:
+                    break
+                if isinstance(item, BaseException):
+                    raise JobFailure(f"reading the dataset failed: {item}")
+                if isinstance(item, ManifestEntry):
+                    self._record(item)
+                    continue
+                while "user" in self.pause_reasons and not self.cancel_requested:
+                    await asyncio.sleep(0.1)
+                if not await _acquire_unless(slots, lambda: self.cancel_requested or bool(self.abort_reason)):
+                    break
+                task = loop.create_task(self._process(item))
+                tasks.add(task)
+                task.add_done_callback(lambda t: (tasks.discard(t), slots.release()))
+            if tasks:
+                timeout = CANCEL_GRACE_S if (self.cancel_requested or self.abort_reason) else None
+                _done, pending = await asyncio.wait(set(tasks), timeout=timeout)
+                for task in pending:
+                    task.cancel()
+                if pending:
+                    await asyncio.wait(pending)
+        finally:
+            self._render_stop.set()
+            reporter.cancel()
+            await self.client.aclose()
+            await asyncio.to_thread(self.pool.shutdown, True)
+            for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+                loop.remove_signal_handler(sig)
+
+    def _render_into(self, items: Iterator[Any], ready: queue.Queue) -> None:
+        def put(value: Any) -> bool:
+            while not self._render_stop.is_set():
+                try:
+                    ready.put(value, timeout=0.2)
+                    return True
+                except queue.Full:
+                    continue
+            return False
+
+        try:
+            for item in items:
+                if not put(item):
+                    return
+            put(_END)
+        except BaseException as exc:  # noqa: BLE001 - handed to the event loop, which fails the job
+            put(exc)
+
+    async def _process(self, sample: Any) -> None:
+        spec = self.spec
+        assert spec is not None and spec.capture_dir is not None and self.client and self.gate
+        rid = f"{spec.rid_prefix}{self.job_id}-{sample.index}"
+        sample_id = f"{self.job_id}-{sample.index}"
+        loop = asyncio.get_running_loop()
+
+        async def collect(_meta: dict[str, Any]) -> ManifestEntry:
+            try:
+                return await loop.run_in_executor(self.pool, self._collect_and_write, sample, rid, sample_id)
+            except AttemptFailed:
+                raise
+            except Exception as exc:  # noqa: BLE001 - e.g. a capture dir refused as unsafe: a failed attempt,
+                # counted toward max_consecutive_failures, never a task that dies without an outcome
+                raise AttemptFailed(f"collecting {rid} failed: {type(exc).__name__}: {exc}",
+                                    retryable=isinstance(exc, OSError)) from None
+
+        async def clear() -> None:
+            await loop.run_in_executor(self.pool, _remove_quietly, spec.capture_dir, rid)
+
+        try:
+            async with self.gate.reserve(len(sample.input_ids) * self.dump_bytes_per_token):
+                entry = await self.client.extract(rid, sample.input_ids, collect, before_attempt=clear)
+        except SampleFailed as exc:
+            entry = self._entry(sample.index, sample.line, "failed", tokens=len(sample.input_ids),
+                                reason=exc.reason)
+            await loop.run_in_executor(self.pool, _remove_quietly, spec.capture_dir, rid)
+        except JobAborted as exc:
+            if not self.abort_reason:
+                self.abort_reason = str(exc)
+                self.log(f"aborting: {exc}")
+                self._stop_sending()
+            return
+        except (Stopped, GateClosed):
+            return  # cancelled before it was sent: the next run sends it
+        except Exception as exc:  # noqa: BLE001 - a sample must end with an outcome, not a silent dead task
+            self.log(f"sample {sample_id}: {traceback.format_exc()}")
+            entry = self._entry(sample.index, sample.line, "failed", tokens=len(sample.input_ids),
+                                reason=f"{type(exc).__name__}: {exc}")
+        self._record(entry)
+
+    def _collect_and_write(self, sample: Any, rid: str, sample_id: str) -> ManifestEntry:
+        """In a collector thread: dumps → checked sample → atomic file → dumps deleted."""
+        from sessions.extraction.collector import collect_sample, remove_dumps
+
+        spec = self.spec
+        assert spec is not None and spec.capture_dir is not None and self.output is not None
+        with self._shape_lock:
+            expected = self.shape
+        data, shape = collect_sample(spec.capture_dir, rid, sample_id, sample.input_ids, sample.loss_mask,
+                                     expected, spec.dump_wait_s)
+        with self._shape_lock:
+            if self.shape is None:
+                self.shape = shape
+                self.log(f"capture: hidden size {shape.hidden_size}, {shape.num_layers} aux layers, capture "
+                         f"points {list(shape.layers) if shape.layers else 'unknown'}, SGLang "
+                         f"{shape.sglang_version or 'unknown'}")
+                self.dump_bytes_per_token = 2 * (shape.aux_width + shape.hidden_size) + 8
+            elif (shape.aux_width, shape.hidden_size) != (self.shape.aux_width, self.shape.hidden_size):
+                raise AttemptFailed(f"capture widths changed mid-job: aux {shape.aux_width}, hidden "
+                                    f"{shape.hidden_size} (job: {self.shape.aux_width}, {self.shape.hidden_size})",
+                                    retryable=False)
+        rel, size, checksum = self._write_until_space(sample.index, data)
+        remove_dumps(spec.capture_dir, rid)
+        return self._entry(sample.index, sample.line, "ok", tokens=len(sample.input_ids),
+                           supervised_tokens=sum(sample.loss_mask), path=rel, bytes=size, checksum=checksum)
+
+    def _write_until_space(self, index: int, data: dict[str, Any]) -> tuple[str, int, str]:
+        """Write the sample; when the output filesystem is full, pause (no crash) and retry."""
+        assert self.output is not None
+        while True:
+            try:
+                result = self.output.write_sample(index, data)
+                if "output" in self.pause_reasons:
+                    self.pause_reasons.pop("output", None)
+                    self.log("output filesystem has space again; continuing")
+                return result
+            except OSError as exc:
+                if exc.errno not in _OUT_OF_SPACE:
+                    raise
+                if self.cancel_requested or self.abort_reason:
+                    raise AttemptFailed("output filesystem full at cancel", retryable=False) from None
+                if "output" not in self.pause_reasons:
+                    self.pause_reasons["output"] = f"output filesystem full at {self.output.root}: {exc.strerror}"
+                    self.log(f"paused: {self.pause_reasons['output']}")
+                time.sleep(2.0)
+
+    # -- the end -----------------------------------------------------------------------------------------
+    def finish(self) -> None:
+        spec = self.spec
+        assert spec is not None and self.output is not None
+        self.output.sync_manifest()
+        self._clear_stale_dumps()
+        if self.abort_reason:
+            self.state, self.reason = "failed", self.abort_reason
+        elif self.cancel_requested:
+            self.state, self.reason = "cancelled", "cancelled by user"
+        else:
+            if spec.draft_vocab_size and self.counts["ok"]:
+                self.log("counting supervised tokens for vocab_mapping/vocab_mapping.pt")
+                entries, _ = self.output.read_manifest()
+                counts = self.output.token_counts(entries.values())
+                target_vocab = self.dims.vocab_size or self.renderer.vocab_size
+                self.output.write_vocab_mapping(counts, spec.draft_vocab_size, target_vocab)
+            self.state, self.reason = "done", None
+            if self.done < self.total:  # every line must have an outcome; a gap means a bug, not success
+                self.state = "failed"
+                self.reason = (f"{self.total - self.done} lines have no outcome; `extract resume` retries them")
+        self.pause_reasons.clear()
+        self._write_dataset_json(complete=self.state == "done")
+        self.log(f"{self.state}: {self.counts['ok']} samples written, {self.counts['skipped']} skipped, "
+                 f"{self.counts['error']} bad lines, {self.counts['failed']} failed"
+                 + (f" ({self.reason})" if self.reason else ""))
+
+    def run(self) -> int:
+        try:
+            self.write_progress()
+            items = self.setup()
+            self.write_progress()
+            asyncio.run(self.pipeline(items))
+            self.finish()
+            self.write_progress()
+            return 0 if self.state in ("done", "cancelled") else 1
+        except JobFailure as exc:
+            self.state, self.reason = "failed", str(exc)
+        except Exception as exc:  # noqa: BLE001 - any crash must end as a readable state, not a silent death
+            self.log(traceback.format_exc())
+            self.state, self.reason = "failed", f"{type(exc).__name__}: {exc}"
+        finally:
+            if self.output is not None:
+                self.output.release()
+        self.pause_reasons.clear()
+        self.log(f"failed: {self.reason}")
+        self.write_progress()
+        return 1
+
+
+_END = object()
+
+
+async def _acquire_unless(slots: asyncio.Semaphore, stop: Any) -> bool:
+    """Take a slot, or give up (False) once ``stop()`` is true: slots may be held by waiting samples."""
+    while True:
+        try:
+            await asyncio.wait_for(slots.acquire(), timeout=0.2)
+        except TimeoutError:
+            if stop():
+                return False
+            continue
+        if stop():
+            slots.release()
+            return False
+        return True
+
+
+def _chain(head: list[Any], rest: Iterator[Any]) -> Iterator[Any]:
+    yield from head
+    yield from rest
+
+
+def _remove_quietly(capture_dir: Path, rid: str) -> None:
+    from sessions.extraction.collector import remove_dumps
+
+    try:
+        remove_dumps(capture_dir, rid)
+    except OSError:
+        pass
+
+
+_CREATE_TIME: float | None = None
+
+
+def _own_create_time() -> float | None:
+    global _CREATE_TIME
+    if _CREATE_TIME is None:
+        import psutil
+
+        _CREATE_TIME = psutil.Process().create_time()
+    return _CREATE_TIME
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m sessions.extraction.runner")
+    parser.add_argument("--job-dir", required=True, type=Path)
+    parser.add_argument("--resume", action="store_true")
+    args = parser.parse_args(argv)
+    try:
+        import setproctitle
+
+        setproctitle.setproctitle(f"eagle3-tui::extract {args.job_dir.name}")
+    except ImportError:
+        pass
+    return JobRun(args.job_dir, args.resume).run()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,359 @@
+"""``extract verify``: check an output dir file by file, optionally against the server and the lm_head.
+
+* Every ``*.ckpt``: loads (``weights_only=True``: no arbitrary unpickling), has the four tensors with the
+  contract's dtypes and shapes (1-D int64 ids and mask, ``[1, T, H]`` and ``[1, T, K·H]`` bf16), the widths
+  of ``dataset.json``, T and sample id and checksum as the manifest says, no NaN/Inf, a 0/1 mask.
+* The manifest: readable, no duplicate index or sample id, every ``ok`` line's file present, no file
+  without a line (SpecForge would train on it).
+* ``--against-http N``: N samples are sent again with ``return_hidden_states: true``; SGLang returns the
+  aux rows of the prompt (sglang-facts §4.11), which must match the file's ``aux_hidden_state``.
+* ``--lm-head-check``: only the ``lm_head`` weight is read from the model's safetensors; the top-1 of
+  ``hidden_state @ lm_headᵀ`` must mostly equal the next token on assistant positions.  A wrong final-state
+  capture (pre-norm, or a middle layer) fails this without loading the model.
+"""
+from __future__ import annotations
+
+import json
+import re
+import uuid
+import zlib
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from sessions.extraction.output import OutputDir
+
+_CHECKSUM_RE = re.compile(r"^crc32:([0-9a-f]{8})$")
+_LM_HEAD_KEYS = ("lm_head.weight", "language_model.lm_head.weight", "model.lm_head.weight")
+_EMBED_KEYS = ("model.embed_tokens.weight", "language_model.model.embed_tokens.weight", "embed_tokens.weight")
+
+
+@dataclass(frozen=True)
+class VerifyProblem:
+    path: str
+    message: str
+
+    def __str__(self) -> str:
+        return f"{self.path}: {self.message}"
+
+
+@dataclass(frozen=True)
+class HttpComparison:
+    path: str
+    tokens: int
+    min_cosine: float | None
+    max_abs_diff: float | None
+    ok: bool
+    note: str = ""
+
+
+@dataclass(frozen=True)
+class LmHeadReport:
+    positions: int
+    agree: int
+    min_top1: float
+
+    @property
+    def top1(self) -> float:
+        return self.agree / self.positions if self.positions else 0.0
+
+    @property
+    def ok(self) -> bool:
+        return self.positions > 0 and self.top1 >= self.min_top1
+
+
+@dataclass(frozen=True)
+class VerifyReport:
+    output_dir: str
+    files_checked: int
+    samples_in_manifest: int
+    problems: tuple[VerifyProblem, ...]
+    warnings: tuple[str, ...] = ()
+    http: tuple[HttpComparison, ...] = ()
+    lm_head: LmHeadReport | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def ok(self) -> bool:
+        return (not self.problems and all(c.ok for c in self.http)
+                and (self.lm_head is None or self.lm_head.ok))
+
+    def summary(self) -> str:
+        head = (f"{self.output_dir}: {'OK' if self.ok else 'FAILED'} — {self.files_checked} files checked, "
+                f"{self.samples_in_manifest} samples in the manifest")
+        lines = [head]
+        lines += [f"  problem: {p}" for p in self.problems[:50]]
+        if len(self.problems) > 50:
+            lines.append(f"  ... and {len(self.problems) - 50} more problems")
+        lines += [f"  warning: {w}" for w in self.warnings]
+        for c in self.http:
+            lines.append(f"  http {c.path}: {'ok' if c.ok else 'MISMATCH'} (T={c.tokens}, min cosine "
+                         f"{_fmt(c.min_cosine)}, max |diff| {_fmt(c.max_abs_diff)}){' ' + c.note if c.note else ''}")
+        if self.lm_head is not None:
+            h = self.lm_head
+            lines.append(f"  lm_head top-1 agreement {h.top1:.1%} on {h.positions} assistant positions "
+                         f"({'ok' if h.ok else f'below {h.min_top1:.0%}: the final states look wrong'})")
+        return "\n".join(lines)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "output_dir": self.output_dir, "ok": self.ok, "files_checked": self.files_checked,
+            "samples_in_manifest": self.samples_in_manifest,
+            "problems": [{"path": p.path, "message": p.message} for p in self.problems],
+            "warnings": list(self.warnings),
+            "http": [c.__dict__ for c in self.http],
+            "lm_head": None if self.lm_head is None else {
+                "positions": self.lm_head.positions, "agree": self.lm_head.agree, "top1": self.lm_head.top1,
+                "min_top1": self.lm_head.min_top1, "ok": self.lm_head.ok},
+        }
+
+
+def _fmt(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.4g}"
+
+
+def _crc(path: Path) -> str:
+    crc = 0
+    with open(path, "rb") as fh:
+        while chunk := fh.read(1 << 22):
+            crc = zlib.crc32(chunk, crc)
+    return f"crc32:{crc:08x}"
+
+
+def check_sample_file(path: Path, hidden_size: int | None, aux_width: int | None) -> tuple[list[str], dict]:
+    """The contract checks of one file: (problems, the loaded dict or {})."""
+    import torch
+
+    try:
+        data = torch.load(path, weights_only=True, mmap=True)
+    except Exception as exc:  # noqa: BLE001 - a corrupt zip raises many types; the file is what's wrong
+        return [f"cannot be loaded: {type(exc).__name__}: {exc}"], {}
+    if not isinstance(data, dict):
+        return [f"holds a {type(data).__name__}, not a dict"], {}
+    problems = []
+    missing = [k for k in ("input_ids", "loss_mask", "hidden_state", "aux_hidden_state", "sample_id")
+               if k not in data]
+    if missing:
+        return [f"missing keys {missing}"], data
+    ids, mask, hidden, aux = data["input_ids"], data["loss_mask"], data["hidden_state"], data["aux_hidden_state"]
+    for name, tensor, dtype in (("input_ids", ids, torch.int64), ("loss_mask", mask, torch.int64),
+                                ("hidden_state", hidden, torch.bfloat16), ("aux_hidden_state", aux, torch.bfloat16)):
+        if not isinstance(tensor, torch.Tensor):
+            problems.append(f"{name} is not a tensor")
+        elif tensor.dtype != dtype:
+            problems.append(f"{name} is {tensor.dtype}, expected {dtype}")
+    if problems:
+        return problems, data
+    t = ids.shape[0] if ids.dim() == 1 else None
+    if t is None:
+        return [f"input_ids has shape {tuple(ids.shape)}, expected 1-D [T]"], data
+    if tuple(mask.shape) != (t,):
+        problems.append(f"loss_mask has shape {tuple(mask.shape)}, expected [{t}]")
+    elif bool(((mask != 0) & (mask != 1)).any()):
+        problems.append("loss_mask holds values other than 0 and 1")
+    if hidden.dim() != 3 or hidden.shape[0] != 1 or hidden.shape[1] != t:
+        problems.append(f"hidden_state has shape {tuple(hidden.shape)}, expected [1, {t}, H]")
+    elif hidden_size and hidden.shape[2] != hidden_size:
+        problems.append(f"hidden_state width {hidden.shape[2]} != hidden_size {hidden_size} (dataset.json)")
+    if aux.dim() != 3 or aux.shape[0] != 1 or aux.shape[1] != t:
+        problems.append(f"aux_hidden_state has shape {tuple(aux.shape)}, expected [1, {t}, K*H]")
+    elif aux_width and aux.shape[2] != aux_width:
+        problems.append(f"aux_hidden_state width {aux.shape[2]} != aux_width {aux_width} (dataset.json)")
+    if not problems:
+        from sessions.extraction.collector import count_nonfinite
+
+        for name, tensor in (("hidden_state", hidden), ("aux_hidden_state", aux)):
+            bad = count_nonfinite(tensor)
+            if bad:
+                problems.append(f"{bad} NaN/Inf values in {name}")
+    return problems, data
+
+
+def verify_output(out_dir: Path, *, against_http: int = 0, server_url: str | None = None,
+                  lm_head_check: bool = False, model_path: Path | None = None, min_top1: float = 0.5,
+                  lm_head_samples: int = 32, log: Callable[[str], None] | None = None) -> VerifyReport:
+    out = OutputDir(Path(out_dir))
+    problems: list[VerifyProblem] = []
+    warnings: list[str] = []
+    info = out.read_dataset_json()
+    if info is None:
+        problems.append(VerifyProblem("dataset.json", "missing or not JSON"))
+        info = {}
+    hidden_size, aux_width = info.get("hidden_size"), info.get("aux_width")
+    entries: dict[int, Any] = {}
+    seen_ids: dict[str, int] = {}
+    try:
+        raw_lines = out.manifest_path.read_text(encoding="utf-8").splitlines()
+    except FileNotFoundError:
+        raw_lines = []
+        problems.append(VerifyProblem("manifest.jsonl", "missing"))
+    from sessions.extraction.output import ManifestEntry
+
+    for no, raw in enumerate(raw_lines, start=1):
+        if not raw.strip():
+            continue
+        try:
+            entry = ManifestEntry.from_json(raw)
+        except (ValueError, TypeError) as exc:
+            problems.append(VerifyProblem(f"manifest.jsonl:{no}", f"unreadable line: {exc}"))
+            continue
+        if entry.index in entries:
+            problems.append(VerifyProblem(f"manifest.jsonl:{no}", f"line index {entry.index} appears twice"))
+        if entry.sample_id in seen_ids:
+            problems.append(VerifyProblem(f"manifest.jsonl:{no}", f"sample id {entry.sample_id} appears twice"))
+        entries[entry.index] = entry
+        seen_ids[entry.sample_id] = entry.index
+    ok_entries = {e.path: e for e in entries.values() if e.status == "ok" and e.path}
+    on_disk = sorted(p for p in out.root.rglob("*") if p.is_file() and p.name.endswith((".ckpt", ".ckpt.gz")))
+    rels = {str(p.relative_to(out.root)) for p in on_disk}
+    for rel in sorted(rels - set(ok_entries)):
+        problems.append(VerifyProblem(rel, "not in manifest.jsonl (SpecForge would train on it)"))
+    for rel in sorted(set(ok_entries) - rels):
+        problems.append(VerifyProblem(rel, f"listed in manifest.jsonl (sample {ok_entries[rel].sample_id}) "
+                                           "but missing"))
+    tmp_left = [p for p in out.root.rglob("*.tmp")]
+    if tmp_left:
+        warnings.append(f"{len(tmp_left)} leftover .tmp files (an interrupted write; SpecForge ignores them)")
+    checked = 0
+    for rel in sorted(rels & set(ok_entries), key=lambda r: ok_entries[r].index):
+        entry = ok_entries[rel]
+        path = out.root / rel
+        checked += 1
+        found, data = check_sample_file(path, hidden_size, aux_width)
+        if entry.checksum and _CHECKSUM_RE.match(entry.checksum) and _crc(path) != entry.checksum:
+            found.append(f"checksum {_crc(path)} != manifest {entry.checksum} (the file changed after writing)")
+        if data and not found:
+            if data["input_ids"].shape[0] != entry.tokens:
+                found.append(f"T = {data['input_ids'].shape[0]} but the manifest says {entry.tokens}")
+            if data.get("sample_id") != entry.sample_id:
+                found.append(f"sample_id {data.get('sample_id')!r} != manifest {entry.sample_id!r}")
+        problems.extend(VerifyProblem(rel, message) for message in found)
+        if log and checked % 1000 == 0:
+            log(f"verified {checked}/{len(ok_entries)} files")
+    counts = info.get("counts") or {}
+    if info.get("complete") and counts.get("ok") is not None and counts["ok"] != len(ok_entries):
+        problems.append(VerifyProblem("dataset.json", f"counts.ok = {counts['ok']} but the manifest lists "
+                                                      f"{len(ok_entries)} ok samples"))
+    http: tuple[HttpComparison, ...] = ()
+    if against_http > 0:
+        url = server_url or info.get("server_url")
+        if not url:
+            problems.append(VerifyProblem("dataset.json", "no server_url recorded; pass --server-url"))
+        else:
+            chosen = _spread(sorted(ok_entries.values(), key=lambda e: e.index), against_http)
+            http = tuple(_compare_http(out.root, e, url, info.get("rid_prefix") or "") for e in chosen)
+    lm_head = None
+    if lm_head_check:
+        model = model_path or (Path(info["model"]["path"]) if info.get("model", {}).get("path") else None)
+        if model is None:
+            problems.append(VerifyProblem("dataset.json", "no model path recorded; pass --model-path"))
+        else:
+            try:
+                chosen = _spread(sorted(ok_entries.values(), key=lambda e: e.index), lm_head_samples)
+                lm_head = _lm_head_agreement(out.root, chosen, model, min_top1)
+            except LookupError as exc:
+                problems.append(VerifyProblem(str(model), str(exc)))
+    return VerifyReport(str(out.root), checked, len(entries), tuple(problems), tuple(warnings), http, lm_head)
+
+
+def _spread(items: list[Any], n: int) -> list[Any]:
+    if n >= len(items):
+        return items
+    step = len(items) / n
+    return [items[int(i * step)] for i in range(n)]
+
+
+def _compare_http(root: Path, entry: Any, url: str, rid_prefix: str) -> HttpComparison:
+    import httpx
+    import torch
+
+    data = torch.load(root / entry.path, weights_only=True, mmap=True)
+    ids = data["input_ids"].tolist()
+    rid = f"verify-{uuid.uuid4().hex}"
+    if rid_prefix and rid.startswith(rid_prefix):  # never let the capture plugin dump a verify request
+        rid = f"x{rid}"
+    payload = {"input_ids": ids, "rid": rid, "return_hidden_states": True,
+               "sampling_params": {"max_new_tokens": 1, "temperature": 0.0}}
+    try:
+        response = httpx.post(f"{url.rstrip('/')}/generate", json=payload, timeout=600.0)
+    except httpx.HTTPError as exc:
+        return HttpComparison(entry.path, len(ids), None, None, False, f"request failed: {exc}")
+    if response.status_code != 200:
+        return HttpComparison(entry.path, len(ids), None, None, False,
+                              f"HTTP {response.status_code}: {response.text[:200]}")
+    body = response.json()
+    body = body[0] if isinstance(body, list) else body
+    states = (body.get("meta_info") or {}).get("hidden_states")
+    if not states or not isinstance(states[0], list) or not states[0] or not isinstance(states[0][0], list):
+        return HttpComparison(entry.path, len(ids), None, None, False,
+                              "the server returned no prefill hidden states (is it launched with the aux flags?)")
+    served = torch.tensor(states[0], dtype=torch.float32)
+    stored = data["aux_hidden_state"][0].float()
+    if served.shape != stored.shape:
+        width_note = (" (final states only: the server lacks --enable-return-aux-hidden-states)"
+                      if served.shape[-1] == data["hidden_state"].shape[-1] else "")
+        rows_note = (" (fewer rows: chunked prefill drops middle chunks on the HTTP path; use "
+                     "--chunked-prefill-size -1)" if served.shape[0] < stored.shape[0] else "")
+        return HttpComparison(entry.path, len(ids), None, None, False,
+                              f"served shape {tuple(served.shape)} != stored {tuple(stored.shape)}"
+                              f"{width_note}{rows_note}")
+    cosine = torch.nn.functional.cosine_similarity(served, stored, dim=1)
+    diff = (served - stored).abs().max().item()
+    min_cos = float(cosine.min())
+    return HttpComparison(entry.path, len(ids), min_cos, diff, min_cos >= 0.99)
+
+
+def load_lm_head(model_path: Path) -> Any:
+    """Only the lm_head weight (or the tied embedding) from the model's safetensors, [vocab, H]."""
+    from safetensors import safe_open
+
+    config = json.loads((model_path / "config.json").read_text()) if (model_path / "config.json").is_file() else {}
+    tied = bool(config.get("tie_word_embeddings") or (config.get("text_config") or {}).get("tie_word_embeddings"))
+    keys = _LM_HEAD_KEYS + (_EMBED_KEYS if tied else ())
+    index = model_path / "model.safetensors.index.json"
+    files: list[Path]
+    if index.is_file():
+        weight_map = json.loads(index.read_text()).get("weight_map", {})
+        for key in keys:
+            if key in weight_map:
+                with safe_open(str(model_path / weight_map[key]), "pt") as fh:
+                    return fh.get_tensor(key)
+        files = []
+    else:
+        files = sorted(model_path.glob("*.safetensors"))
+    for path in files:
+        with safe_open(str(path), "pt") as fh:
+            names = set(fh.keys())
+            for key in keys:
+                if key in names:
+                    return fh.get_tensor(key)
+    raise LookupError(f"no lm_head weight ({', '.join(keys)}) in the safetensors of {model_path}")
+
+
+def _lm_head_agreement(root: Path, entries: list[Any], model_path: Path, min_top1: float,
+                       max_positions_per_sample: int = 256) -> LmHeadReport:
+    import torch
+
+    weight = load_lm_head(model_path)
+    positions = agree = 0
+    for entry in entries:
+        data = torch.load(root / entry.path, weights_only=True, mmap=True)
+        ids, mask = data["input_ids"], data["loss_mask"]
+        hidden = data["hidden_state"][0]
+        # Position t predicts token t+1; check where t+1 is an assistant token.
+        where = (mask[1:] == 1).nonzero().flatten()[:max_positions_per_sample]
+        if where.numel() == 0:
+            continue
+        h = hidden[where].float()
+        best_score = torch.full((h.shape[0],), float("-inf"))
+        best_id = torch.zeros(h.shape[0], dtype=torch.int64)
+        for start in range(0, weight.shape[0], 16384):  # vocab in slices: a 160K x 7K head stays small
+            scores = h @ weight[start:start + 16384].float().T
+            value, index = scores.max(dim=1)
+            better = value > best_score
+            best_score = torch.where(better, value, best_score)
+            best_id = torch.where(better, index + start, best_id)
+        positions += int(where.numel())
+        agree += int((best_id == ids[where + 1]).sum())
+    return LmHeadReport(positions, agree, min_top1)

@@ -1,0 +1,145 @@
+"""``extract verify``: passes on good output, fails naming the file on a corrupted one; ``--against-http``
+re-requests samples from the server; ``--lm-head-check`` catches a wrong final state on the demo model."""
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import httpx
+import pytest
+import torch
+from _extract_support import run_cli, stop_job, write_spec
+
+from sessions.capture.writer import write_chunks
+from sessions.extraction.collector import collect_sample
+from sessions.extraction.output import ManifestEntry, OutputDir
+
+H, K = 16, 3
+
+
+def build_output(root: Path, count: int = 5) -> Path:
+    """A small output dir made the way a job makes it: real dumps → collector → writer → manifest."""
+    capture = root / "capture"
+    capture.mkdir(mode=0o700)
+    out = OutputDir(root / "out")
+    out.acquire("j", fresh=True)
+    for index in range(count):
+        tokens = 4 + index
+        ids = torch.arange(tokens) + 10
+        write_chunks(capture, [f"r-{index}"], [0], [tokens], torch.randn(tokens, K * H), torch.randn(tokens, H),
+                     ids, {"layers": [2, 4, 5], "hidden_size": H}, fsync=False)
+        sample, _ = collect_sample(capture, f"r-{index}", f"j-{index}", ids.tolist(), [0, 0] + [1] * (tokens - 2),
+                                   None, 1.0)
+        rel, size, checksum = out.write_sample(index, sample)
+        out.append(ManifestEntry(index, index + 1, f"j-{index}", "ok", tokens, tokens - 2, rel, size, checksum))
+    out.write_dataset_json({"job_id": "j", "complete": True, "hidden_size": H, "aux_width": K * H,
+                            "counts": {"ok": count}})
+    out.release()
+    return out.root
+
+
+def verify(out: Path, env: dict, *extra: str) -> tuple[int, dict]:
+    result = run_cli(["extract", "verify", str(out), "--json", *extra], env)
+    return result.returncode, json.loads(result.stdout)
+
+
+def test_good_output_passes_and_each_kind_of_damage_is_named(home, cli_env, tmp_path: Path) -> None:
+    out = build_output(tmp_path)
+    code, report = verify(out, cli_env)
+    assert code == 0 and report["ok"] and report["files_checked"] == 5
+
+    flipped = out / "rows_0-2000" / "data_1.ckpt"
+    raw = bytearray(flipped.read_bytes())
+    raw[len(raw) // 2] ^= 0xFF
+    flipped.write_bytes(bytes(raw))
+    (out / "rows_0-2000" / "data_3.ckpt").unlink()
+    shutil.copy(out / "rows_0-2000" / "data_0.ckpt", out / "rows_0-2000" / "data_77.ckpt")
+    code, report = verify(out, cli_env)
+    assert code == 1 and not report["ok"]
+    named = {p["path"]: p["message"] for p in report["problems"]}
+    assert "checksum" in named["rows_0-2000/data_1.ckpt"] or "cannot be loaded" in named["rows_0-2000/data_1.ckpt"]
+    assert "missing" in named["rows_0-2000/data_3.ckpt"]
+    assert "not in manifest.jsonl" in named["rows_0-2000/data_77.ckpt"]
+
+
+def test_contract_violations_inside_a_file_are_named(home, cli_env, tmp_path: Path) -> None:
+    out = build_output(tmp_path, count=2)
+    path = out / "rows_0-2000" / "data_0.ckpt"
+    data = torch.load(path, weights_only=True)
+    data["input_ids"] = data["input_ids"][None]  # [1, T]: breaks SpecForge's normaliser
+    data["hidden_state"][0, 1, 2] = float("inf")
+    torch.save(data, path)
+    entries, _ = OutputDir(out).read_manifest()
+    from sessions.extraction.output import file_crc32
+
+    entries[0] = ManifestEntry(**{**entries[0].__dict__, "bytes": path.stat().st_size,
+                                  "checksum": file_crc32(path)})
+    OutputDir(out)._rewrite(entries.values())
+    code, report = verify(out, cli_env)
+    assert code == 1
+    (problem,) = report["problems"]
+    assert problem["path"] == "rows_0-2000/data_0.ckpt" and "expected 1-D [T]" in problem["message"]
+
+
+# -- against the emulator --------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def demo_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from sessions.demo_model import write_demo_model
+
+    return write_demo_model(tmp_path_factory.mktemp("models") / "demo", num_layers=8, hidden_size=64)
+
+
+@pytest.mark.slow
+def test_lm_head_and_http_checks_pass_on_real_output_and_catch_a_wrong_final_state(
+        home, cli_env, make_emulator_profile, launched, demo_model, tmp_path: Path) -> None:
+    from _extract_support import wait_for
+    from transformers import AutoTokenizer
+
+    from sessions.extraction.job import job_status, run_job
+
+    capture = tmp_path / "capture"
+    capture.mkdir(mode=0o700)
+    profile = make_emulator_profile("verify", tp=1, model_path=str(demo_model), chunked_prefill_size=-1,
+                                    capture={"enabled": True, "dir": str(capture), "rid_prefix": "eagle3-"})
+    session = launched.launch(profile)
+    wait_for(lambda: session.status().state == "ready", "server ready", 180)
+    url = f"http://127.0.0.1:{session.status().port}"
+    # A regenerated dataset: each answer is the model's own greedy continuation (as EAGLE-3 data should be).
+    tokenizer = AutoTokenizer.from_pretrained(demo_model, local_files_only=True)
+    rows = []
+    for question in ("What is the capital city of France?", "Tell me a short story.", "Hello! How are you?"):
+        prompt = list(tokenizer.apply_chat_template([{"role": "user", "content": question}],
+                                                    add_generation_prompt=True, tokenize=True)["input_ids"])
+        reply = httpx.post(f"{url}/generate", json={"input_ids": prompt, "sampling_params": {
+            "max_new_tokens": 24, "temperature": 0, "ignore_eos": True}}, timeout=60).json()
+        rows.append({"input_ids": prompt + reply["output_ids"],
+                     "loss_mask": [0] * len(prompt) + [1] * len(reply["output_ids"])})
+    dataset = tmp_path / "regenerated.jsonl"
+    dataset.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    spec = write_spec(tmp_path / "job.toml", name="v", session=session.session_id, dataset=dataset,
+                      output_dir=tmp_path / "out", dataset_format="tokenized")
+    job_id = run_job(spec, home)
+    try:
+        wait_for(lambda: job_status(job_id, home).state in ("done", "failed"), "job finished", 240)
+    finally:
+        stop_job(job_id, home)
+    out = tmp_path / "out"
+    code, report = verify(out, cli_env, "--lm-head-check", "--min-top1", "0.9", "--against-http", "2")
+    assert code == 0, report
+    assert report["lm_head"]["positions"] == 3 * 24 and report["lm_head"]["top1"] >= 0.9
+    assert len(report["http"]) == 2 and all(c["ok"] for c in report["http"])
+
+    # A capture that stored a pre-norm middle layer as the "final" state: the files are well-formed, the
+    # lm_head check is what catches it.
+    wrong = OutputDir(out)
+    entries, _ = wrong.read_manifest()
+    fixed = {}
+    for index, entry in entries.items():
+        data = torch.load(out / entry.path, weights_only=True)
+        data["hidden_state"] = data["aux_hidden_state"][:, :, 64:128].clone()
+        _, size, checksum = wrong.write_sample(index, data)
+        fixed[index] = ManifestEntry(**{**entry.__dict__, "bytes": size, "checksum": checksum})
+    wrong._rewrite(fixed.values())
+    code, report = verify(out, cli_env, "--lm-head-check", "--min-top1", "0.9")
+    assert code == 1 and report["problems"] == [] and report["lm_head"]["top1"] < 0.9
