@@ -1,10 +1,29 @@
 """GPU readings: `GpuSample` snapshots from NVML (`NvmlSource`) or from the emulator (`EmulatedSource`).
 
-As in nvitop, a failing NVML call yields None ("n/a" on screen) for that field, never an exception.
+As in nvitop, a failing NVML call yields None ("n/a" on screen) for that field, never an exception, and a
+GPU that fell off the bus becomes its own "lost" row instead of ending the whole reading.
+
+NVML is initialised lazily, in a background thread, on the first `snapshot()`: `nvmlInit()` can stall
+for a long time (go-nvml#152, H200 + driver 570) and a driver ioctl can sit in D-state.  So `snapshot()`
+only ever waits a bounded time for the sampler thread; when the thread is stuck, the last reading comes
+back marked `stale`, and the caller (the TUI's poll worker) carries on with the rest of its work.
 """
+
 from __future__ import annotations
 
-from dataclasses import dataclass
+import contextlib
+import json
+import os
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from pathlib import Path
+from types import ModuleType
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    from sessions.home import Home
 
 
 @dataclass(frozen=True)
@@ -35,4 +54,339 @@ class GpuSnapshot:
     taken_at: float  # time.time()
     stale: bool = False
 
+
 # --- GpuSource, NvmlSource, EmulatedSource: owned by the TUI work (issue 4) -----------------------------
+
+
+class GpuSource(Protocol):
+    """Anything that can hand out the latest `GpuSnapshot` without blocking for long."""
+
+    def snapshot(self) -> GpuSnapshot: ...
+
+    def close(self) -> None: ...
+
+
+# NVML return codes that mean "no driver here", with the sentence a user should see.
+_NVML_UNAVAILABLE_REASONS = {
+    12: "the NVIDIA driver library (libnvidia-ml.so.1) was not found",  # NVML_ERROR_LIBRARY_NOT_FOUND
+    9: "the NVIDIA driver is not loaded",  # NVML_ERROR_DRIVER_NOT_LOADED
+    4: "no permission to query the GPUs",  # NVML_ERROR_NO_PERMISSION
+}
+_NVML_GPU_IS_LOST = 15
+_NVML_INIT_RETRY_S = 30.0
+
+
+class NvmlSource:
+    """GPU readings from NVML (nvidia-ml-py), taken in a background thread.
+
+    ``library`` is the ``pynvml`` module (import deferred to the sampler thread); tests may pass a module
+    with the same functions.  ``wait_s`` bounds how long `snapshot()` waits for a fresh reading;
+    a reading older than ``stale_after_s`` is marked stale.
+    """
+
+    source_name = "nvml"
+
+    def __init__(
+        self,
+        library: ModuleType | None = None,
+        wait_s: float = 0.5,
+        stale_after_s: float = 5.0,
+        fallback: GpuSource | None = None,
+    ) -> None:
+        self._library = library
+        self._wait_s = wait_s
+        self._stale_after_s = stale_after_s
+        self._fallback = fallback
+        self._cond = threading.Condition()
+        self._wanted = False
+        self._closed = False
+        self._generation = 0
+        self._latest: GpuSnapshot | None = None
+        self._thread: threading.Thread | None = None
+        self._initialised = False
+        self._init_error: str | None = None
+        self._init_failed_at = 0.0
+
+    # -- the caller's side ------------------------------------------------------------------------------
+
+    def snapshot(self) -> GpuSnapshot:
+        """The freshest reading available within ``wait_s``; never raises."""
+        with self._cond:
+            if self._thread is None and not self._closed:
+                self._thread = threading.Thread(target=self._run, name="nvml-sampler", daemon=True)
+                self._thread.start()
+            generation = self._generation
+            self._wanted = True
+            self._cond.notify_all()
+            self._cond.wait_for(lambda: self._generation > generation or self._closed, timeout=self._wait_s)
+            latest = self._latest
+        now = time.time()
+        if latest is None:
+            return GpuSnapshot(
+                (), "nvml", False, "NVML: waiting for the first reading from the driver", now, stale=True
+            )
+        if not latest.available and self._fallback is not None:
+            fallback = self._fallback.snapshot()
+            if fallback.samples:
+                note = f"{latest.message}; showing emulated GPUs from running emulator sessions"
+                return replace(fallback, message=note)
+        if now - latest.taken_at > self._stale_after_s:
+            return replace(latest, stale=True)
+        return latest
+
+    def close(self) -> None:
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+        if self._fallback is not None:
+            self._fallback.close()
+
+    # -- the sampler thread -----------------------------------------------------------------------------
+
+    def _run(self) -> None:
+        try:
+            while True:
+                with self._cond:
+                    self._cond.wait_for(lambda: self._wanted or self._closed)
+                    if self._closed:
+                        break
+                    self._wanted = False
+                reading = self._read()
+                with self._cond:
+                    self._latest = reading
+                    self._generation += 1
+                    self._cond.notify_all()
+        finally:
+            self._shutdown()
+
+    def _shutdown(self) -> None:
+        if self._initialised and self._library is not None:
+            with contextlib.suppress(Exception):  # shutting down a broken driver must not raise
+                self._library.nvmlShutdown()
+            self._initialised = False
+
+    def _init(self) -> str | None:
+        """Initialise NVML once; the reason it is unavailable, or None."""
+        if self._initialised:
+            return None
+        if self._init_error is not None and time.time() - self._init_failed_at < _NVML_INIT_RETRY_S:
+            return self._init_error
+        if self._library is None:
+            try:
+                import pynvml  # nvidia-ml-py: a single module, importable without a driver
+            except ImportError:
+                return self._fail("NVML not available: the nvidia-ml-py package is not installed")
+            self._library = pynvml
+        nvml = self._library
+        if not hasattr(nvml, "nvmlInit"):  # another package overwrote pynvml.py (nvitop's check)
+            return self._fail("NVML not available: pynvml is not nvidia-ml-py (reinstall nvidia-ml-py)")
+        try:
+            nvml.nvmlInit()
+        except Exception as exc:  # noqa: BLE001 - every failure here means "no GPU readings"
+            code = getattr(exc, "value", None)
+            reason = _NVML_UNAVAILABLE_REASONS.get(code, str(exc) or type(exc).__name__)
+            return self._fail(f"NVML not available: {reason}")
+        self._initialised = True
+        self._init_error = None
+        return None
+
+    def _fail(self, message: str) -> str:
+        self._init_error = message
+        self._init_failed_at = time.time()
+        return message
+
+    def _read(self) -> GpuSnapshot:
+        error = self._init()
+        if error is not None:
+            return GpuSnapshot((), "nvml", False, error, time.time())
+        nvml = self._library
+        assert nvml is not None
+        count = _query(nvml.nvmlDeviceGetCount)
+        if count is None:
+            return GpuSnapshot((), "nvml", False, "NVML not available: cannot count the GPUs", time.time())
+        samples = tuple(self._read_device(nvml, index) for index in range(count))
+        return GpuSnapshot(samples, "nvml", True, None, time.time())
+
+    @staticmethod
+    def _read_device(nvml: ModuleType, index: int) -> GpuSample:
+        try:
+            handle = nvml.nvmlDeviceGetHandleByIndex(index)
+        except Exception as exc:  # noqa: BLE001
+            lost = getattr(exc, "value", None) == _NVML_GPU_IS_LOST
+            name = "ERROR: GPU is lost" if lost else f"ERROR: {exc}"
+            return GpuSample(index, name, None, None, None, lost=True)
+        name = _query(nvml.nvmlDeviceGetName, handle)
+        if isinstance(name, bytes):
+            name = name.decode("utf-8", errors="replace")
+        memory = _query(nvml.nvmlDeviceGetMemoryInfo, handle)
+        utilization = _query(nvml.nvmlDeviceGetUtilizationRates, handle)
+        temperature = _query(nvml.nvmlDeviceGetTemperature, handle, getattr(nvml, "NVML_TEMPERATURE_GPU", 0))
+        power_mw = _query(nvml.nvmlDeviceGetPowerUsage, handle)
+        processes: dict[int, int | None] = {}
+        for getter in ("nvmlDeviceGetComputeRunningProcesses", "nvmlDeviceGetGraphicsRunningProcesses"):
+            listed = _query(getattr(nvml, getter, None), handle) or ()
+            for proc in listed:
+                used = getattr(proc, "usedGpuMemory", None)  # None under MIG / when NVML can't tell
+                previous = processes.get(proc.pid)
+                processes[proc.pid] = used if previous is None else previous + (used or 0)
+        return GpuSample(
+            index=index,
+            name=name,
+            memory_used_bytes=getattr(memory, "used", None),
+            memory_total_bytes=getattr(memory, "total", None),
+            utilization_percent=_float_or_none(getattr(utilization, "gpu", None)),
+            temperature_c=_float_or_none(temperature),
+            power_w=None if power_mw is None else power_mw / 1000.0,
+            processes=tuple(GpuProcess(pid, used) for pid, used in sorted(processes.items())),
+        )
+
+
+def _query(function: Callable[..., Any] | None, *args: Any) -> Any:
+    """nvitop's sentinel idea: one failing driver call becomes None for its cell, never an exception."""
+    if function is None:
+        return None
+    try:
+        return function(*args)
+    except Exception:  # noqa: BLE001 - NVMLError_NotSupported, _FunctionNotFound, _Unknown, ...
+        return None
+
+
+def _float_or_none(value: Any) -> float | None:
+    return None if value is None else float(value)
+
+
+# --- emulated GPUs ---------------------------------------------------------------------------------------
+
+EMULATED_GPUS_FILE = "emulated_gpus.json"
+# The emulator rewrites its file about once a second; older than this and the reading is stale.
+_EMULATED_STALE_AFTER_S = 5.0
+# Older than this, the file belongs to a session that ended without cleaning up (or a reused pid).
+_EMULATED_IGNORE_AFTER_S = 60.0
+# An H200 as NVML reports it (143771 MiB): used for idle demo GPUs before any emulator runs.
+_IDLE_GPU_TOTAL_BYTES = 143771 * 1024 * 1024
+
+
+class EmulatedSource:
+    """GPU numbers published by live emulator sessions (`emulated_gpus.json` in their session dirs).
+
+    Several emulator sessions on the same "machine" add up per GPU index.  Files of sessions whose main
+    process is gone are ignored.  With ``idle_gpus`` > 0 (demo mode), that many idle GPUs are shown while
+    no emulator runs, so the panel has its shape from the first frame.
+    """
+
+    source_name = "emulated"
+
+    def __init__(self, home: Home, idle_gpus: int = 0) -> None:
+        self._home = home
+        self._idle_gpus = idle_gpus
+
+    def snapshot(self) -> GpuSnapshot:
+        now = time.time()
+        readings = list(self._live_readings())
+        if not readings:
+            samples = tuple(
+                GpuSample(i, "emulated H200", 0, _IDLE_GPU_TOTAL_BYTES, 0.0) for i in range(self._idle_gpus)
+            )
+            message = (
+                "emulated GPUs (no emulator session running)"
+                if samples
+                else ("no emulated GPUs: no emulator session is running")
+            )
+            return GpuSnapshot(samples, "emulated", bool(samples), message, now)
+        merged: dict[int, GpuSample] = {}
+        oldest = now
+        for updated_at, gpus in readings:
+            oldest = min(oldest, updated_at)
+            for gpu in gpus:
+                merged[gpu.index] = _add_samples(merged.get(gpu.index), gpu)
+        stale = now - oldest > _EMULATED_STALE_AFTER_S
+        message = f"emulated GPUs from {len(readings)} emulator session{'s' if len(readings) != 1 else ''}"
+        return GpuSnapshot(tuple(merged[i] for i in sorted(merged)), "emulated", True, message, now, stale)
+
+    def close(self) -> None:
+        pass
+
+    def _live_readings(self):
+        sessions_dir = self._home.sessions_dir
+        try:
+            entries = list(os.scandir(sessions_dir))
+        except FileNotFoundError:
+            return
+        for entry in entries:
+            path = Path(entry.path) / EMULATED_GPUS_FILE
+            try:
+                data = json.loads(path.read_text())
+            except (OSError, ValueError):
+                continue
+            reading = _parse_emulated(data)
+            if reading is not None and time.time() - reading[0] < _EMULATED_IGNORE_AFTER_S:
+                yield reading
+
+
+def _parse_emulated(data: Any) -> tuple[float, list[GpuSample]] | None:
+    """One emulator file -> (updated_at, samples), or None when malformed or its process is gone."""
+    if not isinstance(data, dict):
+        return None
+    pid = data.get("pid")
+    if not isinstance(pid, int) or not _pid_alive(pid):
+        return None
+    samples = []
+    for gpu in data.get("gpus") or ():
+        if not isinstance(gpu, dict) or not isinstance(gpu.get("index"), int):
+            continue
+        processes = tuple(
+            GpuProcess(int(p["pid"]), _int_or_none(p.get("used_bytes")))
+            for p in gpu.get("processes") or ()
+            if isinstance(p, dict) and isinstance(p.get("pid"), int)
+        )
+        samples.append(
+            GpuSample(
+                index=gpu["index"],
+                name=gpu.get("name") or "emulated GPU",
+                memory_used_bytes=_int_or_none(gpu.get("memory_used_bytes")),
+                memory_total_bytes=_int_or_none(gpu.get("memory_total_bytes")),
+                utilization_percent=_float_or_none(gpu.get("utilization_percent")),
+                processes=processes,
+            )
+        )
+    updated_at = data.get("updated_at")
+    return (float(updated_at) if isinstance(updated_at, (int, float)) else 0.0), samples
+
+
+def _add_samples(a: GpuSample | None, b: GpuSample) -> GpuSample:
+    if a is None:
+        return b
+    used = (
+        None
+        if a.memory_used_bytes is None or b.memory_used_bytes is None
+        else (a.memory_used_bytes + b.memory_used_bytes)
+    )
+    util = max((u for u in (a.utilization_percent, b.utilization_percent) if u is not None), default=None)
+    return replace(
+        a,
+        memory_used_bytes=used,
+        memory_total_bytes=a.memory_total_bytes or b.memory_total_bytes,
+        utilization_percent=util,
+        processes=a.processes + b.processes,
+    )
+
+
+def _int_or_none(value: Any) -> int | None:
+    return int(value) if isinstance(value, (int, float)) else None
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def default_gpu_source(home: Home, demo: bool = False) -> GpuSource:
+    """Demo: emulated GPUs only.  Otherwise NVML, falling back to live emulator sessions without a driver."""
+    if demo:
+        return EmulatedSource(home, idle_gpus=8)
+    return NvmlSource(fallback=EmulatedSource(home))

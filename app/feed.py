@@ -1,0 +1,553 @@
+"""What the dashboard's poll worker fetches, off the UI thread: profiles, sessions, GPUs and new log lines.
+
+`DashboardFeed.poll()` runs in a thread worker and returns one immutable `DashboardSnapshot`; the UI
+thread only draws it (dolphie's loop: fetch in a thread, render, re-arm a one-shot timer).  Nothing here
+touches a widget.  The engine modules are imported lazily, so the TUI opens (and says what is missing)
+even while parts of the engine are absent, and `app.tui` stays cheap to import.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import string
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from sessions.gpus import GpuSnapshot, GpuSource
+from sessions.redaction import REDACTED, SECRET_FLAGS, is_secret_name, redact_text, secret_values
+from widgets.lists import ProfileEntry, SessionEntry
+from widgets.log_view import LogChunk, LogFilter, clean_line
+from widgets.state_line import rank_label
+
+if TYPE_CHECKING:
+    from sessions.home import Home
+
+# The poll hands at most this many new lines to the screen; a filter still sees every new line.
+TAIL_LINES = 400
+# Status of ended sessions does not change: read it once.  Live ones are read every poll.
+_FINAL_STATES = ("crashed", "exited", "stopped")
+# A ready server's /ready is asked again after this long (every poll while it starts).
+HTTP_RECHECK_S = 5.0
+RELIST_S = 10.0
+# How many ended sessions the list keeps (newest first).
+MAX_ENDED_SESSIONS = 30
+
+
+@dataclass(frozen=True)
+class PollRequest:
+    """What the UI wants this time: the selected session and the log filter in force."""
+
+    selected_session: str | None
+    log_filter: LogFilter | None
+    read_log: bool = True
+    selected_profile: str | None = None  # its capture status is read when capture is on
+
+
+@dataclass(frozen=True)
+class DashboardSnapshot:
+    """One poll's result, drawn by the UI thread."""
+
+    taken_at: float
+    profiles: tuple[ProfileEntry, ...]
+    sessions: tuple[SessionEntry, ...]
+    selected: str | None  # the session the status/log belong to
+    status: Any  # SessionStatus | None
+    gpu: GpuSnapshot
+    owners: dict[int, str] = field(default_factory=dict)  # pid -> "TP3" for the GPU panel
+    log: LogChunk | None = None
+    problems: tuple[str, ...] = ()  # engine parts that failed this poll, for a notification
+    capture: Any = None  # CaptureStatus of the selected profile when its capture is on
+    capture_profile: str | None = None
+
+
+class DashboardFeed:
+    """Holds the engine objects between polls (a `ServerSession` reads its log incrementally)."""
+
+    def __init__(self, home: Home, gpu_source: GpuSource) -> None:
+        self.home = home
+        self.gpu_source = gpu_source
+        self._sessions: dict[str, Any] = {}  # id -> ServerSession
+        self._final: dict[str, tuple[int, Any]] = {}  # id -> (state.json mtime, status) of ended sessions
+        self._profiles: dict[str, tuple[int, ProfileEntry]] = {}
+        self._feeds: dict[str, LogFeed] = {}
+        self._http: dict[str, tuple[float, bool | None]] = {}  # session id -> (when, /ready was 200)
+        self._listed_stamp: int | None = None
+        self._listed_at = 0.0
+        self._lock = threading.Lock()
+
+    # -- the poll ---------------------------------------------------------------------------------------
+
+    def poll(self, request: PollRequest) -> DashboardSnapshot:
+        problems: list[str] = []
+        gpu = self.gpu_source.snapshot()
+        statuses = self._statuses(gpu, problems)
+        selected = request.selected_session
+        if selected not in statuses:
+            selected = _default_selection(statuses)
+        status = statuses.get(selected)
+        profiles = self._profile_entries(statuses, problems)
+        owners = {r.pid: rank_label(r) for r in status.ranks} if status is not None else {}
+        if status is not None and status.pid:
+            owners.setdefault(status.pid, "main")
+        log = None
+        if status is not None and request.read_log:
+            feed = self.log_feed(str(status.log_path), status)
+            try:
+                log = feed.poll(request.log_filter)
+            except OSError as exc:
+                problems.append(f"log {status.log_path}: {exc.strerror or exc}")
+        entries = tuple(
+            SessionEntry(s.session_id, s.profile, s.state, s.phase, s.port, s.started_at)
+            for s in sorted(statuses.values(), key=lambda s: s.started_at or 0.0, reverse=True)
+        )
+        capture = self._capture_status(request.selected_profile, profiles, problems)
+        return DashboardSnapshot(
+            time.time(),
+            profiles,
+            entries,
+            selected,
+            status,
+            gpu,
+            owners,
+            log,
+            tuple(problems),
+            capture,
+            request.selected_profile if capture else None,
+        )
+
+    def _capture_status(
+        self, name: str | None, profiles: tuple[ProfileEntry, ...], problems: list[str]
+    ) -> Any:
+        entry = next((p for p in profiles if p.name == name), None)
+        if entry is None or not entry.capture:
+            return None
+        try:
+            from sessions.capture.toggle import capture_status
+            from sessions.profiles import load_profile
+
+            return capture_status(load_profile(name, self.home))
+        except ImportError:
+            return None
+        except Exception as exc:  # noqa: BLE001 - the panel shows nothing; the toast says why
+            problems.append(f"capture status of {name}: {exc}")
+            return None
+
+    def log_feed(self, path: str, status: Any = None) -> LogFeed:
+        with self._lock:
+            feed = self._feeds.get(path)
+            if feed is None:
+                secrets: list[str] = []
+                session = self._sessions.get(getattr(status, "session_id", None))
+                if session is not None:
+                    try:
+                        secrets = known_secrets_of(session.profile)
+                    except Exception:  # noqa: BLE001 - a broken snapshot must not stop the log
+                        secrets = []
+                feed = LogFeed(Path(path), secrets)
+                self._feeds[path] = feed
+            return feed
+
+    def session(self, session_id: str) -> Any:
+        """The `ServerSession` object for an id (the same one the poll uses)."""
+        with self._lock:
+            session = self._sessions.get(session_id)
+        if session is None:
+            from sessions.server import ServerSession
+
+            session = ServerSession.load(session_id, self.home)
+            with self._lock:
+                self._sessions[session_id] = session
+        return session
+
+    def adopt(self, session: Any) -> None:
+        """A session this process just launched: keep its object (it holds the Popen to reap)."""
+        with self._lock:
+            self._sessions[session.session_id] = session
+            self._final.pop(session.session_id, None)
+
+    def forget_final(self, session_id: str) -> None:
+        with self._lock:
+            self._final.pop(session_id, None)
+
+    def _statuses(self, gpu: GpuSnapshot, problems: list[str]) -> dict[str, Any]:
+        try:
+            from sessions.server import list_sessions
+        except ImportError as exc:
+            problems.append(f"sessions.server is not available: {exc}")
+            return {}
+        if self._listing_due():
+            try:
+                found = list_sessions(self.home)
+            except Exception as exc:  # noqa: BLE001 - show it, keep polling
+                problems.append(f"listing sessions failed: {exc}")
+                return {}
+            with self._lock:
+                for session in found:
+                    self._sessions.setdefault(session.session_id, session)
+                live_ids = {s.session_id for s in found}
+                for gone in set(self._sessions) - live_ids:  # folder deleted
+                    self._sessions.pop(gone, None)
+                    self._final.pop(gone, None)
+        with self._lock:
+            sessions = list(self._sessions.values())
+        statuses: dict[str, Any] = {}
+        for session in sessions:
+            stamp = _state_stamp(session)
+            final = self._final.get(session.session_id)
+            if final is not None and final[0] == stamp:
+                statuses[session.session_id] = final[1]
+                continue
+            probe = self._http_due(session.session_id)
+            try:
+                status = session.status(probe_http=probe, gpu_snapshot=gpu if gpu.available else None)
+            except Exception as exc:  # noqa: BLE001
+                problems.append(f"status of {session.session_id} failed: {exc}")
+                continue
+            status = self._with_http(status, probed=probe)
+            statuses[session.session_id] = status
+            if status.state in _FINAL_STATES and not status.alive and stamp is not None:
+                # An ended session changes only through its state.json (a stop records itself there,
+                # also one that lands while this poll ran): keyed by that file's mtime, never stale.
+                with self._lock:
+                    self._final[session.session_id] = (stamp, status)
+        ended = [s for s in statuses.values() if s.state in _FINAL_STATES]
+        ended.sort(key=lambda s: s.started_at or 0.0, reverse=True)
+        for old in ended[MAX_ENDED_SESSIONS:]:
+            statuses.pop(old.session_id, None)
+        return statuses
+
+    def _listing_due(self) -> bool:
+        """Re-list the sessions folder when it changed (a session was added or removed), else every
+        `RELIST_S`: with hundreds of ended sessions, listing reads every state.json."""
+        try:
+            stamp = self.home.sessions_dir.stat().st_mtime_ns
+        except OSError:
+            stamp = None
+        now = time.monotonic()
+        if stamp != self._listed_stamp or now - self._listed_at >= RELIST_S:
+            self._listed_stamp, self._listed_at = stamp, now
+            return True
+        return False
+
+    def _http_due(self, session_id: str) -> bool:
+        """Ask /ready every poll while a server starts; once it answers 200, every few seconds is enough
+        (each probe is a connection and an HTTP round trip, the largest part of a poll's CPU)."""
+        last = self._http.get(session_id)
+        return last is None or last[1] is not True or time.monotonic() - last[0] >= HTTP_RECHECK_S
+
+    def _with_http(self, status: Any, probed: bool) -> Any:
+        if probed:
+            if status.port_listening:
+                self._http[status.session_id] = (time.monotonic(), status.ready)
+            else:
+                self._http.pop(status.session_id, None)
+            return status
+        last = self._http.get(status.session_id)
+        if last is None or not status.port_listening:
+            self._http.pop(status.session_id, None)
+            return status
+        return dataclasses.replace(status, ready=last[1])
+
+    def _profile_entries(self, statuses: dict[str, Any], problems: list[str]) -> tuple[ProfileEntry, ...]:
+        try:
+            from sessions.profiles import list_profiles, load_profile
+        except ImportError as exc:
+            problems.append(f"sessions.profiles is not available: {exc}")
+            return ()
+        live: dict[str, Any] = {}
+        for status in sorted(statuses.values(), key=lambda s: s.started_at or 0.0):
+            if status.alive:
+                live[status.profile] = status
+        entries = []
+        try:
+            names = list_profiles(self.home)
+        except Exception as exc:  # noqa: BLE001
+            problems.append(f"listing profiles failed: {exc}")
+            return ()
+        for name in _demo_first(names, self.home):
+            path = self.home.profiles_dir / f"{name}.toml"
+            try:
+                mtime = path.stat().st_mtime_ns
+            except OSError:
+                mtime = -1
+            cached = self._profiles.get(name)
+            if cached is not None and cached[0] == mtime and mtime != -1:
+                entry = cached[1]
+            else:
+                entry = _profile_entry(name, self.home, load_profile)
+                self._profiles[name] = (mtime, entry)
+            status = live.get(name)
+            entries.append(
+                ProfileEntry(
+                    entry.name,
+                    entry.title,
+                    entry.launcher,
+                    entry.tp_size,
+                    entry.port,
+                    entry.capture,
+                    entry.error,
+                    live_session=status.session_id if status else None,
+                    live_state=status.state if status else None,
+                )
+            )
+        return tuple(entries)
+
+
+def _state_stamp(session: Any) -> int | None:
+    try:
+        return (session.session_dir / "state.json").stat().st_mtime_ns
+    except OSError:
+        return None
+
+
+def _profile_entry(name: str, home: Home, load_profile: Callable[..., Any]) -> ProfileEntry:
+    try:
+        profile = load_profile(name, home)
+    except Exception as exc:  # noqa: BLE001 - ProfileError or a broken file: the list says "invalid"
+        problems = getattr(exc, "problems", None)
+        message = "; ".join(f"{p.field}: {p.message}" for p in problems) if problems else str(exc)
+        return ProfileEntry(name, error=message)
+    server = profile.server
+    capture = bool(getattr(getattr(profile, "capture", None), "enabled", False))
+    return ProfileEntry(name, "", server.launcher, server.tp_size, server.port, capture)
+
+
+def _demo_first(names: list[str], home: Home) -> list[str]:
+    """In the demo home the healthy profile comes first (DESIGN §1b: it is selected first)."""
+    if not getattr(home, "demo", False):
+        return list(names)
+    from sessions.demo import DEMO_PROFILES
+
+    ordered = [n for n in DEMO_PROFILES if n in names]
+    return ordered + [n for n in names if n not in ordered]
+
+
+def _default_selection(statuses: dict[str, Any]) -> str | None:
+    """The newest live session, else the newest session."""
+    if not statuses:
+        return None
+    by_age = sorted(statuses.values(), key=lambda s: s.started_at or 0.0, reverse=True)
+    live = [s for s in by_age if s.alive]
+    return (live or by_age)[0].session_id
+
+
+# --- the log ---------------------------------------------------------------------------------------------
+
+# SGLang logs are full of token *counts* ("max_total_num_tokens=…", "#new-token: 12", "token usage: 0.01");
+# `redact_text`'s name rule would hide them all.  In log lines a name counts as secret only when it is not
+# one of those counters; values are still checked for credential shapes (hf_…, sk-…, URL passwords).
+_COUNTER_NAME = re.compile(
+    r"(?i)tokens\b|tokeniz|token[-_ ]?(usage|num|count|ids?)\b|(num|max|new|cached|input"
+    r"|output|total|gen|prefill|extend|#)[-_ ]?tokens?\b"
+)
+_MAYBE_SHAPED = re.compile(r"hf_|sk-|gh[pousr]_|xox[abpr]-|AKIA|://|[Bb]earer")
+_ASSIGNMENT = re.compile(
+    r"(?P<name>[A-Za-z_#][\w\-.#]*)(?P<sep>=|:(?=\s))(?P<space>\s*)"
+    r"(?P<value>'[^']*'|\"[^\"]*\"|[^\s,()\[\]{}=]+)"
+)
+# Cheap pre-check (plain substring tests on the lowercased line; a regex here cost more than the rest of the
+# poll): a line without any of these words or shapes has nothing to hide.  "token" alone is not one of them
+# (decode lines say "#new-token: 7" every few ms); a token *assignment* is checked by `_needs_redaction`.
+_HINT_WORDS = (
+    "secret",
+    "passw",
+    "api_key",
+    "api-key",
+    "apikey",
+    "access_key",
+    "access-key",
+    "private_key",
+    "private-key",
+    "credential",
+    "auth",
+    "cookie",
+    "session_key",
+    "session-key",
+    "hf_",
+    "sk-",
+    "ghp_",
+    "gho_",
+    "ghu_",
+    "ghs_",
+    "ghr_",
+    "xoxa-",
+    "xoxb-",
+    "xoxp-",
+    "xoxr-",
+    "akia",
+    "://",
+    "bearer",
+)
+_NAME_CHARS = frozenset(string.ascii_letters + string.digits + "_#.-")
+
+
+def _needs_redaction(line: str) -> bool:
+    low = line.lower()
+    if any(word in low for word in _HINT_WORDS):
+        return True
+    start = low.find("token")
+    while start >= 0:
+        left, right = start, start + 5
+        while left > 0 and low[left - 1] in _NAME_CHARS:
+            left -= 1
+        while right < len(low) and low[right] in _NAME_CHARS:
+            right += 1
+        after = line[right : right + 2]
+        if (after[:1] == "=" or after == ": ") and not _COUNTER_NAME.search(line[left:right]):
+            return True
+        start = low.find("token", right)
+    return False
+
+
+_EMBEDDED_PREFIX = re.compile(r"\[\d{4}-\d{2}-\d{2} \d{2}:\d{2}:\d{2}")
+_BAR_TAIL = re.compile(r"\d+%|it/s|s/it")
+_BEARER = re.compile(r"(?i)(bearer\s+)[A-Za-z0-9._\-~+/]{8,}=*")
+
+
+def redact_log_line(line: str, known_secrets: tuple[str, ...] | list[str] = ()) -> str:
+    """Hide known secret values and credential-shaped words in one log line, keeping token counts."""
+    for secret in sorted({s for s in known_secrets if s and len(s) >= 4}, key=len, reverse=True):
+        line = line.replace(secret, REDACTED)
+
+    def assignment(match: re.Match[str]) -> str:
+        name, value = match.group("name"), match.group("value")
+        if is_secret_name(name) and not _COUNTER_NAME.search(name) and value not in ("None", "''", '""'):
+            quote = value[0] if value[:1] in "'\"" else ""
+            return f"{name}{match.group('sep')}{match.group('space')}{quote}{REDACTED}{quote}"
+        return match.group(0)
+
+    if not _needs_redaction(line):
+        return line
+    if "earer" in line:
+        line = _BEARER.sub(lambda m: m.group(1) + REDACTED, line)
+    if "=" in line or ":" in line:
+        line = _ASSIGNMENT.sub(assignment, line)
+    if _MAYBE_SHAPED.search(line):
+        line = "".join(
+            redact_text(word) if _MAYBE_SHAPED.search(word) else word for word in re.split(r"(\s+)", line)
+        )
+    return line
+
+
+def known_secrets_of(profile: Any) -> list[str]:
+    """Secret values a profile brings: its secret env values and the values of secret flags."""
+    server = profile.server
+    found = list(secret_values(server.env))
+    args = list(server.extra_args)
+    for i, arg in enumerate(args):
+        flag, eq, value = arg.partition("=")
+        if flag in SECRET_FLAGS or (flag.startswith("--") and is_secret_name(flag)):
+            if eq:
+                found.append(value)
+            elif i + 1 < len(args):
+                found.append(args[i + 1])
+    return [v for v in found if v]
+
+
+class LogFeed:
+    """One server log for the LogView, read through `sessions.logs.LogFile`: new lines per poll, windows
+    on demand, filter scans.  The file is never loaded: LogFile keeps a newline index and reads lines with
+    `pread`.  This adapter numbers lines from 0 (the view's convention), turns rotation and truncation into
+    a new ``file_id``, and makes each line presentable (control characters, a bar cut by another rank's
+    line, secrets).  Poll, read and scan all run in worker threads, never on the UI thread.
+    """
+
+    def __init__(self, path: Path, known_secrets: list[str] | tuple[str, ...] = ()) -> None:
+        self.path = Path(path)
+        self._secrets = tuple(known_secrets)
+        self._lock = threading.Lock()
+        self._log: Any = None  # sessions.logs.LogFile, opened on the first poll
+        self._file_id = 0
+        self._total = 0  # complete lines delivered so far (the number of the last one)
+        self._filter: LogFilter | None = None
+        self._filtered_upto = 0  # lines already checked against _filter by polls
+
+    def close(self) -> None:
+        with self._lock:
+            if self._log is not None:
+                self._log.close()
+                self._log = None
+
+    def _show(self, text: str) -> str:
+        """A line as the view shows it (LogFile already stripped ANSI and collapsed ``\r`` updates)."""
+        embedded = _EMBEDDED_PREFIX.search(text, 1)
+        if embedded is not None and _BAR_TAIL.search(text, 0, embedded.start()):
+            # A bar without its newline, then another process's log line: the line is what counts (the
+            # timeline shows the bar's progress).
+            text = text[embedded.start() :]
+        return redact_log_line(clean_line(text), self._secrets)
+
+    # -- what the poll and the view ask for -----------------------------------------------------------------
+
+    def poll(self, log_filter: LogFilter | None, tail: int = TAIL_LINES) -> LogChunk:
+        with self._lock:
+            fresh = self._log is None
+            if fresh:
+                from sessions.logs import LogFile
+
+                self._log = LogFile(self.path, follow_from="end")
+            result = self._log.poll()
+            if fresh or result.truncated or result.rotated:
+                # (Re)start: number the whole file (once, in this worker thread), then show its tail.
+                self._file_id += 1
+                self._log.build_index(background=False)
+                shown = [line for line in self._log.tail_lines(tail) if line.number is not None]
+                self._total = shown[-1].number if shown else 0
+                self._filtered_upto = self._total  # the view scans the restarted file itself
+                lines = tuple((line.number - 1, self._show(line.text)) for line in shown)
+                return LogChunk(str(self.path), self._file_id, self._total, lines, log_filter)
+            new = [line for line in result.lines if line.number is not None]
+            first_new = self._total
+            if new:
+                self._total = max(self._total, new[-1].number)
+            lines = tuple((line.number - 1, self._show(line.text)) for line in new[-tail:])
+            matches: tuple[int, ...] = ()
+            if log_filter is not None and log_filter.active:
+                if log_filter != self._filter:
+                    # A new filter: the view's scan covers the old lines; only lines from here on count.
+                    self._filter = log_filter
+                    self._filtered_upto = first_new
+                matches = tuple(
+                    line.number - 1
+                    for line in new
+                    if line.number > self._filtered_upto and log_filter.matches(line.text)
+                )
+                self._filtered_upto = self._total
+            return LogChunk(str(self.path), self._file_id, self._total, lines, log_filter, matches)
+
+    def read(self, numbers: tuple[int, ...] | list[int]) -> dict[int, str]:
+        """Lines by 0-based number (the view's window when it scrolled off the cached tail)."""
+        with self._lock:
+            log = self._log
+        if log is None or not numbers:
+            return {}
+        wanted = sorted(set(numbers))
+        out: dict[int, str] = {}
+        first = wanted[0]
+        for line in log.lines(first + 1, wanted[-1] - first + 1):
+            if line.number is not None and line.number - 1 in numbers:
+                out[line.number - 1] = self._show(line.text)
+        return out
+
+    def scan(self, log_filter: LogFilter, cancelled: Callable[[], bool]) -> tuple[list[int], int]:
+        """Every matching line number among the lines delivered so far; (matches, lines scanned)."""
+        with self._lock:
+            log, scanned = self._log, self._total
+            self._filter = log_filter
+            self._filtered_upto = scanned  # later polls report matches from here on
+        matches: list[int] = []
+        if log is None or scanned == 0:
+            return matches, scanned
+        for count, line in enumerate(log.iter_filtered(start_line=1), start=1):
+            if line.number is None or line.number > scanned:
+                break
+            if log_filter.matches(line.text):
+                matches.append(line.number - 1)
+            if count % 4096 == 0 and cancelled():
+                break
+        return matches, scanned

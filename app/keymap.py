@@ -1,0 +1,285 @@
+"""Every key of the TUI: one `KeySpec` per action with a stable binding id, and the `[keys]` remap.
+
+Users remap keys by binding id in ``<config>/config.toml``::
+
+    [keys]
+    "dashboard.stop" = "S"          # one key
+    "dashboard.launch" = "l,ctrl+l" # several keys, comma-separated
+
+tmux, zellij and terminals eat some keys (posting#95), so every binding can move.  A bad entry never
+stops the TUI: it is reported (naming the file, the line and what is wrong) and the default stays.
+"""
+
+from __future__ import annotations
+
+import re
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+
+from textual.binding import Binding
+
+
+@dataclass(frozen=True)
+class KeySpec:
+    """One remappable key: its id (used in `[keys]`), default keys, action and help text."""
+
+    id: str
+    keys: str
+    action: str
+    description: str
+    show: bool = True
+    priority: bool = False
+    key_display: str | None = None
+    help: str = ""  # a longer line for the help screen
+
+    def binding(self) -> Binding:
+        return Binding(
+            self.keys,
+            self.action,
+            self.description,
+            show=self.show,
+            priority=self.priority,
+            key_display=self.key_display,
+            tooltip=self.help,
+            id=self.id,
+        )
+
+
+APP_KEYS: tuple[KeySpec, ...] = (
+    KeySpec(
+        "app.quit",
+        "q,ctrl+q",
+        "quit",
+        "Quit",
+        priority=False,
+        key_display="q",
+        help="Quit the TUI. Servers keep running; reattach with eagle3-tui.",
+    ),
+    KeySpec(
+        "app.help",
+        "question_mark",
+        "help",
+        "Help",
+        key_display="?",
+        help="Show every key (scroll with the arrows or PgUp/PgDn).",
+    ),
+    KeySpec(
+        "app.command_palette",
+        "ctrl+p",
+        "command_palette",
+        "Palette",
+        show=False,
+        help="Search every action by name.",
+    ),
+)
+
+DASHBOARD_KEYS: tuple[KeySpec, ...] = (
+    KeySpec(
+        "dashboard.launch", "l", "launch", "Launch", help="Launch the selected profile as a detached server."
+    ),
+    KeySpec(
+        "dashboard.restart",
+        "r",
+        "restart",
+        "Restart",
+        help="Restart the selected session with its profile as saved now (shows the flag diff, y/N).",
+    ),
+    KeySpec(
+        "dashboard.stop",
+        "s",
+        "stop",
+        "Stop",
+        help="Stop the selected session: SIGTERM, then SIGKILL after the grace period (y/N).",
+    ),
+    KeySpec(
+        "dashboard.edit",
+        "e",
+        "edit",
+        "Edit",
+        help="Edit the selected profile: flags, env, capture; live validation and command preview.",
+    ),
+    KeySpec(
+        "dashboard.filter",
+        "slash",
+        "filter",
+        "Filter",
+        key_display="/",
+        help="Filter the log by text, /regex/ or rank. Esc in the log clears the filter.",
+    ),
+    KeySpec(
+        "dashboard.fullscreen",
+        "f",
+        "fullscreen",
+        "Full",
+        help="Show the log full-screen (f or Esc to come back).",
+    ),
+    KeySpec("dashboard.wrap", "w", "wrap", "Wrap", show=False, help="Wrap long log lines."),
+    KeySpec(
+        "dashboard.timestamps", "t", "timestamps", "Time", show=False, help="Show or hide log timestamps."
+    ),
+    KeySpec(
+        "dashboard.focus_profiles",
+        "1",
+        "focus_pane(1)",
+        "Profiles",
+        show=False,
+        help="Focus pane 1: profiles.",
+    ),
+    KeySpec(
+        "dashboard.focus_sessions",
+        "2",
+        "focus_pane(2)",
+        "Sessions",
+        show=False,
+        help="Focus pane 2: sessions.",
+    ),
+    KeySpec("dashboard.focus_gpus", "3", "focus_pane(3)", "GPUs", show=False, help="Focus pane 3: GPUs."),
+    KeySpec("dashboard.focus_log", "4", "focus_pane(4)", "Log", show=False, help="Focus pane 4: the log."),
+    KeySpec(
+        "dashboard.diagnose",
+        "d",
+        "diagnose",
+        "Diag",
+        help="Diagnose the selected session: stacks of every rank, baseline, hints.",
+    ),
+    KeySpec(
+        "dashboard.capture",
+        "c",
+        "capture",
+        "Capture",
+        help="Toggle hidden-state capture for the selected profile.",
+    ),
+    KeySpec("dashboard.jobs", "x", "jobs", "Jobs", help="Extraction jobs."),
+    KeySpec(
+        "dashboard.refresh",
+        "ctrl+r",
+        "refresh",
+        "Refresh",
+        show=False,
+        help="Poll now instead of waiting for the next refresh.",
+    ),
+)
+
+LOG_KEYS: tuple[KeySpec, ...] = (
+    KeySpec(
+        "log.follow",
+        "end,G",
+        "follow",
+        "Follow",
+        show=False,
+        help="Jump to the end of the log and follow it again.",
+    ),
+    KeySpec("log.top", "home,g", "top", "Top", show=False, help="Jump to the first line."),
+    KeySpec(
+        "log.clear_filter", "escape", "clear_filter", "Clear filter", show=False, help="Clear the log filter."
+    ),
+)
+
+EDITOR_KEYS: tuple[KeySpec, ...] = (
+    KeySpec("editor.save", "ctrl+s", "save", "Save", help="Save the profile."),
+    KeySpec("editor.save_as", "f2", "save_as", "Save as", help="Save under a new profile name."),
+    KeySpec("editor.add_env", "ctrl+n", "add_env", "Add env", help="Add an environment variable."),
+    KeySpec("editor.close", "escape", "close", "Back", help="Close the editor (asks when unsaved)."),
+)
+
+CONFIRM_KEYS: tuple[KeySpec, ...] = (
+    KeySpec("confirm.yes", "y", "answer(True)", "Yes"),
+    KeySpec("confirm.no", "n,escape", "answer(False)", "No"),
+)
+
+ALL_KEYS: tuple[KeySpec, ...] = APP_KEYS + DASHBOARD_KEYS + LOG_KEYS + EDITOR_KEYS + CONFIRM_KEYS
+KEYS_BY_ID = {spec.id: spec for spec in ALL_KEYS}
+
+# Textual key names: letters, digits, names like "slash"/"f5"/"pageup", modifiers joined by "+".
+_KEY = re.compile(r"^(?:(?:ctrl|shift|alt|meta|super|hyper)\+)*(?:[A-Za-z0-9_]+|[!-~])$")
+
+
+@dataclass(frozen=True)
+class KeymapProblem:
+    """One bad `[keys]` entry: where it is and what is wrong."""
+
+    path: Path
+    line: int | None
+    message: str
+
+    def __str__(self) -> str:
+        where = f"{self.path}:{self.line}" if self.line else str(self.path)
+        return f"{where}: {self.message}"
+
+
+def bindings(specs: tuple[KeySpec, ...]) -> list[Binding]:
+    return [spec.binding() for spec in specs]
+
+
+def load_keymap(config_file: Path) -> tuple[dict[str, str], list[KeymapProblem]]:
+    """Read `[keys]` from ``config_file``: (binding id -> keys, problems).  A missing file is fine."""
+    try:
+        text = Path(config_file).read_text()
+    except FileNotFoundError:
+        return {}, []
+    except OSError as exc:
+        return {}, [KeymapProblem(Path(config_file), None, f"cannot read: {exc.strerror}")]
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        line = getattr(exc, "lineno", None) or _line_from_message(str(exc))
+        return {}, [KeymapProblem(Path(config_file), line, f"not valid TOML: {exc}")]
+    section = data.get("keys", {})
+    if not isinstance(section, dict):
+        return {}, [KeymapProblem(Path(config_file), _find_line(text, "[keys]"), "[keys] must be a table")]
+    keymap: dict[str, str] = {}
+    problems: list[KeymapProblem] = []
+    for binding_id, value in section.items():
+        line = _find_line(text, binding_id)
+        if binding_id not in KEYS_BY_ID:
+            known = ", ".join(sorted(KEYS_BY_ID))
+            problems.append(
+                KeymapProblem(
+                    Path(config_file), line, f"[keys] unknown binding id {binding_id!r} (known: {known})"
+                )
+            )
+            continue
+        if not isinstance(value, str) or not value.strip():
+            problems.append(
+                KeymapProblem(
+                    Path(config_file), line, f'[keys] {binding_id}: expected a key string such as "ctrl+l"'
+                )
+            )
+            continue
+        keys = [k.strip() for k in value.split(",")]
+        bad = [k for k in keys if not _KEY.match(k)]
+        if bad:
+            problems.append(
+                KeymapProblem(
+                    Path(config_file),
+                    line,
+                    f"[keys] {binding_id}: {', '.join(map(repr, bad))} is not a key name",
+                )
+            )
+            continue
+        keymap[binding_id] = ",".join(keys)
+    return keymap, problems
+
+
+def effective_keys(keymap: dict[str, str]) -> dict[str, str]:
+    """binding id -> the keys in force (remapped or default), for the help screen."""
+    return {spec.id: keymap.get(spec.id, spec.keys) for spec in ALL_KEYS}
+
+
+def key_label(keys: str) -> str:
+    """ "question_mark,ctrl+q" -> "? ctrl+q" (how the help screen shows keys)."""
+    names = {"question_mark": "?", "slash": "/", "escape": "Esc", "pageup": "PgUp", "pagedown": "PgDn"}
+    return " ".join(names.get(k, k) for k in keys.split(","))
+
+
+def _find_line(text: str, needle: str) -> int | None:
+    for number, line in enumerate(text.splitlines(), start=1):
+        if needle in line:
+            return number
+    return None
+
+
+def _line_from_message(message: str) -> int | None:
+    match = re.search(r"line (\d+)", message)
+    return int(match.group(1)) if match else None

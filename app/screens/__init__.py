@@ -1,0 +1,1 @@
+"""The TUI's screens: the dashboard, the profile editor, help (diagnose and jobs come from their owners)."""

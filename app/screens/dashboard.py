@@ -1,0 +1,768 @@
+"""The dashboard: profiles, sessions, the selected session's state and timeline, GPUs and the log.
+
+Refresh loop (dolphie's): a one-shot timer starts a thread worker that runs `DashboardFeed.poll`; when
+it succeeds the UI thread draws the snapshot and re-arms the timer.  Polls therefore never pile up (a
+slow NVML or a slow disk stretches the period instead), and while a modal or another screen is on top
+the timer re-arms without polling.  Actions (launch, stop, restart) run in their own thread workers and
+ask for an immediate poll when done.  Nothing here blocks the UI thread.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+from functools import partial
+from typing import Any, ClassVar
+
+from textual import on
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Container, Horizontal, Vertical, VerticalScroll
+from textual.message import Message
+from textual.screen import Screen
+from textual.timer import Timer
+from textual.widgets import Footer, Input, Select
+from textual.worker import Worker, WorkerState, get_current_worker
+
+from app.feed import DashboardFeed, DashboardSnapshot, PollRequest
+from app.keymap import DASHBOARD_KEYS, KEYS_BY_ID, bindings
+from widgets.confirm_modal import ConfirmModal
+from widgets.gpu_panel import GpuPanel
+from widgets.lists import ProfileList, SessionList
+from widgets.log_view import MAIN_RANK, LogFilter, LogView
+from widgets.phase_timeline import PhaseTimeline
+from widgets.state_line import StateLine
+
+REFRESH_S = 1.0
+STOP_GRACE_S = 30.0
+
+
+# --- messages (tests and other components listen for them) --------------------------------------------------
+
+
+class SessionLaunched(Message):
+    def __init__(self, session_id: str, profile: str) -> None:
+        super().__init__()
+        self.session_id = session_id
+        self.profile = profile
+
+
+class SessionStopped(Message):
+    def __init__(self, session_id: str, stopped: bool, message: str) -> None:
+        super().__init__()
+        self.session_id = session_id
+        self.stopped = stopped
+        self.message = message
+
+
+class RestartProposed(Message):
+    def __init__(self, session_id: str, diff: tuple[str, ...]) -> None:
+        super().__init__()
+        self.session_id = session_id
+        self.diff = diff
+
+
+class ActionFailed(Message):
+    def __init__(self, what: str, message: str) -> None:
+        super().__init__()
+        self.what = what
+        self.message = message
+
+
+class FilterApplied(Message):
+    def __init__(self, log_filter: LogFilter, matches: int) -> None:
+        super().__init__()
+        self.log_filter = log_filter
+        self.matches = matches
+
+
+class CaptureToggled(Message):
+    def __init__(self, profile: str, enabled: bool) -> None:
+        super().__init__()
+        self.profile = profile
+        self.enabled = enabled
+
+
+class LogPane(Vertical):
+    """Pane 4; `f` maximizes it (Esc or f restores)."""
+
+    ALLOW_MAXIMIZE = True
+
+
+class DashboardScreen(Screen):
+    """The main screen (see module docstring for the refresh loop)."""
+
+    # Help and Quit first in the footer: app bindings would come after the screen's own, and an 80-column
+    # footer cuts the last ones off.
+    BINDINGS: ClassVar[list[Binding]] = [
+        dataclasses.replace(KEYS_BY_ID["app.help"].binding(), action="app.help"),
+        dataclasses.replace(KEYS_BY_ID["app.quit"].binding(), action="app.quit"),
+        *bindings(DASHBOARD_KEYS),
+    ]
+    HORIZONTAL_BREAKPOINTS: ClassVar[list[tuple[int, str]]] = [(0, "-narrow"), (110, "-wide")]
+    DEFAULT_CSS = """
+    DashboardScreen { layout: vertical; }
+    DashboardScreen .pane {
+        border: round $panel-lighten-2; border-title-color: $text; padding: 0 1; background: $surface;
+    }
+    DashboardScreen .pane:focus-within { border: round $accent; }
+    DashboardScreen #top { height: auto; }
+    DashboardScreen #lists { height: auto; }
+    DashboardScreen ProfileList, DashboardScreen SessionList {
+        height: auto; max-height: 8; background: $surface; text-wrap: nowrap; text-overflow: ellipsis;
+    }
+    DashboardScreen #profiles-pane, DashboardScreen #sessions-pane { height: auto; }
+    DashboardScreen #status-pane { height: auto; }
+    DashboardScreen #capture-slot { height: auto; display: none; border-top: dashed $panel-lighten-2; }
+    DashboardScreen #gpu-pane { height: auto; max-height: 12; }
+    DashboardScreen #log-pane { height: 1fr; min-height: 5; }
+    DashboardScreen #filter-bar { height: auto; display: none; }
+    DashboardScreen #filter-bar.-open { display: block; }
+    DashboardScreen #filter-input { width: 1fr; }
+    DashboardScreen #filter-rank { width: 20; }
+
+    DashboardScreen.-wide #top { layout: horizontal; }
+    DashboardScreen.-wide #lists { layout: vertical; width: 44; }
+    DashboardScreen.-wide #status-pane { width: 1fr; min-height: 7; }
+    DashboardScreen.-wide ProfileList, DashboardScreen.-wide SessionList { max-height: 10; }
+
+    DashboardScreen.-narrow #top { layout: vertical; }
+    DashboardScreen.-narrow #lists { layout: horizontal; }
+    DashboardScreen.-narrow #profiles-pane, DashboardScreen.-narrow #sessions-pane { width: 1fr; }
+    DashboardScreen.-narrow ProfileList, DashboardScreen.-narrow SessionList { max-height: 3; }
+    DashboardScreen.-narrow .pane { border: none; border-top: solid $panel-lighten-2; padding: 0; }
+    DashboardScreen.-narrow .pane:focus-within { border: none; border-top: heavy $accent; }
+    DashboardScreen.-narrow #gpu-pane { max-height: 5; }
+    """
+
+    def __init__(
+        self,
+        feed: DashboardFeed,
+        demo: bool = False,
+        refresh_s: float = REFRESH_S,
+        initial_profile: str | None = None,
+    ) -> None:
+        super().__init__()
+        self.feed = feed
+        self.demo = demo
+        self.refresh_s = refresh_s
+        self.selected_session: str | None = None
+        self.selected_profile: str | None = initial_profile
+        self.last_snapshot: DashboardSnapshot | None = None
+        self.poll_count = 0
+        self._timer: Timer | None = None
+        self._poll_worker: Worker | None = None
+        self._poll_again = False
+        self._seen_problems: set[str] = set()
+        self._last_states: dict[str, str] | None = None
+        self._titles: dict[str, tuple[str, str | None]] = {}
+
+    # -- layout -------------------------------------------------------------------------------------------
+
+    def compose(self) -> ComposeResult:
+        with Container(id="top"):
+            with Container(id="lists"):
+                with Vertical(id="profiles-pane", classes="pane"):
+                    yield ProfileList(id="profiles")
+                with Vertical(id="sessions-pane", classes="pane"):
+                    yield SessionList(id="sessions")
+            with Vertical(id="status-pane", classes="pane"):
+                yield StateLine(id="state")
+                yield PhaseTimeline(id="timeline")
+                yield Container(id="capture-slot")
+        with VerticalScroll(id="gpu-pane", classes="pane"):
+            yield GpuPanel(id="gpus")
+        with LogPane(id="log-pane", classes="pane"):
+            yield LogView(id="log")
+            with Horizontal(id="filter-bar"):
+                yield Input(
+                    placeholder="filter: text or /regex/  (Enter applies, Esc cancels)", id="filter-input"
+                )
+                yield Select([("main process", str(MAIN_RANK))], prompt="all ranks", id="filter-rank")
+        yield Footer(compact=True)
+
+    def on_mount(self) -> None:
+        self.query_one("#profiles-pane").border_title = "1 Profiles" + (" · demo" if self.demo else "")
+        self.query_one("#sessions-pane").border_title = "2 Sessions"
+        self.query_one("#status-pane").border_title = "Session"
+        self.query_one("#gpu-pane").border_title = "3 GPUs"
+        self._update_log_title()
+        self.query_one("#gpu-pane").can_focus = True
+        self.query_one(ProfileList).focus()
+        self._schedule_poll(0)
+
+    def on_resize(self) -> None:
+        # Narrow terminals: the footer's room goes to the contract keys (ctrl+p stays bound, and in help).
+        footer = self.query_one(Footer)
+        wide = self.size.width >= 110
+        if footer.show_command_palette != wide:
+            footer.show_command_palette = wide
+            footer.refresh(recompose=True)
+
+    # -- the refresh loop ---------------------------------------------------------------------------------
+
+    def _schedule_poll(self, delay_s: float) -> None:
+        if self._timer is not None:
+            self._timer.stop()
+        # Textual timers divide by their delay: "now" is the next tick.
+        self._timer = self.set_timer(max(delay_s, 0.01), self._poll_tick, name="dashboard-poll")
+
+    def _poll_tick(self) -> None:
+        self._timer = None
+        if not self.is_active:  # a modal or another screen is on top: don't poll, look again later
+            self._schedule_poll(self.refresh_s)
+            return
+        log_view = self.query_one(LogView)
+        request = PollRequest(
+            self.selected_session, log_view.log_filter, selected_profile=self.selected_profile
+        )
+        self._poll_worker = self.run_worker(
+            partial(self.feed.poll, request), name="poll", group="poll", thread=True, exit_on_error=False
+        )
+
+    def poll_now(self) -> None:
+        """Poll as soon as possible (after an action); never two polls at once."""
+        if self._poll_worker is not None and self._poll_worker.state in (
+            WorkerState.PENDING,
+            WorkerState.RUNNING,
+        ):
+            self._poll_again = True
+            return
+        self._schedule_poll(0)
+
+    def on_worker_state_changed(self, event: Worker.StateChanged) -> None:
+        worker = event.worker
+        if worker.name != "poll" or worker is not self._poll_worker:
+            return
+        if event.state == WorkerState.SUCCESS:
+            self._poll_worker = None
+            self._render_snapshot(worker.result)
+        elif event.state == WorkerState.ERROR:
+            self._poll_worker = None
+            self._notify_problem(f"refresh failed: {worker.error}")
+        else:
+            return
+        again, self._poll_again = self._poll_again, False
+        self._schedule_poll(0 if again else self.refresh_s)
+
+    def _render_snapshot(self, snapshot: DashboardSnapshot) -> None:
+        self.last_snapshot = snapshot
+        self.poll_count += 1
+        profiles = self.query_one(ProfileList)
+        profiles.update_entries(snapshot.profiles, prefer=self.selected_profile)
+        if self.selected_profile is None and profiles.highlighted_id:
+            self.selected_profile = profiles.highlighted_id
+        sessions = self.query_one(SessionList)
+        sessions.update_entries(snapshot.sessions, prefer=snapshot.selected)
+        self.selected_session = snapshot.selected
+        status = snapshot.status
+        self.query_one(StateLine).update_status(status)
+        self.query_one(PhaseTimeline).update_status(status)
+        status_pane = self.query_one("#status-pane")
+        title = f"Session {status.session_id} · {status.profile}" if status is not None else "Session"
+        self._set_title(status_pane, title)
+        self._render_capture(snapshot)
+        gpus = self.query_one(GpuPanel)
+        gpus.update_snapshot(snapshot.gpu, snapshot.owners)
+        self._set_title(self.query_one("#gpu-pane"), f"3 {gpus.title()}")
+        log_view = self.query_one(LogView)
+        if status is None:
+            log_view.show_file(None, "No session yet: select a profile (pane 1) and press l to launch it.")
+        else:
+            log_view.show_file(str(status.log_path))
+            if snapshot.log is not None:
+                log_view.apply_chunk(snapshot.log)
+            if log_view.needs_scan:  # another session's log, or a rotated one, under an active filter
+                self.set_log_filter(log_view.log_filter, reset=False)
+        self._update_log_title()
+        for problem in snapshot.problems:
+            self._notify_problem(problem)
+        self._notify_transitions(snapshot)
+
+    def _notify_transitions(self, snapshot: DashboardSnapshot) -> None:
+        """A toast when a session becomes ready, stalls or crashes (the user may be looking elsewhere)."""
+        states = {s.session_id: s.state for s in snapshot.sessions}
+        previous, self._last_states = self._last_states, states
+        if previous is None:
+            return  # the first poll: what was already so is not news
+        for session_id, state in states.items():
+            before = previous.get(session_id)
+            if before == state or before is None and state not in ("stalled", "crashed"):
+                continue
+            if state == "ready":
+                self.notify(f"{session_id} is ready.", title="ready", timeout=6)
+            elif state == "stalled":
+                self.notify(
+                    f"{session_id} has logged nothing for a while: press d to see why.",
+                    title="stalled",
+                    severity="warning",
+                    timeout=15,
+                )
+            elif state == "crashed":
+                self.notify(
+                    f"{session_id} crashed: the log pane shows the error; d diagnoses.",
+                    title="crashed",
+                    severity="error",
+                    timeout=15,
+                )
+
+    def _render_capture(self, snapshot: DashboardSnapshot) -> None:
+        """The capture engineer's CapturePanel, under the timeline, while the profile captures."""
+        slot = self.query_one("#capture-slot")
+        if snapshot.capture is None:
+            slot.display = False
+            return
+        try:
+            from widgets.capture_panel import CapturePanel
+        except ImportError:
+            slot.display = False
+            return
+        panels = slot.query(CapturePanel)
+        panel = panels.first() if panels else None
+        if panel is None:
+            panel = CapturePanel(id="capture")
+            slot.mount(panel)
+        status = snapshot.status
+        layers = None
+        if status is not None and status.profile == snapshot.capture_profile:
+            layers = getattr(status.summary, "capture_layers", None)
+        panel.update_status(snapshot.capture, layers)
+        slot.display = True
+
+    def _notify_problem(self, problem: str) -> None:
+        if problem not in self._seen_problems:  # once each: a poll every second must not flood toasts
+            self._seen_problems.add(problem)
+            self.notify(problem, title="eagle3-tui", severity="warning", timeout=8)
+
+    # -- selection ----------------------------------------------------------------------------------------
+
+    @on(ProfileList.OptionHighlighted, "#profiles")
+    def _profile_highlighted(self, event: ProfileList.OptionHighlighted) -> None:
+        name = event.option.id
+        if name == self.selected_profile:
+            return
+        self.selected_profile = name
+        snapshot = self.last_snapshot
+        if snapshot is None:
+            return
+        # Follow the profile: show its newest session when the one shown belongs to another profile.
+        shown = next((s for s in snapshot.sessions if s.session_id == self.selected_session), None)
+        newest = next((s for s in snapshot.sessions if s.profile == name), None)
+        if newest is not None and (shown is None or shown.profile != name):
+            self._select_session(newest.session_id)
+        else:
+            self.poll_now()  # its capture panel
+
+    @on(SessionList.OptionHighlighted, "#sessions")
+    def _session_highlighted(self, event: SessionList.OptionHighlighted) -> None:
+        if event.option.id is not None and event.option.id != self.selected_session:
+            self._select_session(event.option.id)
+
+    def _select_session(self, session_id: str | None) -> None:
+        self.selected_session = session_id
+        self.query_one(SessionList).select_id(session_id)
+        self.poll_now()
+
+    def selected_status(self) -> Any:
+        snapshot = self.last_snapshot
+        if snapshot is None or snapshot.status is None or snapshot.selected != self.selected_session:
+            return None
+        return snapshot.status
+
+    # -- actions: lifecycle --------------------------------------------------------------------------------
+
+    def action_launch(self) -> None:
+        name = self.selected_profile or self.query_one(ProfileList).highlighted_id
+        if not name:
+            self.notify("No profile to launch: create one in <config>/profiles.", severity="warning")
+            return
+        self.notify(f"Launching {name}…", timeout=3)
+        self.run_worker(
+            partial(self._launch, name), name="launch", group="action", thread=True, exit_on_error=False
+        )
+
+    def _launch(self, name: str) -> None:
+        from sessions.profiles import load_profile
+        from sessions.server import ServerSession
+
+        try:
+            profile = load_profile(name, self.feed.home)
+            session = ServerSession.launch(profile, self.feed.home)
+        except Exception as exc:  # noqa: BLE001 - LaunchError/ProfileError name their fields
+            self.app.call_from_thread(self._report_failure, f"Launch of {name} refused", exc)
+            return
+        self.feed.adopt(session)
+        self.app.call_from_thread(self._launched, session.session_id, name)
+
+    def _launched(self, session_id: str, name: str) -> None:
+        self.notify(
+            f"Launched {name} as {session_id}. The port stays closed until graphs are done.",
+            title="launched",
+            timeout=6,
+        )
+        self.post_message(SessionLaunched(session_id, name))
+        self._select_session(session_id)
+
+    def _report_failure(self, what: str, exc: BaseException) -> None:
+        problems = getattr(exc, "problems", None)
+        if problems:
+            lines = [
+                f"{p.field}{f' (line {p.line})' if getattr(p, 'line', None) else ''}: {p.message}"
+                for p in problems
+            ]
+            message = "\n".join(lines)
+        else:
+            message = str(exc)
+        self.notify(message, title=what, severity="error", timeout=15)
+        self.post_message(ActionFailed(what, message))
+
+    def _require_session(self, verb: str) -> Any:
+        status = self.selected_status()
+        if status is None:
+            self.notify(f"No session selected to {verb}.", severity="warning")
+        return status
+
+    def action_stop(self) -> None:
+        status = self._require_session("stop")
+        if status is None:
+            return
+        if not status.alive:
+            self.notify(f"{status.session_id} is not running ({status.state}).", severity="warning")
+            return
+        detail = (
+            f"profile {status.profile} · pid {status.pid} · port {status.port}\n"
+            f"SIGTERM to the main process; SIGKILL to what is left after {STOP_GRACE_S:.0f} s."
+        )
+
+        def answered(yes: bool | None) -> None:
+            if yes:
+                self.notify(f"Stopping {status.session_id}…", timeout=3)
+                self.run_worker(
+                    partial(self._stop, status.session_id),
+                    name="stop",
+                    group="action",
+                    thread=True,
+                    exit_on_error=False,
+                )
+
+        self.app.push_screen(ConfirmModal(f"Stop {status.session_id}?", detail), answered)
+
+    def _stop(self, session_id: str) -> None:
+        try:
+            report = self.feed.session(session_id).stop(grace_s=STOP_GRACE_S)
+        except Exception as exc:  # noqa: BLE001
+            self.app.call_from_thread(self._report_failure, f"Stop of {session_id} failed", exc)
+            return
+        self.feed.forget_final(session_id)
+        self.app.call_from_thread(self._stopped, session_id, report)
+
+    def _stopped(self, session_id: str, report: Any) -> None:
+        self.notify(
+            report.message,
+            title="stopped" if report.stopped else "stop incomplete",
+            severity="information" if report.stopped else "error",
+            timeout=8,
+        )
+        self.post_message(SessionStopped(session_id, bool(report.stopped), report.message))
+        self.poll_now()
+
+    def action_restart(self) -> None:
+        status = self._require_session("restart")
+        if status is None:
+            return
+        self.run_worker(
+            partial(self._restart_diff, status.session_id),
+            name="restart-diff",
+            group="action",
+            thread=True,
+            exit_on_error=False,
+        )
+
+    def _restart_diff(self, session_id: str) -> None:
+        from sessions.server import flag_diff
+
+        try:
+            session = self.feed.session(session_id)
+            new_profile = session.current_profile()
+            diff = flag_diff(session.profile, new_profile)
+        except Exception as exc:  # noqa: BLE001
+            self.app.call_from_thread(self._report_failure, f"Restart of {session_id} refused", exc)
+            return
+        self.app.call_from_thread(self._confirm_restart, session_id, new_profile, diff)
+
+    def _confirm_restart(self, session_id: str, new_profile: Any, diff: list[str]) -> None:
+        if diff:
+            detail = "Flags that change (+ added, - removed, ~ changed):\n" + "\n".join(diff)
+        else:
+            detail = "No flag changes: the same command runs again."
+        self.post_message(RestartProposed(session_id, tuple(diff)))
+
+        def answered(yes: bool | None) -> None:
+            if yes:
+                self.notify(f"Restarting {session_id}…", timeout=3)
+                self.run_worker(
+                    partial(self._restart, session_id, new_profile),
+                    name="restart",
+                    group="action",
+                    thread=True,
+                    exit_on_error=False,
+                )
+
+        self.app.push_screen(ConfirmModal(f"Restart {session_id}?", detail), answered)
+
+    def _restart(self, session_id: str, new_profile: Any) -> None:
+        try:
+            new = self.feed.session(session_id).restart(new_profile, grace_s=STOP_GRACE_S)
+        except Exception as exc:  # noqa: BLE001
+            self.app.call_from_thread(self._report_failure, f"Restart of {session_id} failed", exc)
+            return
+        self.feed.forget_final(session_id)
+        self.feed.adopt(new)
+        self.app.call_from_thread(self._restarted, session_id, new.session_id)
+
+    def _restarted(self, old_id: str, new_id: str) -> None:
+        self.notify(f"{old_id} stopped; relaunched as {new_id}.", title="restarted", timeout=6)
+        self.post_message(SessionLaunched(new_id, ""))
+        self._select_session(new_id)
+
+    def action_refresh(self) -> None:
+        self.poll_now()
+
+    # -- actions: editing and other screens -----------------------------------------------------------------
+
+    def action_edit(self) -> None:
+        name = self.selected_profile or self.query_one(ProfileList).highlighted_id
+        if not name:
+            self.notify("No profile selected to edit.", severity="warning")
+            return
+        from app.screens.profile_editor import ProfileEditorScreen
+
+        def closed(saved_as: str | None) -> None:
+            if saved_as:
+                self.selected_profile = saved_as
+            self.poll_now()
+
+        self.app.push_screen(ProfileEditorScreen(name, self.feed.home), closed)
+
+    def _optional(self, module: str, attribute: str, what: str) -> Any:
+        """A part that another issue delivers: import it lazily; say so when it is not there yet."""
+        try:
+            return getattr(importlib.import_module(module), attribute)
+        except (ImportError, AttributeError):
+            self.notify(f"{what} is not available yet.", severity="warning")
+            return None
+
+    def action_diagnose(self) -> None:
+        status = self._require_session("diagnose")
+        if status is None:
+            return
+        screen_class = self._optional("app.screens.diagnose", "DiagnoseScreen", "Diagnose")
+        if screen_class is not None:
+            self.app.push_screen(screen_class(status.session_id, home=self.feed.home))
+
+    def action_jobs(self) -> None:
+        screen_class = self._optional("app.screens.jobs", "JobsScreen", "Jobs")
+        if screen_class is not None:
+            self.app.push_screen(screen_class(home=self.feed.home))
+
+    def action_capture(self) -> None:
+        name = self.selected_profile or self.query_one(ProfileList).highlighted_id
+        if not name:
+            self.notify("No profile selected.", severity="warning")
+            return
+        toggle = self._optional("sessions.capture.toggle", "toggle_capture", "Capture")
+        if toggle is not None:
+            self.run_worker(
+                partial(self._toggle_capture, toggle, name),
+                name="capture-toggle",
+                group="action",
+                thread=True,
+                exit_on_error=False,
+            )
+
+    def _toggle_capture(self, toggle: Any, name: str) -> None:
+        from sessions.profiles import load_profile
+
+        try:
+            profile = toggle(load_profile(name, self.feed.home), self.feed.home)
+        except Exception as exc:  # noqa: BLE001 - ProfileError names the field
+            self.app.call_from_thread(self._report_failure, f"Capture toggle for {name} failed", exc)
+            return
+        self.app.call_from_thread(self._capture_toggled, name, bool(profile.capture.enabled))
+
+    def _capture_toggled(self, name: str, enabled: bool) -> None:
+        live = next(
+            (
+                p.live_session
+                for p in (self.last_snapshot.profiles if self.last_snapshot else ())
+                if p.name == name and p.live_session
+            ),
+            None,
+        )
+        when = f"restart {live} (r) to apply it" if live else "the next launch uses it"
+        self.notify(f"Capture {'on' if enabled else 'off'} for {name}: {when}.", title="capture", timeout=8)
+        self.post_message(CaptureToggled(name, enabled))
+        self.poll_now()
+
+    # -- actions: panes and the log -------------------------------------------------------------------------
+
+    def action_focus_pane(self, number: int) -> None:
+        target = {1: "#profiles", 2: "#sessions", 3: "#gpu-pane", 4: "#log"}.get(number)
+        if target:
+            self.query_one(target).focus()
+
+    def action_fullscreen(self) -> None:
+        if self.maximized is not None:
+            self.minimize()
+            return
+        log_view = self.query_one(LogView)
+        self.maximize(log_view)
+        log_view.focus()
+
+    def action_wrap(self) -> None:
+        log_view = self.query_one(LogView)
+        log_view.wrap = not log_view.wrap
+        self._update_log_title()
+
+    def action_timestamps(self) -> None:
+        log_view = self.query_one(LogView)
+        log_view.show_timestamps = not log_view.show_timestamps
+        self._update_log_title()
+
+    def action_filter(self) -> None:
+        bar = self.query_one("#filter-bar")
+        log_view = self.query_one(LogView)
+        current = log_view.log_filter
+        field = self.query_one("#filter-input", Input)
+        field.value = current.text if current else ""
+        rank_select = self.query_one("#filter-rank", Select)
+        expected = self._ranks_expected()
+        options = [("main process", str(MAIN_RANK))] + [(f"TP{r}", str(r)) for r in range(expected)]
+        rank_select.set_options(options)
+        if current is not None and current.rank is not None:
+            rank_select.value = str(current.rank)
+        bar.add_class("-open")
+        field.focus()
+
+    def _ranks_expected(self) -> int:
+        status = self.selected_status()
+        if status is not None:
+            expected = getattr(status.summary, "ranks_expected", None)
+            if expected:
+                return int(expected)
+            schedulers = [r for r in status.ranks if r.rank is not None]
+            if schedulers:
+                return max(r.rank for r in schedulers) + 1
+        return 8
+
+    @on(Input.Submitted, "#filter-input")
+    def _filter_submitted(self) -> None:
+        self._apply_filter()
+
+    @on(Select.Changed, "#filter-rank")
+    def _filter_rank_changed(self) -> None:
+        if self.query_one("#filter-bar").has_class("-open"):
+            self._apply_filter(close=False)
+
+    def _apply_filter(self, close: bool = True) -> None:
+        text = self.query_one("#filter-input", Input).value
+        value = self.query_one("#filter-rank", Select).value
+        rank = None if value is Select.NULL else int(value)
+        try:
+            log_filter = LogFilter.parse(text, rank)
+        except ValueError as exc:
+            self.notify(str(exc), title="filter", severity="error")
+            return
+        self.set_log_filter(log_filter)
+        if close:
+            self._close_filter_bar()
+
+    def set_log_filter(self, log_filter: LogFilter | None, reset: bool = True) -> None:
+        """Filter the log (None or an empty filter clears it) and scan the file for the matches."""
+        log_view = self.query_one(LogView)
+        if reset:
+            log_view.set_filter(log_filter)
+        log_view.needs_scan = False
+        self._update_log_title()
+        active = log_view.log_filter
+        if active is not None and log_view.path is not None:
+            self.run_worker(
+                partial(self._scan, log_view.path, active),
+                name="log-scan",
+                group="log-scan",
+                thread=True,
+                exclusive=True,
+                exit_on_error=False,
+            )
+
+    def _scan(self, path: str, log_filter: LogFilter) -> None:
+        worker = get_current_worker()
+        matches, scanned = self.feed.log_feed(path).scan(log_filter, lambda: worker.is_cancelled)
+        if not worker.is_cancelled:
+            self.app.call_from_thread(self._scanned, path, log_filter, matches, scanned)
+
+    def _scanned(self, path: str, log_filter: LogFilter, matches: list[int], scanned: int) -> None:
+        self.query_one(LogView).set_filter_matches(path, log_filter, matches, scanned, done=True)
+        self._update_log_title()
+        self.post_message(FilterApplied(log_filter, len(matches)))
+
+    def _close_filter_bar(self) -> None:
+        self.query_one("#filter-bar").remove_class("-open")
+        self.query_one(LogView).focus()
+
+    def on_key(self, event: Any) -> None:
+        if event.key == "escape" and self.query_one("#filter-bar").has_class("-open"):
+            event.stop()
+            event.prevent_default()
+            self._close_filter_bar()
+
+    @on(LogView.NeedLines)
+    def _need_lines(self, event: LogView.NeedLines) -> None:
+        self.run_worker(
+            partial(self._read_lines, event.path, event.line_numbers),
+            name="log-read",
+            group="log-read",
+            thread=True,
+            exit_on_error=False,
+        )
+
+    def _read_lines(self, path: str, numbers: tuple[int, ...]) -> None:
+        lines = self.feed.log_feed(path).read(numbers)
+        self.app.call_from_thread(self.query_one(LogView).add_lines, path, lines)
+
+    @on(LogView.StateChanged)
+    def _log_state_changed(self) -> None:
+        self._update_log_title()
+
+    def _update_log_title(self) -> None:
+        log_view = self.query_one(LogView)
+        pane = self.query_one("#log-pane")
+        parts = ["4 Log"]
+        if log_view.follow:
+            parts.append("following")
+        else:
+            pending = f" · {log_view.pending:,} new (End follows)" if log_view.pending else " (End follows)"
+            parts.append("paused" + pending)
+        log_filter = log_view.log_filter
+        if log_filter is not None:
+            scanning = " scanning…" if log_view.filter_scanning else ""
+            parts.append(f"filter {log_filter.describe()}{scanning}")
+        flags = [
+            name for name, on_ in (("wrap", log_view.wrap), ("no time", not log_view.show_timestamps)) if on_
+        ]
+        parts.extend(flags)
+        self._set_title(
+            pane,
+            " · ".join(parts),
+            "" if log_view.follow and log_view.log_filter is None else log_view.position_text(),
+        )
+
+    def _set_title(self, pane: Any, title: str, subtitle: str | None = None) -> None:
+        """Set a pane's border texts only when they change: each set repaints the whole pane."""
+        key = pane.id or str(id(pane))
+        if self._titles.get(key) == (title, subtitle):
+            return
+        self._titles[key] = (title, subtitle)
+        pane.border_title = title
+        if subtitle is not None:
+            pane.border_subtitle = subtitle

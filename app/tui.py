@@ -1,0 +1,256 @@
+"""The Textual app: `Eagle3App` (dashboard, keymap, command palette, SSH hygiene) and `run_tui(demo)`.
+
+SSH life: the servers run in their own sessions (sessions.server), so nothing the TUI does on exit
+reaches them; quitting only leaves.  When the terminal goes away (SIGHUP, or the TTY no longer
+answering, as on a dropped SSH link) the app exits at once instead of spinning on a dead input
+(dolphie's TTY watch; VoxTerm PR#143).
+
+This module imports no engine module that pulls torch, transformers or sglang (tests check it).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import sys
+import termios
+import threading
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from textual.app import App
+from textual.command import DiscoveryHit, Hit, Hits, Provider
+
+from app.keymap import APP_KEYS, bindings, load_keymap
+
+if TYPE_CHECKING:
+    from app.screens.dashboard import DashboardScreen
+    from sessions.gpus import GpuSource
+    from sessions.home import Home
+
+TTY_CHECK_S = 2.0
+HANGUP_EXIT_DEADLINE_S = 5.0
+
+
+class ActionsProvider(Provider):
+    """Command palette entries for every dashboard action, plus one per profile and session."""
+
+    def _commands(self) -> list[tuple[str, Callable[[], Any], str]]:
+        app = self.app
+        dashboard: DashboardScreen | None = getattr(app, "dashboard", None)
+        if dashboard is None:
+            return []
+        commands: list[tuple[str, Callable[[], Any], str]] = [
+            ("Launch selected profile", dashboard.action_launch, "Start the highlighted profile (l)"),
+            ("Restart session", dashboard.action_restart, "Stop and relaunch, showing the flag diff (r)"),
+            ("Stop session", dashboard.action_stop, "SIGTERM, then SIGKILL after the grace period (s)"),
+            ("Edit profile", dashboard.action_edit, "Open the profile editor (e)"),
+            ("Filter log", dashboard.action_filter, "Text, /regex/ or rank (/)"),
+            ("Clear log filter", lambda: dashboard.set_log_filter(None), "Show every line again"),
+            ("Full-screen log", dashboard.action_fullscreen, "Toggle the maximized log (f)"),
+            ("Toggle wrap", dashboard.action_wrap, "Wrap long log lines (w)"),
+            ("Toggle timestamps", dashboard.action_timestamps, "Show or hide log timestamps (t)"),
+            ("Diagnose session", dashboard.action_diagnose, "Stacks, baseline comparison, hints (d)"),
+            ("Capture", dashboard.action_capture, "Hidden-state capture for the profile (c)"),
+            ("Jobs", dashboard.action_jobs, "Extraction jobs (x)"),
+            ("Refresh now", dashboard.action_refresh, "Poll without waiting"),
+            ("Help", app.action_help, "Every key (?)"),
+        ]
+        snapshot = dashboard.last_snapshot
+        if snapshot is not None:
+            for entry in snapshot.profiles:
+                commands.append(
+                    (
+                        f"Launch profile {entry.name}",
+                        _launch_named(dashboard, entry.name),
+                        "Start this profile as a detached server",
+                    )
+                )
+            for session in snapshot.sessions:
+                commands.append(
+                    (
+                        f"Show session {session.session_id}",
+                        _select_session(dashboard, session.session_id),
+                        f"{session.state} · {session.profile}",
+                    )
+                )
+        return commands
+
+    async def discover(self) -> Hits:
+        for name, callback, help_text in self._commands():
+            yield DiscoveryHit(name, callback, help=help_text)
+
+    async def search(self, query: str) -> Hits:
+        matcher = self.matcher(query)
+        for name, callback, help_text in self._commands():
+            score = matcher.match(name)
+            if score > 0:
+                yield Hit(score, matcher.highlight(name), callback, help=help_text)
+
+
+def _launch_named(dashboard: DashboardScreen, name: str) -> Callable[[], None]:
+    def launch() -> None:
+        dashboard.selected_profile = name
+        dashboard.action_launch()
+
+    return launch
+
+
+def _select_session(dashboard: DashboardScreen, session_id: str) -> Callable[[], None]:
+    return lambda: dashboard._select_session(session_id)
+
+
+class Eagle3App(App[int]):
+    """The eagle3-tui control panel."""
+
+    TITLE = "eagle3-tui"
+    BINDINGS = bindings(APP_KEYS)
+    COMMANDS = App.COMMANDS | {ActionsProvider}
+
+    def __init__(
+        self,
+        home: Home,
+        demo: bool = False,
+        gpu_source: GpuSource | None = None,
+        refresh_s: float = 1.0,
+        watch_tty: bool | None = None,
+    ) -> None:
+        super().__init__()
+        self.home = home
+        self.demo = demo
+        self._gpu_source = gpu_source
+        self.refresh_s = refresh_s
+        self._watch_tty = watch_tty
+        self.dashboard: DashboardScreen | None = None
+        self.keymap_problems: list[str] = []
+        self.user_keymap: dict[str, str] = {}
+        self.hangup_received = False
+
+    def on_mount(self) -> None:
+        from app.feed import DashboardFeed
+        from app.screens.dashboard import DashboardScreen
+        from sessions.gpus import default_gpu_source
+
+        keymap, problems = load_keymap(self.home.config_file)
+        self.user_keymap = keymap
+        if keymap:
+            self.set_keymap(keymap)
+        self.keymap_problems = [str(p) for p in problems]
+        if self._gpu_source is None:
+            self._gpu_source = default_gpu_source(self.home, self.demo)
+        initial = None
+        if self.demo:
+            from sessions.demo import HEALTHY_PROFILE
+
+            initial = HEALTHY_PROFILE
+        self.dashboard = DashboardScreen(
+            DashboardFeed(self.home, self._gpu_source),
+            demo=self.demo,
+            refresh_s=self.refresh_s,
+            initial_profile=initial,
+        )
+        self.push_screen(self.dashboard)
+        for problem in self.keymap_problems:
+            self.notify(problem, title="config.toml [keys]", severity="error", timeout=20)
+        if self._should_watch_tty():
+            self._install_hangup_handlers()
+
+    def on_unmount(self) -> None:
+        if self._gpu_source is not None:
+            self._gpu_source.close()
+
+    def action_help(self) -> None:
+        from app.screens.help import HelpScreen
+
+        if not isinstance(self.screen, HelpScreen):
+            self.push_screen(HelpScreen(self.user_keymap, self.home.config_file))
+
+    # -- SSH life -------------------------------------------------------------------------------------------
+
+    def _should_watch_tty(self) -> bool:
+        if self._watch_tty is not None:
+            return self._watch_tty
+        return not self.is_headless
+
+    def _install_hangup_handlers(self) -> None:
+        loop = asyncio.get_running_loop()
+        handlers = {signal.SIGHUP: self._hangup, signal.SIGTERM: lambda: self.exit(0)}
+        for sig, handler in handlers.items():
+            try:
+                loop.add_signal_handler(sig, handler)
+            except (NotImplementedError, RuntimeError, ValueError):
+                pass
+        self.set_interval(TTY_CHECK_S, self._check_tty, name="tty-watch")
+
+    def _hangup(self) -> None:
+        """The terminal is gone (SIGHUP, or the TTY stopped answering): leave now.
+
+        The servers run on in their own sessions.  The exit must not write to the dead terminal: Textual's
+        writer thread dies on the first EIO, and its bounded queue then blocks the UI thread for good (seen
+        with textual 8.2.8), so output goes to /dev/null first.  A last-resort timer ends the process if
+        the orderly exit still gets stuck.
+        """
+        if self.hangup_received:
+            return
+        self.hangup_received = True
+        if not terminal_alive():
+            self._detach_output()
+        threading.Thread(
+            target=_exit_after, args=(HANGUP_EXIT_DEADLINE_S,), name="hangup-deadline", daemon=True
+        ).start()
+        self.exit(0)
+
+    def _detach_output(self) -> None:
+        try:
+            sys.stderr = open(os.devnull, "w")  # noqa: SIM115 - lives until the process ends
+        except OSError:
+            pass
+        driver = self._driver
+        if getattr(driver, "_writer_thread", None) is None:
+            return
+        from textual.drivers._writer_thread import WriterThread
+
+        sink = WriterThread(open(os.devnull, "w"))  # noqa: SIM115 - closed with the process
+        sink.start()
+        driver._writer_thread = sink  # type: ignore[union-attr]
+
+    def _check_tty(self) -> None:
+        if not terminal_alive():
+            self._hangup()
+
+
+def _exit_after(seconds: float) -> None:
+    time.sleep(seconds)
+    os._exit(0)
+
+
+def terminal_alive(fd: int | None = None) -> bool:
+    """False once the controlling terminal hung up (tcgetattr fails with EIO/ENOTTY/EBADF)."""
+    if fd is None:
+        try:
+            fd = sys.__stdin__.fileno()
+        except (AttributeError, ValueError, OSError):
+            return False
+    try:
+        termios.tcgetattr(fd)
+        os.fstat(fd)
+    except (termios.error, OSError):
+        return False
+    return True
+
+
+def run_tui(demo: bool = False) -> int:
+    """Open the TUI on the normal home, or on the demo home (created on first use) with ``demo``."""
+    from sessions.home import resolve_home
+
+    if demo:
+        from sessions.demo import ensure_demo_home
+
+        resolved = ensure_demo_home(resolve_home(demo=True))
+    else:
+        resolved = resolve_home().ensure()
+    app = Eagle3App(resolved, demo=demo)
+    app.run()
+    return app.return_code or 0

@@ -1,0 +1,264 @@
+"""Render every screen of the real app in demo mode to screenshots/ (SVG, and PNG for the README).
+
+The app runs headless under Pilot on a private demo home, against live emulator sessions (the demo's own
+profiles, on free ports), and is driven with keys the way a user would: launch the healthy profile,
+watch it start and become ready, filter the log, go full-screen, open help, edit the profile, ask for a
+restart (the flag diff), then launch the profile that hangs after weights and wait until it is stalled;
+diagnose, capture and jobs are shot when those parts are present.  Each screen is saved at 80x24 and
+200x50.  PNGs are made with cairosvg when it is installed.
+
+    python screenshots/make_screenshots.py [--out screenshots] [--sizes 80x24,200x50]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import html
+import os
+import re
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO_ROOT))
+
+_TEXT = re.compile(
+    r'(<text\b[^>]*?\bx=")([\d.]+)("[^>]*?\btextLength=")([\d.]+)("[^>]*>)((?:&#160;)+)([^<]*</text>)'
+)
+
+
+def svg_for_png(svg: str) -> str:
+    """cairosvg drops leading non-breaking spaces of a <text> run and so shifts it left by that many cells;
+    move the run's x right instead (Textual sets every run's x and textLength, so the cell width is known)."""
+
+    def shift(match: re.Match[str]) -> str:
+        pad = match.group(6).count("&#160;")
+        rest = match.group(7)[: -len("</text>")]
+        cells = pad + len(html.unescape(rest))
+        width = float(match.group(4))
+        cell = width / cells if cells else 0.0
+        x = float(match.group(2)) + pad * cell
+        return (
+            f"{match.group(1)}{x:.1f}{match.group(3)}{width - pad * cell:.1f}{match.group(5)}{match.group(7)}"
+        )
+
+    # Textual names "Fira Code" (embedded as a web font cairosvg cannot load) and falls back to a proportional
+    # face; a local monospace font keeps the columns.
+    svg = svg.replace("font-family: Fira Code, monospace;", "font-family: DejaVu Sans Mono, monospace;")
+    return _TEXT.sub(shift, svg)
+
+
+def to_png(svg_path: Path, columns: int) -> Path | None:
+    try:
+        import cairosvg
+    except ImportError:
+        return None
+    png_path = svg_path.with_suffix(".png")
+    cairosvg.svg2png(
+        bytestring=svg_for_png(svg_path.read_text()).encode(),
+        write_to=str(png_path),
+        output_width=min(2000, columns * 10),
+    )
+    return png_path
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+class Shooter:
+    def __init__(self, app, pilot, out: Path, sizes: list[tuple[int, int]], base: tuple[int, int]) -> None:
+        self.app, self.pilot, self.out, self.sizes, self.base = app, pilot, out, sizes, base
+        self.made: list[Path] = []
+
+    async def wait(self, condition, what: str, limit_s: float = 120.0):
+        deadline = time.monotonic() + limit_s
+        while True:
+            value = condition()
+            if value:
+                return value
+            if time.monotonic() > deadline:
+                raise SystemExit(f"make_screenshots: never happened within {limit_s:.0f} s: {what}")
+            await self.pilot.pause(0.1)
+
+    async def polls(self, count: int = 1) -> None:
+        dashboard = self.app.dashboard
+        target = dashboard.poll_count + count
+        await self.wait(lambda: dashboard.poll_count >= target or not dashboard.is_active, "a poll")
+        await self.pilot.pause()
+
+    async def shoot(self, name: str) -> None:
+        for columns, rows in self.sizes:
+            await self.pilot.resize_terminal(columns, rows)
+            await self.pilot.pause(0.3)
+            if self.app.dashboard.is_active:
+                await self.polls(1)
+            await self.pilot.pause()
+            svg = self.out / f"{name}-{columns}x{rows}.svg"
+            self.app.save_screenshot(filename=svg.name, path=str(self.out))
+            self.made.append(svg)
+            png = to_png(svg, columns)
+            if png is not None:
+                self.made.append(png)
+            print(f"  {svg.name}" + (f" + {png.name}" if png else ""), file=sys.stderr)
+        await self.pilot.resize_terminal(*self.base)
+        await self.pilot.pause(0.2)
+
+
+def _status(app):
+    snapshot = app.dashboard.last_snapshot
+    return snapshot.status if snapshot is not None else None
+
+
+async def scenario(out: Path, sizes: list[tuple[int, int]]) -> list[Path]:
+    from textual.widgets import Input
+
+    from app.screens.profile_editor import ProfileEditorScreen
+    from app.tui import Eagle3App
+    from sessions.demo import HANG_PROFILE, HEALTHY_PROFILE, ensure_demo_home
+    from sessions.home import resolve_home
+    from sessions.profiles import load_profile, save_profile
+    from widgets.confirm_modal import ConfirmModal
+
+    home = ensure_demo_home(resolve_home(demo=True))
+    for name in (HEALTHY_PROFILE, HANG_PROFILE):  # free ports: the demo's own may be taken here
+        save_profile(load_profile(name, home).with_changes(server={"port": free_port()}))
+    app = Eagle3App(home, demo=True, refresh_s=0.5)
+    base = max(sizes)
+    async with app.run_test(size=base) as pilot:
+        shot = Shooter(app, pilot, out, sizes, base)
+        await shot.wait(lambda: app.dashboard is not None and app.dashboard.poll_count >= 1, "the first poll")
+        await shot.shoot("dashboard-idle")
+
+        await pilot.press("l")  # launch the healthy profile (selected first)
+        await shot.wait(
+            lambda: (
+                (s := _status(app))
+                and s.summary.progress is not None
+                and s.summary.progress.label == "shards"
+                and s.summary.progress.done >= 10
+            ),
+            "weights loading",
+        )
+        await shot.shoot("dashboard-starting")
+        await shot.wait(lambda: (s := _status(app)) and s.state == "ready", "the healthy session is ready")
+        await shot.polls(2)
+        await shot.shoot("dashboard-ready")
+
+        await pilot.press("slash")
+        await pilot.press(*"Load weight end")
+        await pilot.press("enter")
+        await shot.wait(lambda: not app.dashboard.query_one("LogView").filter_scanning, "the filter scan")
+        await shot.shoot("log-filter")
+        await pilot.press("4", "escape")
+
+        await pilot.press("f")
+        await shot.shoot("log-fullscreen")
+        await pilot.press("f")
+
+        await pilot.press("question_mark")
+        await shot.shoot("help")
+        await pilot.press("escape")
+
+        await pilot.press("1", "e")
+        await shot.wait(
+            lambda: isinstance(app.screen, ProfileEditorScreen) and app.screen.last_check, "the editor"
+        )
+        editor = app.screen
+        editor.query_one("#mem_fraction_static", Input).value = "0.8"
+        await shot.wait(lambda: "--mem-fraction-static 0.8" in editor.last_check.preview, "the new preview")
+        await shot.shoot("editor")
+        await pilot.press("ctrl+s")
+        await shot.wait(lambda: not editor.dirty, "saved")
+        await pilot.press("escape")
+        await shot.wait(lambda: app.screen is app.dashboard, "back on the dashboard")
+
+        await pilot.press("r")
+        await shot.wait(lambda: isinstance(app.screen, ConfirmModal), "the restart question")
+        await shot.shoot("restart-confirm")
+        await pilot.press("n")
+
+        await pilot.press("s")  # stop the healthy one first: both would not fit on the same 8 GPUs
+        await shot.wait(lambda: isinstance(app.screen, ConfirmModal), "the stop question")
+        await pilot.press("y")
+        await shot.wait(lambda: (s := _status(app)) and s.state == "stopped", "stopped", limit_s=90)
+        await pilot.press("1", "down", "l")  # the profile that hangs after weights
+        await shot.wait(
+            lambda: (s := _status(app)) and s.profile == HANG_PROFILE and s.state == "stalled",
+            "the hanging session is stalled",
+            limit_s=240,
+        )
+        await shot.polls(1)
+        await shot.shoot("dashboard-hang")
+
+        try:
+            from app.screens.diagnose import DiagnoseScreen
+        except ImportError:
+            DiagnoseScreen = None
+        if DiagnoseScreen is not None:
+            await pilot.press("d")
+            await shot.wait(lambda: isinstance(app.screen, DiagnoseScreen), "the diagnose screen")
+            diagnose = app.screen
+            await shot.wait(lambda: diagnose.diagnosis is not None or diagnose.error, "the diagnosis", 180)
+            await pilot.pause(0.5)
+            await shot.shoot("diagnose")
+            await pilot.press("escape")
+
+        await pilot.press("c")  # capture on for the hang profile: the panel appears
+        await shot.wait(lambda: app.dashboard.query_one("#capture-slot").display, "the capture panel", 30)
+        await shot.shoot("capture")
+        await pilot.press("c")
+
+        try:
+            from app.screens.jobs import JobsScreen
+        except ImportError:
+            JobsScreen = None
+        if JobsScreen is not None:
+            await pilot.press("x")
+            await shot.wait(lambda: isinstance(app.screen, JobsScreen), "the jobs screen")
+            await pilot.pause(0.5)
+            await shot.shoot("jobs")
+            await pilot.press("escape")
+        await pilot.press("q")
+    return shot.made
+
+
+def stop_everything(home_root: str) -> None:
+    from sessions.home import resolve_home
+    from sessions.server import list_sessions
+
+    home = resolve_home(demo=True)
+    assert str(home.state_root).startswith(home_root)
+    for session in list_sessions(home):
+        if session.is_alive():
+            session.stop(grace_s=10.0)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--out", type=Path, default=REPO_ROOT / "screenshots")
+    parser.add_argument("--sizes", default="80x24,200x50", help="comma-separated COLSxROWS")
+    args = parser.parse_args(argv)
+    sizes = [tuple(int(v) for v in size.split("x")) for size in args.sizes.split(",")]
+    args.out.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="eagle3-screens-") as root:
+        os.environ["EAGLE3_TUI_HOME"] = root
+        os.environ["EAGLE3_TUI_DEMO"] = "1"
+        os.environ.setdefault("TZ", "UTC")
+        try:
+            made = asyncio.run(scenario(args.out, sizes))
+        finally:
+            stop_everything(root)
+    print(f"{len(made)} files in {args.out}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,167 @@
+"""A few snapshot tests at fixed sizes (text of the screen, textual==8.2.8 as pinned).
+
+The clock is frozen where the screen shows times, and the data are fixed snapshots, so the text is the
+same on every run.  Behaviour is asserted in test_tui_app.py; these catch layout regressions.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+from textual.app import App, ComposeResult
+
+from app.tui import Eagle3App
+from sessions.demo import ensure_demo_home
+from sessions.gpus import GpuProcess, GpuSample, GpuSnapshot
+from sessions.home import resolve_home
+from sessions.phases import PhaseProgress, StartupPhase, StartupSummary
+from sessions.server import RankStatus, SessionStatus
+from tests._tui_support import assert_snapshot, first_poll, run, screen_text
+from widgets.gpu_panel import GpuPanel
+from widgets.phase_timeline import PhaseTimeline
+from widgets.state_line import StateLine
+
+NOW = 1_800_000_000.0
+GIB = 2**30
+
+
+@pytest.fixture(autouse=True)
+def _utc(monkeypatch):
+    """Times on screen are local: pin the zone so the snapshots match everywhere."""
+    monkeypatch.setenv("TZ", "UTC")
+    time.tzset()
+    yield
+    monkeypatch.undo()
+    time.tzset()
+
+
+def _status(state: str = "starting", phase: str = "loading_weights") -> SessionStatus:
+    ranks = tuple(
+        RankStatus(
+            pid=1000 + r,
+            title=f"sglang::scheduler_TP{r}",
+            rank=r,
+            status="running" if r != 7 else "sleeping",
+            cpu_percent=99.0 if r != 7 else 0.0,
+            rss_bytes=2 * GIB,
+            gpu_index=r,
+        )
+        for r in range(8)
+    ) + (
+        RankStatus(
+            pid=1100,
+            title="sglang::detokenizer",
+            rank=None,
+            status="sleeping",
+            cpu_percent=0.0,
+            rss_bytes=GIB,
+            gpu_index=None,
+            role="detokenizer",
+        ),
+    )
+    summary = StartupSummary(
+        phase=StartupPhase(phase),
+        progress=PhaseProgress("shards", 45, 64),
+        ranks_expected=8,
+        rank_arrival={"init_parallel_end": tuple(range(8)), "load_weight_end": tuple(range(7))},
+        line_count=217,
+    )
+    entered = {"launching": NOW - 300, "dist_init": NOW - 290, "loading_weights": NOW - 250}
+    return SessionStatus(
+        session_id="kimi-k25-tp8-20270115-080000-ab12",
+        profile="kimi-k25-tp8",
+        pid=999,
+        create_time=NOW - 300,
+        state=state,
+        phase=phase,
+        port=30000,
+        host="127.0.0.1",
+        ranks=ranks,
+        log_path=Path("/x/server.log"),
+        started_at=NOW - 300,
+        port_listening=False,
+        ready=None,
+        model_info=None,
+        silent_for_s=42.0,
+        summary=summary,
+        phase_entered_at=entered,
+        alive=True,
+        stall_limit_s=300.0,
+    )
+
+
+def _gpus() -> GpuSnapshot:
+    samples = []
+    for i in range(8):
+        used = (60 + i) * GIB
+        samples.append(
+            GpuSample(
+                i, "NVIDIA H200", used, 140 * GIB, 97.0 - i, 44.0, 512.0, (GpuProcess(1000 + i, used - GIB),)
+            )
+        )
+    samples[5] = GpuSample(5, "ERROR: GPU is lost", None, None, None, lost=True)
+    samples[6] = GpuSample(6, "NVIDIA H200", None, 140 * GIB, None, None, None, (GpuProcess(4242, None),))
+    return GpuSnapshot(tuple(samples), "nvml", True, None, NOW)
+
+
+class _Panels(App):
+    def compose(self) -> ComposeResult:
+        yield StateLine(id="state")
+        yield PhaseTimeline(id="timeline")
+        yield GpuPanel(id="gpus")
+
+    def on_mount(self) -> None:
+        status = _status(state="stalled")
+        state, timeline = self.query_one(StateLine), self.query_one(PhaseTimeline)
+        state.now = timeline.now = NOW
+        state.update_status(status)
+        timeline.update_status(status)
+        owners = {r.pid: f"TP{r.rank}" for r in status.ranks if r.rank is not None}
+        self.query_one(GpuPanel).update_snapshot(_gpus(), owners)
+
+
+def _panels_snapshot(size: tuple[int, int], name: str) -> None:
+    async def scenario() -> None:
+        app = _Panels()
+        async with app.run_test(size=size) as pilot:
+            await pilot.pause()
+            assert_snapshot(name, screen_text(app))
+
+    run(scenario)
+
+
+def test_snapshot_status_timeline_and_gpus_at_80x24():
+    _panels_snapshot((80, 24), "panels-80x24")
+
+
+def test_snapshot_status_timeline_and_gpus_at_200x30():
+    _panels_snapshot((200, 30), "panels-200x30")
+
+
+def _demo_app(home) -> Eagle3App:
+    demo_home = ensure_demo_home(resolve_home(demo=True))
+    return Eagle3App(demo_home, demo=True)
+
+
+def test_snapshot_idle_demo_dashboard_at_80x24(home):
+    async def scenario() -> None:
+        app = _demo_app(home)
+        async with app.run_test(size=(80, 24)) as pilot:
+            await first_poll(pilot, app, polls=2)
+            assert_snapshot("dashboard-idle-80x24", screen_text(app))
+
+    run(scenario)
+
+
+def test_snapshot_help_at_80x24(home):
+    async def scenario() -> None:
+        app = _demo_app(home)
+        async with app.run_test(size=(80, 24)) as pilot:
+            await first_poll(pilot, app)
+            await pilot.press("question_mark")
+            await pilot.pause()
+            assert_snapshot("help-80x24", screen_text(app))
+
+    run(scenario)

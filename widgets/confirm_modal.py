@@ -1,0 +1,60 @@
+"""ConfirmModal: a y/N question in front of every destructive action (stop, restart, discard edits).
+
+The default is No: Enter on the focused "No" button, Esc and n all answer No; only y or the "Yes"
+button answer Yes (k9s#302: users could not confirm when focus was not on OK, so both keys always work).
+"""
+
+from __future__ import annotations
+
+from textual.app import ComposeResult
+from textual.containers import Horizontal, Vertical, VerticalScroll
+from textual.screen import ModalScreen
+from textual.widgets import Button, Static
+
+from app.keymap import CONFIRM_KEYS, bindings
+
+
+class ConfirmModal(ModalScreen[bool]):
+    """Ask ``question``; ``detail`` (e.g. a flag diff) is shown below it, scrollable."""
+
+    BINDINGS = bindings(CONFIRM_KEYS)
+    DEFAULT_CSS = """
+    ConfirmModal { align: center middle; }
+    ConfirmModal > Vertical {
+        width: 90%; max-width: 100; height: auto; max-height: 90%;
+        border: thick $warning; background: $surface; padding: 0 1;
+    }
+    ConfirmModal #question { text-style: bold; margin-bottom: 1; }
+    ConfirmModal #detail-scroll { height: auto; max-height: 20; }
+    ConfirmModal #buttons { height: auto; align-horizontal: right; margin-top: 1; }
+    ConfirmModal Button { margin-left: 2; min-width: 10; }
+    """
+
+    def __init__(
+        self, question: str, detail: str = "", yes_label: str = "Yes (y)", no_label: str = "No (N)"
+    ) -> None:
+        super().__init__()
+        self.question = question
+        self.detail = detail
+        self._yes_label = yes_label
+        self._no_label = no_label
+
+    def compose(self) -> ComposeResult:
+        with Vertical():
+            yield Static(self.question, id="question", markup=False)
+            if self.detail:
+                with VerticalScroll(id="detail-scroll"):
+                    yield Static(self.detail, id="detail", markup=False)
+            with Horizontal(id="buttons"):
+                yield Button(self._yes_label, id="yes", variant="warning")
+                yield Button(self._no_label, id="no", variant="primary")
+
+    def on_mount(self) -> None:
+        self.query_one("#no", Button).focus()
+
+    def on_button_pressed(self, event: Button.Pressed) -> None:
+        event.stop()
+        self.dismiss(event.button.id == "yes")
+
+    def action_answer(self, yes: bool) -> None:
+        self.dismiss(yes)
