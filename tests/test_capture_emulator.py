@@ -17,6 +17,7 @@ import torch
 
 from sessions.capture.plugin.eagle3_capture.spec import ENV_NAME, CaptureSpec
 from sessions.capture.writer import chunks_complete, list_chunks, read_chunk_metadata, read_chunks
+from sessions.extraction.collector import wait_for_dumps
 
 BF16_RTOL = 2**-7  # one bf16 step relative to the value, plus rounding of both sides
 DEADLINE_S = 120.0
@@ -99,6 +100,7 @@ def test_model_backend_dumps_chunked_prompts_equal_to_hf_hidden_states(demo_mode
     response = backend.generate({"input_ids": prompt, "rid": "eagle3-job-0",
                                  "sampling_params": {"max_new_tokens": 1}})
     assert response["meta_info"]["prompt_tokens"] == 40 and len(response["output_ids"]) == 1
+    backend.flush()  # the dumps go through the plugin's background writer, as in SGLang
     assert [c.name for c in list_chunks(cap, "eagle3-job-0")] == [
         "0-16.safetensors", "16-32.safetensors", "32-40.safetensors"]
     aux, last, ids = read_chunks(cap, "eagle3-job-0", expected_tokens=40)
@@ -179,6 +181,9 @@ def test_capture_launch_through_server_session_dumps_the_models_hidden_states(
     response = httpx.post(url, json={"input_ids": prompt, "rid": "eagle3-e2e-0",
                                      "sampling_params": {"max_new_tokens": 1}}, timeout=60)
     assert response.status_code == 200, response.text
+    # The response may come before the background writer renamed the last chunk into place: wait as the
+    # collector does (bounded; AttemptFailed names what is missing).
+    wait_for_dumps(cap, "eagle3-e2e-0", len(prompt), timeout_s=DEADLINE_S)
     assert chunks_complete(cap, "eagle3-e2e-0", len(prompt))
     assert [c.name for c in list_chunks(cap, "eagle3-e2e-0")] == [
         "0-12.safetensors", "12-24.safetensors", "24-30.safetensors"]

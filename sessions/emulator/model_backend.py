@@ -9,8 +9,12 @@ transformers (CPU, or CUDA when available) and honours what matters for capture:
   HF ``hidden_states[p]`` for each physical point p, concatenated; ``last`` is the post-norm final state;
 * chunked prefill: a prompt longer than ``--chunked-prefill-size`` runs as several extend forwards over
   a KV cache, each with its prefix length (sglang-facts §4.8);
-* with ``EAGLE3_CAPTURE`` set, every extend chunk of a rid with the job's prefix goes to the SAME writer
-  the plugin uses, with the same (rids, prefix lens, seq lens, aux, last, input_ids) arguments;
+* with ``EAGLE3_CAPTURE`` set, every extend chunk of a rid with the job's prefix goes to the SAME bounded
+  background writer the plugin uses (``BackgroundWriter``, queue depth and fsync from the spec), with the
+  same (rids, prefix lens, seq lens, aux, last, input_ids) arguments.  Like the plugin, a request returns
+  once its tensors are handed over, not once they are on disk: the collector waits for the chunks
+  (``sessions.extraction.collector.wait_for_dumps``).  A full queue blocks the forward (never drops), and
+  a failed write leaves ``error.json`` for the collector;
 * ``return_hidden_states: true`` answers in SGLang's layout: one 2-D list for the prefill (the LAST
   chunk's rows only, as SGLang's HTTP path drops middle chunks, §4.8), then one 1-D list per decode step;
   K·H wide with aux capture, else H (post-norm).  Without a server mode that allows it, the request is
@@ -22,9 +26,11 @@ config-only model dir too (the emulator can log the capture line without weights
 from __future__ import annotations
 
 import argparse
+import atexit
 import dataclasses
 import inspect
 import logging
+import multiprocessing.util
 import os
 import threading
 import time
@@ -238,6 +244,7 @@ class ModelBackend:
             if self.spec is not None and self.config.aux_enabled else None
         )
         self._lock = threading.Lock()
+        self._writer: Any = None  # the plugin's BackgroundWriter, made on the first dump
         if self.capture_log_line:
             # The plugin's line, logged once the model is loaded (the emulator routes logging into its
             # SGLang-format console, so it reads "[ts TP0] eagle3-capture active: ...").
@@ -260,6 +267,33 @@ class ModelBackend:
         if self.spec is not None:
             self.capture_log_line = capture_active_line(self.config.points, self.spec)
             logging.getLogger("eagle3_capture").info("%s", self.capture_log_line)
+
+    def flush(self) -> None:
+        """Wait until every chunk handed to the background writer is on disk (or has failed)."""
+        if self._writer is not None:
+            self._writer.flush()
+
+    def close(self) -> None:
+        """Write what is queued, then stop the writer thread (idempotent)."""
+        if self._writer is not None:
+            self._writer.close()
+
+    @property
+    def writer(self) -> Any:
+        """The plugin's ``BackgroundWriter`` for the spec's dir (made, and the dir checked, on first use)."""
+        if self._writer is None:
+            from sessions.capture.plugin.eagle3_capture.writer import BackgroundWriter, check_capture_dir
+
+            spec = self.spec
+            assert spec is not None, "no capture spec: nothing to write"
+            check_capture_dir(spec.dir, create=True)  # refuse an unsafe dir in the request, as the plugin does
+            self._writer = BackgroundWriter(spec.dir, queue_depth=spec.queue_depth, fsync=spec.fsync)
+            # Queued chunks must reach the disk on a clean shutdown.  The emulator's ranks are
+            # multiprocessing children, which exit through os._exit and skip atexit; multiprocessing runs
+            # its own finalizers there (and atexit covers an in-process backend).
+            multiprocessing.util.Finalize(None, self._writer.close, exitpriority=10)
+            atexit.register(self._writer.close)
+        return self._writer
 
     def flush_cache(self) -> bool:
         """No prefix cache here: every prompt is computed in full (what capture needs anyway)."""
@@ -399,19 +433,40 @@ class ModelBackend:
         return cache, last_row, rows
 
     def _maybe_dump(self, rid: str, prefix_len: int, chunk: Any, aux: Any, last: Any) -> None:
+        """Hand one extend chunk to the background writer, as the plugin's AFTER hook does."""
         spec = self.spec
         if spec is None or not self.config.aux_enabled or not rid.startswith(spec.rid_prefix):
             return
-        from sessions.capture.writer import write_chunks
-
         meta = {
             "layers": list(self.config.points or ()),
             "hidden_size": self.hidden_size,
             "sglang_version": EMULATOR_VERSION,
             "draft_layer_ids": list(spec.draft_layer_ids) if spec.draft_layer_ids else None,
         }
-        write_chunks(spec.dir, [rid], [prefix_len], [int(chunk.shape[0])], aux.cpu(),
-                     last.cpu() if "last" in spec.dump else None, chunk, meta, fsync=spec.fsync)
+        keep_last = "last" in spec.dump
+        ready = None
+        if aux.is_cuda:
+            # Like the plugin (hook.py `_to_host`): async copies into pinned memory on the forward's stream,
+            # and the writer waits on an event before it reads them.
+            import torch
+
+            aux, last = _pinned_copy(aux), _pinned_copy(last) if keep_last else None
+            ready = torch.cuda.Event()
+            ready.record()
+        else:
+            # CPU: `aux` (torch.cat) and `last` (this forward's output) are fresh tensors that nothing
+            # writes again, so handing them over is the copy; the bf16 cast happens in the writer thread.
+            last = last if keep_last else None
+        self.writer.submit([rid], [prefix_len], [int(chunk.shape[0])], aux, last, chunk.cpu(), meta,
+                           ready=ready)
+
+
+def _pinned_copy(tensor: Any) -> Any:
+    import torch
+
+    out = torch.empty(tensor.shape, dtype=tensor.dtype, device="cpu", pin_memory=True)
+    out.copy_(tensor, non_blocking=True)
+    return out
 
 
 def _per_item(value: Any, count: int, name: str) -> list:
