@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import dataclasses
 import re
-import string
 import threading
 import time
 from collections.abc import Callable
@@ -19,7 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from sessions.gpus import GpuSnapshot, GpuSource
-from sessions.redaction import REDACTED, SECRET_FLAGS, is_secret_name, redact_text, secret_values
+from sessions.redaction import SECRET_FLAGS, is_secret_name, redact_text, secret_values
 from widgets.lists import ProfileEntry, SessionEntry
 from widgets.log_view import LogChunk, LogFilter, clean_line
 from widgets.state_line import rank_label
@@ -338,100 +337,8 @@ def _default_selection(statuses: dict[str, Any]) -> str | None:
 
 # --- the log ---------------------------------------------------------------------------------------------
 
-# SGLang logs are full of token *counts* ("max_total_num_tokens=…", "#new-token: 12", "token usage: 0.01");
-# `redact_text`'s name rule would hide them all.  In log lines a name counts as secret only when it is not
-# one of those counters; values are still checked for credential shapes (hf_…, sk-…, URL passwords).
-_COUNTER_NAME = re.compile(
-    r"(?i)tokens\b|tokeniz|token[-_ ]?(usage|num|count|ids?)\b|(num|max|new|cached|input"
-    r"|output|total|gen|prefill|extend|#)[-_ ]?tokens?\b"
-)
-_MAYBE_SHAPED = re.compile(r"hf_|sk-|gh[pousr]_|xox[abpr]-|AKIA|://|[Bb]earer")
-_ASSIGNMENT = re.compile(
-    r"(?P<name>[A-Za-z_#][\w\-.#]*)(?P<sep>=|:(?=\s))(?P<space>\s*)"
-    r"(?P<value>'[^']*'|\"[^\"]*\"|[^\s,()\[\]{}=]+)"
-)
-# Cheap pre-check (plain substring tests on the lowercased line; a regex here cost more than the rest of the
-# poll): a line without any of these words or shapes has nothing to hide.  "token" alone is not one of them
-# (decode lines say "#new-token: 7" every few ms); a token *assignment* is checked by `_needs_redaction`.
-_HINT_WORDS = (
-    "secret",
-    "passw",
-    "api_key",
-    "api-key",
-    "apikey",
-    "access_key",
-    "access-key",
-    "private_key",
-    "private-key",
-    "credential",
-    "auth",
-    "cookie",
-    "session_key",
-    "session-key",
-    "hf_",
-    "sk-",
-    "ghp_",
-    "gho_",
-    "ghu_",
-    "ghs_",
-    "ghr_",
-    "xoxa-",
-    "xoxb-",
-    "xoxp-",
-    "xoxr-",
-    "akia",
-    "://",
-    "bearer",
-)
-_NAME_CHARS = frozenset(string.ascii_letters + string.digits + "_#.-")
-
-
-def _needs_redaction(line: str) -> bool:
-    low = line.lower()
-    if any(word in low for word in _HINT_WORDS):
-        return True
-    start = low.find("token")
-    while start >= 0:
-        left, right = start, start + 5
-        while left > 0 and low[left - 1] in _NAME_CHARS:
-            left -= 1
-        while right < len(low) and low[right] in _NAME_CHARS:
-            right += 1
-        after = line[right : right + 2]
-        if (after[:1] == "=" or after == ": ") and not _COUNTER_NAME.search(line[left:right]):
-            return True
-        start = low.find("token", right)
-    return False
-
-
 _EMBEDDED_PREFIX = re.compile(r"\[\d{4}-\d{2}-\d{2} \d{2}:\d{2}:\d{2}")
 _BAR_TAIL = re.compile(r"\d+%|it/s|s/it")
-_BEARER = re.compile(r"(?i)(bearer\s+)[A-Za-z0-9._\-~+/]{8,}=*")
-
-
-def redact_log_line(line: str, known_secrets: tuple[str, ...] | list[str] = ()) -> str:
-    """Hide known secret values and credential-shaped words in one log line, keeping token counts."""
-    for secret in sorted({s for s in known_secrets if s and len(s) >= 4}, key=len, reverse=True):
-        line = line.replace(secret, REDACTED)
-
-    def assignment(match: re.Match[str]) -> str:
-        name, value = match.group("name"), match.group("value")
-        if is_secret_name(name) and not _COUNTER_NAME.search(name) and value not in ("None", "''", '""'):
-            quote = value[0] if value[:1] in "'\"" else ""
-            return f"{name}{match.group('sep')}{match.group('space')}{quote}{REDACTED}{quote}"
-        return match.group(0)
-
-    if not _needs_redaction(line):
-        return line
-    if "earer" in line:
-        line = _BEARER.sub(lambda m: m.group(1) + REDACTED, line)
-    if "=" in line or ":" in line:
-        line = _ASSIGNMENT.sub(assignment, line)
-    if _MAYBE_SHAPED.search(line):
-        line = "".join(
-            redact_text(word) if _MAYBE_SHAPED.search(word) else word for word in re.split(r"(\s+)", line)
-        )
-    return line
 
 
 def known_secrets_of(profile: Any) -> list[str]:
@@ -447,6 +354,22 @@ def known_secrets_of(profile: Any) -> list[str]:
             elif i + 1 < len(args):
                 found.append(args[i + 1])
     return [v for v in found if v]
+
+
+def attributed_rank(text: str, previous: int | None) -> int | None:
+    """The TP rank a log line belongs to, by `sessions.logs.LogFile.iter_filtered`'s rule: its own
+    ``[… TPn]`` tag; else, for a traceback or message continuation line, the rank of the line before it
+    (``previous``: what this function said for that line); else TP0 for a tqdm bar; else None (main)."""
+    from sessions.logs import _is_continuation, line_rank
+
+    own = line_rank(text)
+    if own is not None:
+        return own
+    if _is_continuation(text):
+        return previous
+    if "%|" in text or "% Completed" in text:
+        return 0  # tqdm bars are drawn by TP0 only (sglang-facts §1.5)
+    return None
 
 
 class LogFeed:
@@ -466,6 +389,7 @@ class LogFeed:
         self._total = 0  # complete lines delivered so far (the number of the last one)
         self._filter: LogFilter | None = None
         self._filtered_upto = 0  # lines already checked against _filter by polls
+        self._last_rank: int | None = None  # attributed rank of the last line delivered (continuations)
 
     def close(self) -> None:
         with self._lock:
@@ -480,7 +404,7 @@ class LogFeed:
             # A bar without its newline, then another process's log line: the line is what counts (the
             # timeline shows the bar's progress).
             text = text[embedded.start() :]
-        return redact_log_line(clean_line(text), self._secrets)
+        return redact_text(clean_line(text), self._secrets)
 
     # -- what the poll and the view ask for -----------------------------------------------------------------
 
@@ -499,9 +423,16 @@ class LogFeed:
                 shown = [line for line in self._log.tail_lines(tail) if line.number is not None]
                 self._total = shown[-1].number if shown else 0
                 self._filtered_upto = self._total  # the view scans the restarted file itself
+                self._last_rank = None
+                for line in shown:
+                    self._last_rank = attributed_rank(line.text, self._last_rank)
                 lines = tuple((line.number - 1, self._show(line.text)) for line in shown)
                 return LogChunk(str(self.path), self._file_id, self._total, lines, log_filter)
             new = [line for line in result.lines if line.number is not None]
+            ranks = []
+            for line in new:
+                self._last_rank = attributed_rank(line.text, self._last_rank)
+                ranks.append(self._last_rank)
             first_new = self._total
             if new:
                 self._total = max(self._total, new[-1].number)
@@ -514,8 +445,8 @@ class LogFeed:
                     self._filtered_upto = first_new
                 matches = tuple(
                     line.number - 1
-                    for line in new
-                    if line.number > self._filtered_upto and log_filter.matches(line.text)
+                    for line, rank in zip(new, ranks, strict=True)
+                    if line.number > self._filtered_upto and log_filter.matches(line.text, rank)
                 )
                 self._filtered_upto = self._total
             return LogChunk(str(self.path), self._file_id, self._total, lines, log_filter, matches)
@@ -543,10 +474,12 @@ class LogFeed:
         matches: list[int] = []
         if log is None or scanned == 0:
             return matches, scanned
+        rank: int | None = None
         for count, line in enumerate(log.iter_filtered(start_line=1), start=1):
             if line.number is None or line.number > scanned:
                 break
-            if log_filter.matches(line.text):
+            rank = attributed_rank(line.text, rank)
+            if log_filter.matches(line.text, rank):
                 matches.append(line.number - 1)
             if count % 4096 == 0 and cancelled():
                 break

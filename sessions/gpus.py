@@ -43,6 +43,9 @@ class GpuSample:
     power_w: float | None = None
     processes: tuple[GpuProcess, ...] = ()
     lost: bool = False  # the GPU fell off the bus / NVML lost it
+    # Emulated only: the emulator sessions together claim more memory than the GPU has (each emulator
+    # assumes the GPUs are its own).  ``memory_used_bytes`` is then clamped to the total.
+    oversubscribed: bool = False
 
 
 @dataclass(frozen=True)
@@ -269,7 +272,8 @@ _IDLE_GPU_TOTAL_BYTES = 143771 * 1024 * 1024
 class EmulatedSource:
     """GPU numbers published by live emulator sessions (`emulated_gpus.json` in their session dirs).
 
-    Several emulator sessions on the same "machine" add up per GPU index.  Files of sessions whose main
+    Several emulator sessions on the same "machine" add up per GPU index, up to the GPU's total: more
+    than that is shown as the total with ``oversubscribed`` set.  Files of sessions whose main
     process is gone are ignored.  With ``idle_gpus`` > 0 (demo mode), that many idle GPUs are shown while
     no emulator runs, so the panel has its shape from the first frame.
     """
@@ -299,6 +303,7 @@ class EmulatedSource:
             oldest = min(oldest, updated_at)
             for gpu in gpus:
                 merged[gpu.index] = _add_samples(merged.get(gpu.index), gpu)
+        merged = {index: _clamped(sample) for index, sample in merged.items()}
         stale = now - oldest > _EMULATED_STALE_AFTER_S
         message = f"emulated GPUs from {len(readings)} emulator session{'s' if len(readings) != 1 else ''}"
         return GpuSnapshot(tuple(merged[i] for i in sorted(merged)), "emulated", True, message, now, stale)
@@ -369,6 +374,14 @@ def _add_samples(a: GpuSample | None, b: GpuSample) -> GpuSample:
         utilization_percent=util,
         processes=a.processes + b.processes,
     )
+
+
+def _clamped(sample: GpuSample) -> GpuSample:
+    """No real GPU shows more used than total memory: clamp, and say the GPU is oversubscribed."""
+    used, total = sample.memory_used_bytes, sample.memory_total_bytes
+    if used is None or not total or used <= total:
+        return sample
+    return replace(sample, memory_used_bytes=total, oversubscribed=True)
 
 
 def _int_or_none(value: Any) -> int | None:

@@ -307,28 +307,36 @@ def _forget_dead_trackers(alive: set[tuple[int, float]]) -> None:
 
 
 def read_proc(
-    proc: psutil.Process, main_pid: int | None = None, children: tuple[str, ...] | None = None
+    proc: psutil.Process,
+    main_pid: int | None = None,
+    children: tuple[str, ...] | None = None,
+    title: str | None = None,
+    name: str | None = None,
 ) -> ProcInfo | None:
     """One reading of ``proc``; None when it vanished while being read.
 
     ``children``: the names of its direct children when the caller already knows them (`process_tree`
-    does: asking psutil per process would scan all of /proc once per process).
+    does: asking psutil per process would scan all of /proc once per process).  ``title`` and ``name``:
+    when the caller already read them (`ProcessTreeWatch` keeps a rank's title, which no longer changes
+    once SGLang set it, instead of reading its cmdline every second).
     """
     try:
         with proc.oneshot():
             create_time = proc.create_time()
             status = proc.status()
             ppid = proc.ppid()
-            title = process_title(proc)
-            name = proc.name()
+            title = title if title is not None else process_title(proc)
+            name = name if name is not None else proc.name()
             rss = _maybe(lambda: proc.memory_info().rss)
             threads = _maybe(proc.num_threads)
+            tracker, seen_before = _tracked(proc, create_time)
+            # Inside oneshot: when the tracker is ``proc`` itself (a kept object), cpu_times() reuses the
+            # /proc/PID/stat just read instead of reading it again.
+            cpu = _maybe(lambda: tracker.cpu_percent(interval=None))
     except (psutil.NoSuchProcess, psutil.ZombieProcess):
         return None
     except (psutil.AccessDenied, OSError):
         return None
-    tracker, seen_before = _tracked(proc, create_time)
-    cpu = _maybe(lambda: tracker.cpu_percent(interval=None))
     if not seen_before:
         cpu = None  # psutil's first reading is always 0.0, which would read as "this rank is idle"
     if children is None:
@@ -396,29 +404,62 @@ def _parent_map() -> dict[int, tuple[int, str]]:
     return found
 
 
-def process_tree(pid: int, create_time: float, cpu_interval_s: float | None = None) -> list[ProcInfo]:
-    """The process (pid, create_time) and all its descendants, the root first; [] when it is gone.
+def _children_names(children_of: dict[int, list[tuple[int, str]]], pid: int) -> tuple[str, ...]:
+    return tuple(sorted(name for _, name in children_of.get(pid, [])))
 
-    CPU% compares with the previous call in this process; pass ``cpu_interval_s`` to measure over a
-    short interval now instead (diagnosis wants "this rank is at 0% while the others spin").
-    """
-    root = get_process(pid, create_time)
-    if root is None:
-        return []
-    # One pass over /proc for the whole tree (psutil's children() rescans every process per call).
+
+def _walk_tree(
+    root: psutil.Process, known: dict[int, psutil.Process] | None = None
+) -> tuple[list[psutil.Process], dict[int, tuple[str, ...]]]:
+    """The root and all its descendants (breadth first) and each one's children's names, from one pass
+    over /proc (psutil's children() rescans every process per call).  A pid in ``known`` whose process is
+    still the same one (pid, create_time) keeps its object (and with it its CPU% baseline)."""
     children_of: dict[int, list[tuple[int, str]]] = {}
     for child_pid, (ppid, name) in _parent_map().items():
         children_of.setdefault(ppid, []).append((child_pid, name))
     procs = [root]
     names: dict[int, tuple[str, ...]] = {}
     for proc in procs:  # breadth first; grows while it walks
-        kids = children_of.get(proc.pid, [])
-        names[proc.pid] = tuple(sorted(name for _, name in kids))
-        for child_pid, _ in kids:
+        names[proc.pid] = _children_names(children_of, proc.pid)
+        for child_pid, _ in children_of.get(proc.pid, []):
             try:
-                procs.append(psutil.Process(child_pid))
+                child = psutil.Process(child_pid)
             except (psutil.Error, OSError):
                 continue
+            kept = (known or {}).get(child_pid)
+            if kept is not None and same_process(child, kept.create_time()):
+                child = kept
+            procs.append(child)
+    return procs, names
+
+
+def _read_tree(
+    procs: list[psutil.Process],
+    names: dict[int, tuple[str, ...]],
+    root_pid: int,
+    titles: dict[int, tuple[str, str]] | None = None,
+) -> list[ProcInfo]:
+    infos = []
+    for proc in procs:
+        title, name = (titles or {}).get(proc.pid, (None, None))
+        info = read_proc(proc, main_pid=root_pid, children=names.get(proc.pid, ()), title=title, name=name)
+        if info is not None and (info.status != psutil.STATUS_ZOMBIE or info.pid == root_pid):
+            infos.append(info)
+    _forget_dead_trackers({(i.pid, round(i.create_time, 2)) for i in infos})
+    return infos
+
+
+def process_tree(pid: int, create_time: float, cpu_interval_s: float | None = None) -> list[ProcInfo]:
+    """The process (pid, create_time) and all its descendants, the root first; [] when it is gone.
+
+    CPU% compares with the previous call in this process; pass ``cpu_interval_s`` to measure over a
+    short interval now instead (diagnosis wants "this rank is at 0% while the others spin").
+    Always walks all of /proc; a caller that reads the same tree every second uses `ProcessTreeWatch`.
+    """
+    root = get_process(pid, create_time)
+    if root is None:
+        return []
+    procs, names = _walk_tree(root)
     if cpu_interval_s:
         for proc in procs:
             try:
@@ -426,10 +467,72 @@ def process_tree(pid: int, create_time: float, cpu_interval_s: float | None = No
             except (psutil.Error, OSError):
                 pass
         time.sleep(cpu_interval_s)
-    infos = [i for i in (read_proc(p, main_pid=root.pid, children=names[p.pid]) for p in procs) if i is not None]
-    infos = [i for i in infos if i.status != psutil.STATUS_ZOMBIE or i.pid == root.pid]
-    _forget_dead_trackers({(i.pid, round(i.create_time, 2)) for i in infos})
-    return infos
+    return _read_tree(procs, names, root.pid)
+
+
+# A watched tree is walked again (all of /proc) at least this often, to find new descendants such as a
+# compiler that a rank started; between walks only the known members are read.
+TREE_RESCAN_S = 5.0
+
+
+class ProcessTreeWatch:
+    """One server's process tree, read again and again (the TUI reads it every second).
+
+    `process_tree` walks all of /proc and builds a psutil object per process on every call: with a TP8
+    server that was most of a poll's CPU.  This keeps the members' psutil objects between reads and reads
+    only them; it walks /proc for new descendants on the first read, when a member ended or its pid now
+    belongs to another process (identity is (pid, create_time)), when asked (``full_scan``), and at least
+    every ``rescan_after_s``.  A rank's title is kept once SGLang has set it (it never changes after).
+    """
+
+    def __init__(self, pid: int, create_time: float, rescan_after_s: float = TREE_RESCAN_S) -> None:
+        self.pid = int(pid)
+        self.create_time = float(create_time)
+        self.rescan_after_s = rescan_after_s
+        self._members: list[psutil.Process] | None = None
+        self._names: dict[int, tuple[str, ...]] = {}
+        self._titles: dict[int, tuple[str, str]] = {}  # pid -> (title, name) of recognised SGLang roles
+        self._walked_at = 0.0
+        self.walks = 0  # how many times all of /proc was walked (tests and benches read it)
+
+    def read(self, full_scan: bool = False) -> list[ProcInfo]:
+        """The tree as `process_tree` returns it: the root first, then its descendants; [] when gone."""
+        members = self._members
+        if full_scan or members is None or time.monotonic() - self._walked_at >= self.rescan_after_s:
+            return self._walk()
+        # read_proc gives None for a member that ended or whose pid is another process now: psutil's
+        # ppid() compares the create_time it read first with the one it reads now (is_running()).
+        infos = _read_tree(members, self._names, self.pid, self._titles)
+        if len(infos) != len(members) or (infos and infos[0].status == psutil.STATUS_ZOMBIE):
+            return self._walk()  # the tree changed: find out what it is now
+        self._remember_titles(infos)
+        return infos
+
+    def _walk(self) -> list[ProcInfo]:
+        self.walks += 1
+        self._walked_at = time.monotonic()
+        root = get_process(self.pid, self.create_time)
+        if root is None:
+            self._members = None
+            return []
+        if self._members and self._members[0].pid == root.pid:
+            root = self._members[0]  # the same process (get_process checked it): keep its CPU baseline
+        known = {p.pid: p for p in self._members or ()}
+        procs, names = _walk_tree(root, known)
+        # A title is kept only for the very process it was read from (a reused pid is another process).
+        still = {p.pid for p in procs if known.get(p.pid) is p}
+        self._titles = {pid: kept for pid, kept in self._titles.items() if pid in still}
+        infos = _read_tree(procs, names, root.pid, self._titles)
+        read_pids = {i.pid for i in infos}
+        self._members = [p for p in procs if p.pid in read_pids]
+        self._names = names
+        self._remember_titles(infos)
+        return infos
+
+    def _remember_titles(self, infos: list[ProcInfo]) -> None:
+        for info in infos:
+            if info.pid not in self._titles and parse_title(info.title).role != "other":
+                self._titles[info.pid] = (info.title, info.name)
 
 
 def processes_with_env(name: str, value: str, exclude_pids: Iterable[int] = ()) -> list[psutil.Process]:

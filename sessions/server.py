@@ -224,6 +224,8 @@ class ServerSession:
         self._log_tail = b""
         self._activity_at: float | None = None  # wall clock of the last log write that was not a probe
         self._model_info: dict | None = None
+        self._tree_watch: probes.ProcessTreeWatch | None = None  # the main process's tree, between polls
+        self._last_lines_cache: tuple[tuple[int, int], tuple[str, ...]] | None = None
         self.restart_diff: list[str] = []
 
     def __repr__(self) -> str:
@@ -374,14 +376,16 @@ class ServerSession:
         if self._model_info is None and isinstance(rec.get("model_info"), dict):
             self._model_info = rec["model_info"]
 
-        tree = probes.process_tree(pid, create_time) if pid else []
+        # Every request lands in the server's access log: ask /ready only until the start is over and
+        # /model_info once (it is kept in state.json), so watching a server does not fill its log.
+        known_ready = log_ready or rec.get("start_outcome") == "ready"
+        # While it starts, the tree changes (ranks, compilers: the stall limit asks) and is walked every
+        # time; once ready, the watch reads its known members and walks /proc only now and then.
+        tree = self._process_tree(pid, create_time, full_scan=not known_ready) if pid else []
         alive = bool(tree) and tree[0].pid == pid
         listening = bool(alive and port and probes.port_listening(host, port))
         ready_http: bool | None = None
         http_error = None
-        # Every request lands in the server's access log: ask /ready only until the start is over and
-        # /model_info once (it is kept in state.json), so watching a server does not fill its log.
-        known_ready = log_ready or rec.get("start_outcome") == "ready"
         if listening and probe_http:
             base = f"http://{_url_host(host)}:{port}"
             if known_ready:
@@ -461,6 +465,12 @@ class ServerSession:
             session_dir=self.session_dir,
         )
 
+    def _process_tree(self, pid: int, create_time: float | None, full_scan: bool) -> list[probes.ProcInfo]:
+        watch = self._tree_watch
+        if watch is None or (watch.pid, watch.create_time) != (pid, float(create_time or 0.0)):
+            watch = self._tree_watch = probes.ProcessTreeWatch(pid, float(create_time or 0.0))
+        return watch.read(full_scan=full_scan)
+
     def _read_log(self) -> StartupSummary:
         """Feed what the log gained since the last call into the tracker (a fresh object re-reads it)."""
         try:
@@ -487,8 +497,13 @@ class ServerSession:
 
     def _last_lines(self, count: int = 5) -> tuple[str, ...]:
         """The latest non-empty log lines (tqdm renders split at ``\r``), for stall's DeepGEMM check."""
+        key = (self._log_offset, count)
+        if self._last_lines_cache is not None and self._last_lines_cache[0] == key:
+            return self._last_lines_cache[1]  # the log did not grow since the last poll
         text = self._log_tail.decode("utf-8", errors="replace")
-        return tuple([line for line in re.split(r"[\r\n]", text) if line.strip()][-count:])
+        lines = tuple([line for line in re.split(r"[\r\n]", text) if line.strip()][-count:])
+        self._last_lines_cache = (key, lines)
+        return lines
 
     def _silent_for_s(self, rec: dict) -> float:
         """Seconds since the server last wrote something other than the access lines of our probes."""

@@ -40,3 +40,25 @@ def test_argv_and_env_redaction():
     out = redact_argv(argv)
     assert "s3cr3t-value" not in out and "--admin-api-key=" + REDACTED in out and out[-1] == "8"
     assert redact_env({"HF_TOKEN": "hf_x", "NCCL_ALGO": "Ring"}) == {"HF_TOKEN": REDACTED, "NCCL_ALGO": "Ring"}
+
+
+def test_sglang_counts_and_token_named_settings_are_not_secrets():
+    # Prefill/decode lines count tokens with a leading "#" (sglang scheduler_metrics_mixin log lines).
+    prefill = ("[2026-11-01 10:00:05 TP0] Prefill batch, #new-seq: 1, #new-token: 12, #cached-token: 0, "
+               "token usage: 0.00, #running-req: 0, #queue-req: 0")
+    assert redact_text(prefill) == prefill
+    decode = "[2026-11-01 10:00:05 TP3] Decode batch, #running-req: 8, #token: 1234, token usage: 0.01"
+    assert redact_text(decode) == decode
+    # ServerArgs fields with "token" in their names, and unset secrets (None hides nothing).
+    dump = ("server_args=ServerArgs(ds_heavy_token_num=256, speculative_token_map=None, "
+            "bucket_time_to_first_token=None, kt_max_deferred_experts_per_token=None, api_key=None, "
+            "prefill_delayer_token_usage_low_watermark=None)")
+    assert redact_text(dump) == dump
+    for name in ["access_token", "GITHUB_TOKEN", "token", "--hf-token"]:
+        assert is_secret_name(name), name
+
+
+def test_a_quoted_secret_is_hidden_whole():
+    out = redact_text("ServerArgs(admin_api_key=\"two words\", port=30000)")
+    assert "two" not in out and "words" not in out and "port=30000" in out
+    assert redact_text("password: hunter22") == f"password: {REDACTED}"

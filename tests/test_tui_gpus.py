@@ -244,3 +244,26 @@ def test_default_source_falls_back_to_emulators_only_without_nvml(home):
         assert "NVML not available" in snapshot.message
     finally:
         source.close()
+
+
+def test_emulated_sessions_sharing_a_gpu_never_show_more_than_it_has(home):
+    # Two demo TP8 sessions each claim 100 GiB of a 140 GiB GPU: the panel shows 140/140, oversubscribed.
+    me = os.getpid()
+    _write_emulated(home.sessions_dir / "a", me, [_gpu(0, 100, 111), _gpu(1, 30, 112)])
+    _write_emulated(home.sessions_dir / "b", me, [_gpu(0, 100, 211), _gpu(1, 30, 212)])
+    gpu0, gpu1 = EmulatedSource(home).snapshot().samples
+    assert gpu0.memory_used_bytes == gpu0.memory_total_bytes == 140 * 2**30 and gpu0.oversubscribed
+    assert gpu1.memory_used_bytes == 60 * 2**30 and not gpu1.oversubscribed
+    assert [p.used_bytes for p in gpu0.processes] == [100 * 2**30, 100 * 2**30]  # each claim as reported
+
+
+def test_the_panel_says_oversubscribed_for_an_emulated_gpu_over_its_total(home):
+    from widgets.gpu_panel import OVERSUBSCRIBED, GpuPanel
+
+    _write_emulated(home.sessions_dir / "a", os.getpid(), [_gpu(0, 100, 111)])
+    panel = GpuPanel()
+    panel.snapshot = EmulatedSource(home).snapshot()
+    assert OVERSUBSCRIBED not in panel.title()
+    _write_emulated(home.sessions_dir / "b", os.getpid(), [_gpu(0, 100, 211)])
+    panel.snapshot = EmulatedSource(home).snapshot()
+    assert OVERSUBSCRIBED in panel.title()

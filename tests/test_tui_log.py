@@ -200,7 +200,7 @@ def _visible(view: LogView) -> str:
 
 
 def test_log_redaction_keeps_token_counts_and_hides_secrets():
-    from app.feed import redact_log_line
+    from sessions.redaction import redact_text as redact_log_line  # what LogFeed shows each line through
 
     counts = "[2026-11-01 10:00:05 TP0] max_total_num_tokens=861234, max_prefill_tokens=16384, #new-token: 7"
     assert redact_log_line(counts) == counts
@@ -221,4 +221,28 @@ def test_a_bar_interrupted_by_another_rank_shows_the_log_line(tmp_path):
     )
     feed = LogFeed(path)
     assert feed.poll(None).lines == ((0, "[2026-11-30 05:12:06 TP7] Init parallel ends. elapsed=1.31 s"),)
+    feed.close()
+
+
+def test_rank_filter_keeps_a_traceback_with_the_rank_that_printed_it(tmp_path):
+    # sessions.logs.LogFile.iter_filtered's rule: untagged continuation lines belong to the rank before them.
+    path = tmp_path / "server.log"
+    lines = [
+        "[2026-11-01 10:00:01 TP1] Scheduler hit an exception: Traceback (most recent call last):",
+        '  File "/sglang/srt/managers/scheduler.py", line 2912, in run_scheduler_process',
+        "    scheduler.event_loop_overlap()",
+        "torch.OutOfMemoryError: CUDA out of memory.",
+        "[2026-11-01 10:00:02 TP2] Load weight end.",
+        "[2026-11-01 10:00:03] Started server process",
+    ]
+    _write(path, lines[:2])
+    feed = LogFeed(path)
+    feed.poll(None)
+    rank1 = LogFilter.parse("", rank=1)
+    assert feed.scan(rank1, lambda: False) == ([0, 1], 2)
+    _write(path, lines[2:])  # the rest of the traceback arrives with a later poll
+    assert feed.poll(rank1).matches == (2, 3)
+    assert feed.scan(rank1, lambda: False)[0] == [0, 1, 2, 3]
+    assert feed.scan(LogFilter.parse("memory", rank=1), lambda: False)[0] == [3]
+    assert feed.scan(LogFilter.parse("", rank=MAIN_RANK), lambda: False)[0] == [5]
     feed.close()

@@ -19,6 +19,7 @@ from sessions.gpus import GpuSample, GpuSnapshot
 from widgets import units
 
 HISTORY_SAMPLES = 120
+OVERSUBSCRIBED = "oversubscribed (emulated)"
 _WIDE_MIN_WIDTH = 96
 _CELL_MIN_WIDTH = 26
 
@@ -69,6 +70,8 @@ class GpuPanel(Widget):
             label = "NVML not available"
         else:
             label = "NVML"
+        if any(s.oversubscribed for s in snapshot.samples):
+            label += f" · {OVERSUBSCRIBED}"
         if snapshot.stale:
             label += f" · stale {units.duration(time.time() - snapshot.taken_at)}"
         return f"GPUs · {label}"
@@ -82,6 +85,17 @@ class GpuPanel(Widget):
         if not width:
             self.refresh(layout=True)
             return
+        snapshot = self.snapshot
+        # The same readings, owners and sparkline tails draw the same rows: skip building them (a stale
+        # snapshot's row says its age, so that one is always redrawn).
+        key = None
+        if snapshot is not None and not snapshot.stale:
+            tails = tuple(tuple(list(h)[-12:]) for _, h in sorted(self._util_history.items()))
+            key = (snapshot.samples, snapshot.available, snapshot.message, snapshot.source,
+                   tuple(sorted(self.owners.items())), width, tails)
+            if key == getattr(self, "_drawn_key", None):
+                return
+        self._drawn_key = key
         drawn = self._rows(width)
         if drawn == getattr(self, "_drawn", None):
             return
@@ -189,6 +203,8 @@ class GpuPanel(Widget):
         text.append(f"{name:<15}")
         self._append_bar(text, fraction, bar_width)
         text.append(f" {memory:>17}  {util} ")
+        if sample.oversubscribed:
+            text.append(f"{OVERSUBSCRIBED} ", style=self.get_component_rich_style("gpu--high"))
         util_history = list(self._util_history.get(sample.index, ()))
         text.append(
             units.sparkline(util_history, spark_width),
@@ -211,6 +227,8 @@ class GpuPanel(Widget):
         owner = ",".join(sorted({self.owners[p.pid] for p in sample.processes if p.pid in self.owners}))
         if not owner and sample.processes:
             owner = f"{len(sample.processes)}p"
+        if sample.oversubscribed:
+            memory += "!"  # the wide row spells it out; the pane title says it too
         tail = f" {memory:>8} {util:>4} {owner}"
         bar_width = max(3, width - 2 - len(tail))
         text = Text()

@@ -15,6 +15,7 @@ from __future__ import annotations
 import re
 from collections import OrderedDict
 from dataclasses import dataclass, field
+from types import EllipsisType
 from typing import ClassVar
 
 from rich.text import Text
@@ -98,9 +99,12 @@ class LogFilter:
     def active(self) -> bool:
         return bool(self.text) or self.rank is not None
 
-    def matches(self, line: str) -> bool:
+    def matches(self, line: str, rank: int | None | EllipsisType = ...) -> bool:
+        """``rank``: the line's rank as the reader attributed it (a traceback line has its rank tag on an
+        earlier line: `app.feed.attributed_rank`); left out, only the line's own tag counts."""
         if self.rank is not None:
-            rank = line_rank(line)
+            if rank is ...:
+                rank = line_rank(line)
             if (MAIN_RANK if rank is None else rank) != self.rank:
                 return False
         return self._pattern is None or bool(self._pattern.search(line))
@@ -223,10 +227,12 @@ class LogView(Widget, can_focus=True):
         """Take what a poll read; ignored when it is for another file."""
         if chunk.path != self.path:
             return
-        if self._file_id and chunk.file_id != self._file_id:  # rotated or truncated: start over
+        restarted = bool(self._file_id and chunk.file_id != self._file_id)
+        if restarted:  # rotated or truncated: start over
             self._reset()
         self._file_id = chunk.file_id
         before = self.view_count
+        top_before = self._current_top()
         self._total = chunk.total_lines
         for number, text in chunk.lines:
             self._remember(number, text)
@@ -236,7 +242,9 @@ class LogView(Widget, can_focus=True):
         added = self.view_count - before
         if not self.follow and added > 0:
             self.pending += added
-        if added or chunk.lines:
+        # Repaint only when the window shows something new: following, or paused with room left in it.
+        # New lines that no filter matches, or that arrive below a paused window, change nothing drawn.
+        if restarted or (added and (self.follow or before < top_before + self._page_rows())):
             self.refresh()
         if added:
             self.post_message(self.StateChanged())
