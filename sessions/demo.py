@@ -1,26 +1,49 @@
-"""The demo home (DESIGN §1b): ready-made emulator profiles and a config-only Kimi-K2.5-shaped model dir.
+"""The demo home (DESIGN §1b): ready-made emulator profiles, a config-only Kimi-K2.5-shaped model dir, and
+the capture + extraction demo (a tiny real model, a capture profile, a dataset and a job spec).
 
-`eagle3-tui --demo` needs no GPU, no SGLang and no network: both profiles use `launcher = "emulator"`,
+`eagle3-tui --demo` needs no GPU, no SGLang and no network: every profile uses `launcher = "emulator"`,
 which runs `python -m sessions.emulator` through the same launch path as a real server.  Creating the
-demo home is idempotent and never overwrites a profile the user has edited.
+demo home is idempotent and never overwrites a file the user has edited.
+
+The capture demo needs torch, transformers, safetensors and tokenizers (the emulator runs real forwards).
+The TUI process must never import torch (TEAM rules), so the tiny model is written by a child process
+(``python -m sessions.demo --write-model DIR``); without those packages the capture demo is skipped and
+`demo_note` says why in one line the TUI can show.
 """
 
 from __future__ import annotations
 
+import argparse
+import importlib.util
 import json
+import os
+import shutil
 import socket
+import subprocess
+import sys
 from pathlib import Path
 
 from sessions.home import Home, atomic_write_text, ensure_private_dir, resolve_home
 
 HEALTHY_PROFILE = "kimi-k25-tp8"
 HANG_PROFILE = "kimi-k25-hang-after-weights"
-DEMO_PROFILES = (HEALTHY_PROFILE, HANG_PROFILE)  # in the order the TUI lists them
+CAPTURE_PROFILE = "tiny-llama-capture"  # only with torch & co. (see `capture_demo_missing`)
+# The profiles every demo home has, in the order the TUI lists them (the capture profile, when there, is
+# listed after them: its name sorts after theirs).
+DEMO_PROFILES = (HEALTHY_PROFILE, HANG_PROFILE)
 DEMO_TITLES = {
     HEALTHY_PROFILE: "Kimi-K2.5-like TP8",
     HANG_PROFILE: "Kimi-K2.5-like TP8, hangs after weights",
+    CAPTURE_PROFILE: "Tiny real Llama model (8 layers, hidden 64), TP1, capture on",
 }
 MODEL_DIR_NAME = "kimi-k25-like"
+TINY_MODEL_DIR_NAME = "tiny-llama"
+DEMO_JOB_NAME = "demo-extract"
+DEMO_DATASET_NAME = "demo-chats.jsonl"
+DEMO_MALFORMED_LINE = 13  # 1-based line of the deliberately broken dataset line (shows in errors.jsonl)
+_CAPTURE_PACKAGES = ("torch", "transformers", "safetensors", "tokenizers")
+_NOTE_FILE = "capture-demo-skipped.txt"  # in the demo root; present while the capture demo is missing
+_MODEL_WRITE_TIMEOUT_S = 600.0
 
 # The shape of moonshotai/Kimi-K2.5's config.json: a multimodal wrapper whose text model (DeepSeek-V3
 # architecture, 61 layers, hidden 7168) sits under `text_config` (DESIGN §2 asks readers to handle both).
@@ -83,14 +106,81 @@ _PROFILES = {
     HANG_PROFILE: {"port": 31010, "stall_after_s": 20, "time_scale": 0.05, "fault": "hang-after-weights"},
 }
 
+_CAPTURE_PROFILE_TEMPLATE = """\
+# {title}: a demo profile.
+# The emulator runs real forwards of the tiny model and writes hidden-state dumps through the same
+# writer as the SGLang plugin.  The capture layers are left to SGLang's default ([2, L//2, L-3]) and
+# the radix cache to its default (capture turns it off).  The demo job spec points at this port and
+# capture dir; change them together: {job_spec}
+[server]
+launcher = "emulator"
+model_path = "{model_path}"
+tp_size = 1
+host = "127.0.0.1"
+port = {port}
+
+[capture]
+enabled = true
+dir = "{capture_dir}"
+
+[watch]
+stall_after_s = 60
+
+[emulator]
+time_scale = 0.02
+fault = "none"
+"""
+_CAPTURE_PORT = 31020
+
+_JOB_SPEC_TEMPLATE = """\
+# The demo extraction job: the demo dataset through profile {profile}'s server
+# (launch it first: select it on the dashboard and press l), written as SpecForge training data
+# under {output_root}.
+# In the TUI: x opens the jobs screen, n starts this spec (Enter).  From a shell:
+#   eagle3-tui --demo extract run {spec_path}
+# A second run needs an empty output_dir: delete the old one, or change output_dir.
+[job]
+name = "{name}"
+server_url = "http://127.0.0.1:{port}"
+capture_dir = "{capture_dir}"
+model_path = "{model_path}"
+dataset = "{dataset}"
+output_dir = "{output_dir}"
+max_length = 1024
+concurrency = 4
+"""
+
 
 def demo_root(home: Home) -> Path:
     """The folder holding the demo's config and state roots (`<home>/demo`)."""
     return home.config_root.parent
 
 
+def job_specs_dir(home: Home) -> Path:
+    """Where job specs the user keeps live (``<config>/jobs``); the jobs screen lists its ``*.toml``."""
+    return home.config_root / "jobs"
+
+
+def demo_job_spec_path(home: Home) -> Path:
+    """The demo's ready-to-run job spec (it exists only when the capture demo does)."""
+    return job_specs_dir(home) / f"{DEMO_JOB_NAME}.toml"
+
+
+def demo_capture_dir(home: Home) -> Path:
+    return demo_root(home) / "capture"
+
+
+def demo_output_dir(home: Home) -> Path:
+    return demo_root(home) / "output" / DEMO_JOB_NAME
+
+
+def tiny_model_dir(home: Home) -> Path:
+    return demo_root(home) / "models" / TINY_MODEL_DIR_NAME
+
+
 def ensure_demo_home(home: Home | None = None) -> Home:
-    """Create (once) the demo home with its profiles and model dir; returns the demo `Home`."""
+    """Create (once) the demo home with its profiles, model dirs, dataset and job spec; returns the demo
+    `Home`.  Files that exist are kept as they are (the user may have edited them)."""
     home = (home or resolve_home(demo=True)).ensure()
     model_dir = ensure_private_dir(demo_root(home) / "models" / MODEL_DIR_NAME)
     config_path = model_dir / "config.json"
@@ -103,7 +193,149 @@ def ensure_demo_home(home: Home | None = None) -> Home:
         values = dict(values, port=_usable_port(values["port"]))
         text = _PROFILE_TEMPLATE.format(title=DEMO_TITLES[name], model_path=_toml_string(model_dir), **values)
         atomic_write_text(path, text)
+    _ensure_capture_demo(home)
     return home
+
+
+def demo_note(home: Home) -> str | None:
+    """One line for the TUI when the capture + extraction demo was skipped (why), else None."""
+    try:
+        text = (demo_root(home) / _NOTE_FILE).read_text(encoding="utf-8").strip()
+    except OSError:
+        return None
+    return text.splitlines()[0] if text else None
+
+
+def capture_demo_missing() -> list[str]:
+    """The packages the capture demo needs that cannot be found (found without importing them)."""
+    missing = []
+    for name in _CAPTURE_PACKAGES:
+        try:
+            found = importlib.util.find_spec(name) is not None
+        except (ImportError, ValueError):
+            found = False
+        if not found:
+            missing.append(name)
+    return missing
+
+
+# -- the capture + extraction demo ---------------------------------------------------------------------
+def _ensure_capture_demo(home: Home) -> None:
+    note_path = demo_root(home) / _NOTE_FILE
+    model_dir = tiny_model_dir(home)
+    if not (model_dir / "model.safetensors").is_file():
+        missing = capture_demo_missing()
+        if missing:
+            _write_note(note_path, f"Capture demo skipped: {', '.join(missing)} not installed (the tiny real "
+                        f"model needs torch, transformers, safetensors and tokenizers); the Kimi demos work.")
+            return
+        problem = _write_tiny_model(model_dir)
+        if problem:
+            _write_note(note_path, f"Capture demo skipped: making the tiny model failed: {problem}")
+            return
+    note_path.unlink(missing_ok=True)
+    capture_dir = ensure_private_dir(demo_capture_dir(home))
+    profile_path = home.profiles_dir / f"{CAPTURE_PROFILE}.toml"
+    spec_path = demo_job_spec_path(home)
+    if not profile_path.exists():
+        port = _usable_port(_CAPTURE_PORT)
+        atomic_write_text(profile_path, _CAPTURE_PROFILE_TEMPLATE.format(
+            title=DEMO_TITLES[CAPTURE_PROFILE], model_path=_toml_string(model_dir), port=port,
+            capture_dir=_toml_string(capture_dir), job_spec=_toml_string(spec_path)))
+    dataset = ensure_private_dir(demo_root(home) / "datasets") / DEMO_DATASET_NAME
+    if not dataset.exists():
+        atomic_write_text(dataset, demo_dataset_text(), mode=0o644)
+    if not spec_path.exists():
+        ensure_private_dir(spec_path.parent)
+        port, capture = _capture_profile_endpoint(home, capture_dir)
+        output = demo_output_dir(home)
+        atomic_write_text(spec_path, _JOB_SPEC_TEMPLATE.format(
+            profile=CAPTURE_PROFILE, output_root=_toml_string(output.parent), spec_path=_toml_string(spec_path),
+            name=DEMO_JOB_NAME, port=port, capture_dir=_toml_string(capture), model_path=_toml_string(model_dir),
+            dataset=_toml_string(dataset), output_dir=_toml_string(output)))
+
+
+def _capture_profile_endpoint(home: Home, default_dir: Path) -> tuple[int, Path]:
+    """The port and capture dir of the (possibly edited) capture profile, for the job spec."""
+    try:
+        from sessions.capture.toggle import capture_dir
+        from sessions.profiles import load_profile
+
+        profile = load_profile(CAPTURE_PROFILE, home)
+        return profile.server.port, Path(capture_dir(profile))
+    except Exception:  # noqa: BLE001 - a profile the user broke: the spec still gets the demo's values
+        return _CAPTURE_PORT, default_dir
+
+
+def _write_note(path: Path, text: str) -> None:
+    atomic_write_text(path, text.replace("\n", " ") + "\n", mode=0o644)
+
+
+def _write_tiny_model(model_dir: Path) -> str | None:
+    """Write the tiny model in a child process (torch stays out of this one); None, or what went wrong."""
+    parent = ensure_private_dir(model_dir.parent)
+    staging = parent / f".{model_dir.name}.tmp-{os.getpid()}"
+    shutil.rmtree(staging, ignore_errors=True)
+    project_root = str(Path(__file__).resolve().parents[1])
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (project_root, env.get("PYTHONPATH", "")) if p)
+    env.setdefault("HF_HUB_OFFLINE", "1")
+    try:
+        proc = subprocess.run([sys.executable, "-m", "sessions.demo", "--write-model", str(staging)],
+                              cwd=parent, stdin=subprocess.DEVNULL, capture_output=True, text=True, env=env,
+                              timeout=_MODEL_WRITE_TIMEOUT_S, check=False)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        shutil.rmtree(staging, ignore_errors=True)
+        return str(exc)
+    if proc.returncode != 0 or not (staging / "model.safetensors").is_file():
+        shutil.rmtree(staging, ignore_errors=True)
+        lines = [line for line in (proc.stderr or proc.stdout or "").splitlines() if line.strip()]
+        return lines[-1].strip() if lines else f"exit status {proc.returncode}"
+    shutil.rmtree(model_dir, ignore_errors=True)  # a partial folder from an interrupted earlier run
+    os.replace(staging, model_dir)  # complete or absent: `model.safetensors` marks a finished model
+    return None
+
+
+# Subjects and answers of the demo conversations; combined in code so there is no data file to ship.
+_TOPICS = (
+    ("the capital of France", "The capital city of France is Paris."),
+    ("speculative decoding", "A small draft model proposes several tokens and the target model verifies them."),
+    ("EAGLE-3 hidden states", "The draft model reads hidden states from a low, a middle and a high layer."),
+    ("a chunked prefill", "A long prompt is split into several forward passes, each with a prefix length."),
+    ("tensor parallel ranks", "Tensor parallel ranks share one batch and each holds a slice of the weights."),
+    ("the detokenizer", "The detokenizer turns token ids back into text for the user."),
+    ("a tiny language model", "Once upon a time there was a tiny model with eight layers; it was very fast."),
+    ("the capture directory", "Hidden states are written to a private directory, one file per chunk."),
+    ("counting", "Numbers: 1 2 3 4 5 6 7 8 9 10, then 100, 1000, 2048, 4096 and 8192."),
+)
+_OPENERS = ("Hello! Tell me about {t}.", "What is {t}?", "Explain {t} in one sentence.",
+            "How are you today? I would like to know about {t}.")
+
+
+def demo_dataset_rows() -> list[dict]:
+    """36 ShareGPT rows: one- and two-turn chats, some with a system prompt, of different lengths."""
+    rows = []
+    for i in range(36):
+        topic, answer = _TOPICS[i % len(_TOPICS)]
+        opener = _OPENERS[i % len(_OPENERS)].format(t=topic)
+        turns = []
+        if i % 5 == 0:
+            turns.append({"from": "system", "value": "You are a helpful assistant. Answer briefly."})
+        turns += [{"from": "human", "value": opener}, {"from": "gpt", "value": answer}]
+        if i % 3 == 1:  # a second turn makes a longer sample with two supervised spans
+            other_topic, other_answer = _TOPICS[(i + 4) % len(_TOPICS)]
+            turns += [{"from": "human", "value": f"Thank you. And {other_topic}?"},
+                      {"from": "gpt", "value": " ".join([other_answer] * (1 + i % 4))}]
+        rows.append({"id": f"demo-{i:02d}", "conversations": turns})
+    return rows
+
+
+def demo_dataset_text() -> str:
+    """The demo dataset as JSONL, with line `DEMO_MALFORMED_LINE` deliberately broken (not JSON)."""
+    lines = [json.dumps(row) for row in demo_dataset_rows()]
+    lines.insert(DEMO_MALFORMED_LINE - 1,
+                 '{"id": "demo-broken", "conversations": [{"from": "human", "value": "this line is cut off')
+    return "\n".join(lines) + "\n"
 
 
 def _usable_port(preferred: int) -> int:
@@ -121,3 +353,18 @@ def _usable_port(preferred: int) -> int:
 
 def _toml_string(path: Path) -> str:
     return str(path).replace("\\", "\\\\").replace('"', '\\"')
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m sessions.demo --write-model DIR``: the child process that writes the tiny model."""
+    parser = argparse.ArgumentParser(prog="python -m sessions.demo")
+    parser.add_argument("--write-model", metavar="DIR", required=True, help="write the demo's tiny model here")
+    args = parser.parse_args(argv)
+    from sessions.demo_model import write_demo_model
+
+    write_demo_model(args.write_model, arch="llama", num_layers=8, hidden_size=64, seed=0)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,5 +1,7 @@
 """The jobs screen (key ``x``): one progress bar per extraction job, its rates, pause/resume/cancel, and a
-notification when a job finishes, fails, dies or stalls.
+notification when a job finishes, fails, dies or stalls.  ``n`` starts a job from a spec (in the demo home
+the prompt holds the demo job's spec, so Enter starts it); ``r`` also resumes a job whose process died
+(``interrupted``) as a new process that continues from the output's manifest.
 
 It reads ``JobProgress`` snapshots (``sessions.extraction.progress``, no torch) in a thread worker and
 re-arms a one-shot timer after each render, so polls never pile up (dolphie's loop).  Actions go through
@@ -82,6 +84,8 @@ class JobRow(ListItem):
         title.append(p.name or p.job_id, style="bold")
         title.append(f"  {p.job_id}  ")
         title.append(p.state, style=_STATE_STYLE.get(p.state, "bold"))
+        if p.state == "interrupted":  # the process died (SIGKILL, OOM, reboot): nothing is lost, r continues
+            title.append(" · r resumes", style="bold")
         if p.reason:
             title.append(f"  {p.reason}", style="italic")
         self.query_one("#title", Static).update(title)
@@ -93,20 +97,55 @@ class JobRow(ListItem):
         self.query_one("#rates", Static).update(rates)
 
 
+def known_specs(home: Any) -> list[str]:
+    """Job specs kept under ``<config>/jobs/*.toml`` (the demo's among them), newest first."""
+    folder = home.config_root / "jobs"
+    try:
+        paths = [p for p in folder.glob("*.toml") if p.is_file() and not p.name.startswith(".")]
+        paths.sort(key=lambda p: p.stat().st_mtime, reverse=True)
+    except OSError:  # a folder we cannot read lists nothing; the path can still be typed
+        return []
+    return [str(p) for p in paths]
+
+
+def default_spec(home: Any) -> str:
+    """What the new-job prompt starts with: the demo job's spec in the demo home (Enter runs it)."""
+    if not getattr(home, "demo", False):
+        return ""
+    from sessions.demo import demo_job_spec_path
+
+    path = demo_job_spec_path(home)
+    return str(path) if path.is_file() else ""
+
+
 class SpecPathModal(ModalScreen[str | None]):
-    """Asks for a job spec path (Enter starts the job, Esc cancels)."""
+    """Asks for a job spec path (Enter starts the job, Esc cancels); lists the specs under <config>/jobs."""
 
     DEFAULT_CSS = """
     SpecPathModal { align: center middle; }
     SpecPathModal > Vertical { width: 90%; max-width: 110; height: auto; border: thick $accent;
                                background: $surface; padding: 0 1; }
+    SpecPathModal #known-specs { color: $text-muted; }
     """
     BINDINGS: ClassVar[list[Binding]] = [Binding("escape", "cancel", "Cancel", id="jobs.new.cancel")]
 
+    def __init__(self, default: str = "", known: list[str] | None = None) -> None:
+        super().__init__()
+        self.default = default
+        self.known = list(known or [])
+
     def compose(self) -> ComposeResult:
+        from textual.suggester import SuggestFromList
+
         with Vertical():
             yield Static("Start an extraction job from a spec (TOML with a [job] table):", markup=False)
-            yield Input(placeholder="/path/to/job.toml", id="spec-path")
+            yield Input(value=self.default, placeholder="/path/to/job.toml", id="spec-path",
+                        suggester=SuggestFromList(self.known) if self.known else None)
+            if self.known:
+                shown = self.known[:8]
+                more = f"\n  … and {len(self.known) - len(shown)} more" if len(self.known) > len(shown) else ""
+                yield Static("Known specs (→ completes):\n" + "\n".join(f"  {k}" for k in shown) + more,
+                             id="known-specs", markup=False)
 
     def on_mount(self) -> None:
         self.query_one("#spec-path", Input).focus()
@@ -155,7 +194,8 @@ class JobsScreen(Screen):
 
     def compose(self) -> ComposeResult:
         yield Static("Extraction jobs", id="jobs-header")
-        yield Static("No extraction jobs yet. Start one with `eagle3-tui extract run JOB.toml`.", id="jobs-empty")
+        yield Static("No extraction jobs yet. Press n to start one from a spec "
+                     "(or run `eagle3-tui extract run JOB.toml`).", id="jobs-empty", markup=False)
         yield ListView(id="jobs")
         yield Footer()
 
@@ -244,7 +284,7 @@ class JobsScreen(Screen):
             if path:
                 self._start(path)
 
-        self.app.push_screen(SpecPathModal(), chosen)
+        self.app.push_screen(SpecPathModal(default_spec(self.home), known_specs(self.home)), chosen)
 
     @work(thread=True, group="jobs-action")
     def _start(self, path: str) -> None:
