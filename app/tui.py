@@ -154,6 +154,12 @@ class Eagle3App(App[int]):
         self.push_screen(self.dashboard)
         for problem in self.keymap_problems:
             self.notify(problem, title="config.toml [keys]", severity="error", timeout=20)
+        if self.demo:
+            from sessions.demo import demo_note
+
+            note = demo_note(self.home)  # the capture demo was skipped (torch & co. missing): say why, once
+            if note:
+                self.notify(note, title="demo", severity="warning", timeout=20)
         if self._should_watch_tty():
             self._install_hangup_handlers()
 

@@ -122,14 +122,27 @@ async def scenario(out: Path, sizes: list[tuple[int, int]]) -> list[Path]:
 
     from app.screens.profile_editor import ProfileEditorScreen
     from app.tui import Eagle3App
-    from sessions.demo import HANG_PROFILE, HEALTHY_PROFILE, ensure_demo_home
+    from sessions.demo import (
+        CAPTURE_PROFILE,
+        HANG_PROFILE,
+        HEALTHY_PROFILE,
+        demo_job_spec_path,
+        ensure_demo_home,
+    )
     from sessions.home import resolve_home
     from sessions.profiles import load_profile, save_profile
     from widgets.confirm_modal import ConfirmModal
 
     home = ensure_demo_home(resolve_home(demo=True))
-    for name in (HEALTHY_PROFILE, HANG_PROFILE):  # free ports: the demo's own may be taken here
+    names = [HEALTHY_PROFILE, HANG_PROFILE]
+    capture_demo = (home.profiles_dir / f"{CAPTURE_PROFILE}.toml").is_file()  # absent without torch & co.
+    if capture_demo:
+        names.append(CAPTURE_PROFILE)
+    for name in names:  # free ports: the demo's own may be taken here
         save_profile(load_profile(name, home).with_changes(server={"port": free_port()}))
+    if capture_demo:  # the demo job spec is written from the capture profile's port: write it again
+        demo_job_spec_path(home).unlink(missing_ok=True)
+        ensure_demo_home(home)
     app = Eagle3App(home, demo=True, refresh_s=0.5)
     base = max(sizes)
     async with app.run_test(size=base) as pilot:
@@ -226,8 +239,59 @@ async def scenario(out: Path, sizes: list[tuple[int, int]]) -> list[Path]:
             await pilot.pause(0.5)
             await shot.shoot("jobs")
             await pilot.press("escape")
+        if capture_demo and JobsScreen is not None:
+            await capture_and_jobs(app, pilot, shot, JobsScreen)
         await pilot.press("q")
     return shot.made
+
+
+def _screen_has(app, text: str) -> bool:
+    import io
+
+    from rich.console import Console
+
+    console = Console(width=app.size.width, file=io.StringIO(), color_system=None, record=True)
+    console.print(app.screen._compositor.render_update(full=True, screen_stack=app._background_screens))
+    return text in console.export_text()
+
+
+async def capture_and_jobs(app, pilot, shot: Shooter, jobs_screen) -> None:
+    """The tiny real model with capture on, ready ("capture active"); then the demo job running and done."""
+    from sessions.demo import CAPTURE_PROFILE
+    from widgets.confirm_modal import ConfirmModal
+
+    await pilot.press("s")  # stop the hanging one (it holds the 8 emulated GPUs)
+    await shot.wait(lambda: isinstance(app.screen, ConfirmModal), "the stop question")
+    await pilot.press("y")
+    await shot.wait(lambda: (s := _status(app)) and s.state == "stopped", "hang stopped", limit_s=90)
+    await shot.polls(1)
+    await shot.shoot("dashboard-stopped")
+    await pilot.press("1", "down", "l")  # the capture profile, listed after the Kimi ones
+    await shot.wait(
+        lambda: (s := _status(app)) and s.profile == CAPTURE_PROFILE and s.state == "ready",
+        "the capture session is ready",
+        limit_s=180,
+    )
+    await shot.wait(lambda: _screen_has(app, "capture active"), "capture active on the panel", 60)
+    await shot.polls(1)
+    await shot.shoot("dashboard-capture-ready")
+
+    await pilot.press("x", "n")
+    await shot.wait(lambda: isinstance(app.screen, jobs_screen) is False, "the spec prompt")
+    await pilot.pause(0.3)
+    await pilot.press("enter")  # the prompt holds the demo spec
+    await shot.wait(lambda: isinstance(app.screen, jobs_screen), "back on the jobs screen")
+    jobs = app.screen
+    await shot.wait(lambda: jobs.jobs and jobs.jobs[0].done > 0, "the demo job under way", 120)
+    if jobs.jobs[0].state == "running":  # the tiny model is fast: a running bar only when caught in time
+        await shot.shoot("jobs-running")
+    else:
+        print("  (the demo job finished before a running shot)", file=sys.stderr)
+    await shot.wait(lambda: jobs.jobs and jobs.jobs[0].state in ("done", "failed"), "the demo job done", 300)
+    await pilot.pause(1.5)
+    await shot.shoot("jobs-done")
+    await pilot.press("escape")
+    await shot.wait(lambda: app.screen is app.dashboard, "back on the dashboard")
 
 
 def stop_everything(home_root: str) -> None:
@@ -236,6 +300,15 @@ def stop_everything(home_root: str) -> None:
 
     home = resolve_home(demo=True)
     assert str(home.state_root).startswith(home_root)
+    try:
+        from sessions.extraction.job import cancel_job
+        from sessions.extraction.progress import list_jobs
+
+        for job in list_jobs(home):
+            if job.state not in ("done", "failed", "cancelled", "interrupted"):
+                cancel_job(job.job_id, home, grace_s=10.0)
+    except ImportError:
+        pass
     for session in list_sessions(home):
         if session.is_alive():
             session.stop(grace_s=10.0)

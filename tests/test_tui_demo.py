@@ -70,3 +70,23 @@ def test_demo_app_selects_the_healthy_profile_first_and_launches_it(demo_home, l
             assert any(p.pid in app.dashboard.last_snapshot.owners for s in gpu.samples for p in s.processes)
 
     run(scenario)
+
+
+def test_demo_app_shows_why_the_capture_demo_was_skipped_once(demo_home):
+    """The note `ensure_demo_home` leaves when torch & co. are missing is shown on mount; without it, nothing."""
+    from sessions.demo import _NOTE_FILE, demo_note, demo_root
+
+    assert demo_note(demo_home) is None  # this env has torch: no note, no notification
+    note = "Capture demo skipped: torch not installed (the tiny real model needs torch); the Kimi demos work."
+
+    async def scenario(expect: str | None) -> None:
+        app = Eagle3App(demo_home, demo=True)
+        async with app.run_test(size=(120, 40)) as pilot:
+            await first_poll(pilot, app, polls=2)
+            shown = [n.message for n in app._notifications]
+            assert shown.count(expect) == 1 if expect else expect not in shown and not any(
+                "Capture demo skipped" in m for m in shown), shown
+
+    run(lambda: scenario(None))
+    (demo_root(demo_home) / _NOTE_FILE).write_text(note + "\n")
+    run(lambda: scenario(note))

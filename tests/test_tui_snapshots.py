@@ -6,6 +6,9 @@ same on every run.  Behaviour is asserted in test_tui_app.py; these catch layout
 
 from __future__ import annotations
 
+import dataclasses
+import json
+import socket
 import time
 from pathlib import Path
 
@@ -17,6 +20,7 @@ from sessions.demo import ensure_demo_home
 from sessions.gpus import GpuProcess, GpuSample, GpuSnapshot
 from sessions.home import resolve_home
 from sessions.phases import PhaseProgress, StartupPhase, StartupSummary
+from sessions.profiles import list_profiles, load_profile, save_profile
 from sessions.server import RankStatus, SessionStatus
 from tests._tui_support import assert_snapshot, first_poll, run, screen_text
 from widgets.gpu_panel import GpuPanel
@@ -140,28 +144,97 @@ def test_snapshot_status_timeline_and_gpus_at_200x30():
     _panels_snapshot((200, 30), "panels-200x30")
 
 
-def _demo_app(home) -> Eagle3App:
+PORT_MASK = "NNNNN"
+
+
+def _free_port_5_digits() -> int:
+    """A port free on 127.0.0.1 now, with as many digits as the mask (so masking keeps the columns)."""
+    while True:
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            port = sock.getsockname()[1]
+        if len(str(port)) == len(PORT_MASK):
+            return port
+
+
+def _demo_app(home) -> tuple[Eagle3App, dict[str, int]]:
+    """The app on the demo home, every demo profile pinned to a port checked free here (the demo's own
+    31000/31010/31020 may be taken on this machine, and then the demo picks another)."""
     demo_home = ensure_demo_home(resolve_home(demo=True))
-    return Eagle3App(demo_home, demo=True)
+    ports = {}
+    for name in list_profiles(demo_home):
+        ports[name] = _free_port_5_digits()
+        save_profile(load_profile(name, demo_home).with_changes(server={"port": ports[name]}))
+    assert len(set(ports.values())) == len(ports), ports
+    return Eagle3App(demo_home, demo=True), ports
+
+
+def _mask_ports(text: str, ports: dict[str, int]) -> str:
+    """The pinned ports as NNNNN: a port the app shows that is not a profile's own stays visible."""
+    for port in ports.values():
+        text = text.replace(f":{port}", f":{PORT_MASK}")
+    return text
 
 
 def test_snapshot_idle_demo_dashboard_at_80x24(home):
     async def scenario() -> None:
-        app = _demo_app(home)
+        app, ports = _demo_app(home)
         async with app.run_test(size=(80, 24)) as pilot:
             await first_poll(pilot, app, polls=2)
-            assert_snapshot("dashboard-idle-80x24", screen_text(app))
+            assert_snapshot("dashboard-idle-80x24", _mask_ports(screen_text(app), ports))
 
     run(scenario)
 
 
 def test_snapshot_help_at_80x24(home):
     async def scenario() -> None:
-        app = _demo_app(home)
+        app, ports = _demo_app(home)
         async with app.run_test(size=(80, 24)) as pilot:
             await first_poll(pilot, app)
             await pilot.press("question_mark")
             await pilot.pause()
-            assert_snapshot("help-80x24", screen_text(app))
+            assert_snapshot("help-80x24", _mask_ports(screen_text(app), ports))
+
+    run(scenario)
+
+
+class _OneStateLine(App):
+    def __init__(self, status: SessionStatus) -> None:
+        super().__init__()
+        self.status = status
+
+    def compose(self) -> ComposeResult:
+        yield StateLine(id="state")
+
+    def on_mount(self) -> None:
+        line = self.query_one(StateLine)
+        line.now = NOW + 3600  # long after the end: the line must not count up to now
+        line.update_status(self.status)
+
+
+@pytest.mark.parametrize(
+    ("state", "phase", "record", "expected"),
+    [
+        ("stopped", "ready", {"stopped_at": NOW + 11, "ended_at": NOW + 11},
+         "■ STOPPED  after 0:11 ready · stopped 08:00:11"),
+        ("crashed", "loading_weights", {"ended_at": NOW + 42},
+         "✖ CRASHED  after 4:52 loading_weights · crashed 08:00:42"),
+        ("exited", "ready", {"ended_at": NOW + 125}, "○ EXITED  after 2:05 ready · exited 08:02:05"),
+        ("stopped", "ready", {}, "■ STOPPED  in ready"),  # no record of the end: says so, no made-up time
+    ],
+)
+def test_state_line_says_how_and_when_a_session_ended(tmp_path, state, phase, record, expected):
+    (tmp_path / "state.json").write_text(json.dumps(record))
+    status = _status(state=state, phase=phase)
+    entered = dict(status.phase_entered_at, ready=NOW)
+    status = dataclasses.replace(status, alive=False, phase_entered_at=entered, session_dir=tmp_path)
+
+    async def scenario() -> None:
+        app = _OneStateLine(status)
+        async with app.run_test(size=(120, 10)) as pilot:
+            await pilot.pause()
+            first = screen_text(app).splitlines()[0]
+            assert first.startswith(expected), first
+            assert " for " not in first, first
 
     run(scenario)

@@ -12,6 +12,7 @@ from typing import Any, ClassVar
 from rich.text import Text
 from textual.widget import Widget
 
+from sessions.home import read_json
 from sessions.phases import StartupPhase
 from widgets import units
 
@@ -23,6 +24,7 @@ STATE_GLYPHS = {
     "exited": ("○", "state--ended"),
     "stopped": ("■", "state--ended"),
 }
+_END_STATES = ("crashed", "exited", "stopped")
 # psutil status -> the letter ps shows
 _STATUS_LETTERS = {
     "running": "R",
@@ -110,6 +112,7 @@ class StateLine(Widget):
         self.status: Any = None
         self.hint = "No session. Select a profile and press l to launch it."
         self.now: float | None = None  # tests freeze the clock
+        self._ended_cache: dict[tuple[str, str], float] = {}
 
     def update_status(self, status: Any, hint: str | None = None) -> None:
         self.status = status
@@ -145,7 +148,16 @@ class StateLine(Widget):
         now = self.now if self.now is not None else time.time()
         glyph, klass = state_glyph(status.state)
         entered = status.phase_entered_at.get(status.phase)
-        if not entered:
+        ended_at = self._ended_at(status) if status.state in _END_STATES else None
+        if status.state in _END_STATES:
+            # How it ended and when: "after 0:11 ready · stopped 06:10:22" (not "ready for", which reads
+            # as if it still were); the time in the last phase counts up to the end, not to now.
+            lasted = f" {units.duration(ended_at - entered)}" if entered and ended_at else ""
+            in_phase = f"after{lasted} {status.phase}" if lasted else f"in {status.phase}"
+            if ended_at:
+                in_phase += f" · {status.state} {time.strftime('%H:%M:%S', time.localtime(ended_at))}"
+            in_phase = f"  {in_phase}"
+        elif not entered:
             in_phase = ""
         elif status.state == "ready":  # nothing moves once ready: a coarse clock, so the line stays still
             in_phase = f" for {units.minutes(now - entered)}"
@@ -154,7 +166,7 @@ class StateLine(Widget):
         segments = [
             Text.assemble(
                 (f"{glyph} {status.state.upper()}", self.get_component_rich_style(klass)),
-                f"  {status.phase}{in_phase}",
+                in_phase if status.state in _END_STATES else f"  {status.phase}{in_phase}",
             ),
         ]
         if status.alive and status.state != "ready" and status.silent_for_s >= 10:
@@ -181,6 +193,28 @@ class StateLine(Widget):
         for line in lines:
             line.truncate(width, overflow="ellipsis")
         return lines
+
+    def _ended_at(self, status: Any) -> float | None:
+        """When an ended session ended (``ended_at`` of its state.json, written by stop() or by the poll that
+        saw it end); read once per session and state, since an ended session's record no longer moves."""
+        ended = getattr(status, "ended_at", None)
+        if ended:
+            return ended
+        key = (status.session_id, status.state)
+        if key not in self._ended_cache:
+            record = None
+            if getattr(status, "session_dir", None) is not None:
+                try:
+                    record = read_json(status.session_dir / "state.json")
+                except OSError:  # unreadable: the line says how it ended, without the time
+                    record = None
+            record = record if isinstance(record, dict) else {}
+            value = record.get("stopped_at") if status.state == "stopped" else None
+            value = value or record.get("ended_at")
+            if not value:  # not written yet: look again next time
+                return None
+            self._ended_cache[key] = value
+        return self._ended_cache[key]
 
     def _port_segments(self, status: Any) -> list[Text]:
         dim = self.get_component_rich_style("state--dim")
