@@ -24,8 +24,10 @@ SNAPSHOT_DIR = Path(__file__).resolve().parent / "snapshots"
 UPDATE_ENV = "EAGLE3_UPDATE_SNAPSHOTS"
 
 
-async def wait_until(pilot: Any, condition: Callable[[], Any], what: str, limit_s: float = 30.0) -> Any:
-    """Pause the pilot until ``condition()`` is truthy; returns its value."""
+async def wait_until(pilot: Any, condition: Callable[[], Any], what: str, limit_s: float = 120.0) -> Any:
+    """Pause the pilot until ``condition()`` is truthy; returns its value.
+
+    The limit only stops a stuck test; it is generous because CI runs two workers on two busy cores."""
     deadline = time.monotonic() + limit_s
     while True:
         value = condition()
