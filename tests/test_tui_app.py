@@ -116,11 +116,18 @@ def test_restart_shows_the_flag_diff_and_no_keeps_the_session(home, make_emulato
             new = launched.track(relaunched[0].session_id)
             assert new.session_id != session.session_id
             assert not session.is_alive()
-            await wait_until(
-                pilot,
-                lambda: _state_is(app, "ready") and app.dashboard.selected_session == new.session_id,
-                "the new session is ready and shown",
-            )
+            try:
+                await wait_until(
+                    pilot,
+                    lambda: _state_is(app, "ready") and app.dashboard.selected_session == new.session_id,
+                    "the new session is ready and shown",
+                )
+            except AssertionError as exc:
+                st = new.status(probe_http=False)
+                raise AssertionError(
+                    f"{exc}; selected={app.dashboard.selected_session} new={new.session_id} "
+                    f"new state={st.state} phase={st.phase}\n{screen_text(app)}"
+                ) from None
             assert (
                 "--mem-fraction-static" in " ".join(new.profile.to_toml().split())
                 or new.profile.server.mem_fraction_static == 0.7

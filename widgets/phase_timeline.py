@@ -10,10 +10,10 @@ import time
 from typing import Any, ClassVar
 
 from rich.text import Text
-from textual.widget import Widget
 
 from sessions.phases import StartupPhase
 from widgets import units
+from widgets.text_lines import TextLines
 
 PHASE_SHORT = {
     StartupPhase.LAUNCHING: "launch",
@@ -47,7 +47,7 @@ def _phase(value: Any) -> StartupPhase | None:
         return None
 
 
-class PhaseTimeline(Widget):
+class PhaseTimeline(TextLines):
     """Draws the startup timeline of a `SessionStatus`."""
 
     DEFAULT_CSS = """
@@ -74,25 +74,6 @@ class PhaseTimeline(Widget):
     def update_status(self, status: Any) -> None:
         self.status = status
         self._refresh_for_content()
-
-    def _refresh_for_content(self) -> None:
-        """Repaint only when what is drawn changed, and re-run the layout only when the number of lines
-        changed: a poll every second must not repaint (or reflow) a screen that looks the same."""
-        width = self.size.width
-        if not width:
-            self.refresh(layout=True)
-            return
-        drawn = self._lines(width)
-        if drawn == getattr(self, "_drawn", None):
-            return
-        self._drawn = drawn
-        self.refresh(layout=len(drawn) != self.size.height)
-
-    def get_content_height(self, container, viewport, width: int) -> int:
-        return len(self._lines(max(1, width)))
-
-    def render(self) -> Text:
-        return Text("\n").join(self._lines(max(1, self.size.width)))
 
     def _lines(self, width: int) -> list[Text]:
         status = self.status

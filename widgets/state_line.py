@@ -10,11 +10,11 @@ import time
 from typing import Any, ClassVar
 
 from rich.text import Text
-from textual.widget import Widget
 
 from sessions.home import read_json
 from sessions.phases import StartupPhase
 from widgets import units
+from widgets.text_lines import TextLines
 
 STATE_GLYPHS = {
     "starting": ("◐", "state--starting"),
@@ -84,7 +84,7 @@ def _phase_of(value: str) -> StartupPhase | None:
         return None
 
 
-class StateLine(Widget):
+class StateLine(TextLines):
     """Draws a `SessionStatus` (or a hint when no session is selected)."""
 
     DEFAULT_CSS = """
@@ -119,25 +119,6 @@ class StateLine(Widget):
         if hint is not None:
             self.hint = hint
         self._refresh_for_content()
-
-    def _refresh_for_content(self) -> None:
-        """Repaint only when what is drawn changed, and re-run the layout only when the number of lines
-        changed: a poll every second must not repaint (or reflow) a screen that looks the same."""
-        width = self.size.width
-        if not width:
-            self.refresh(layout=True)
-            return
-        drawn = self._lines(width)
-        if drawn == getattr(self, "_drawn", None):
-            return
-        self._drawn = drawn
-        self.refresh(layout=len(drawn) != self.size.height)
-
-    def get_content_height(self, container, viewport, width: int) -> int:
-        return len(self._lines(max(1, width)))
-
-    def render(self) -> Text:
-        return Text("\n").join(self._lines(max(1, self.size.width)))
 
     def _lines(self, width: int) -> list[Text]:
         status = self.status
