@@ -45,6 +45,8 @@ KIMI_LIKE_CONFIG = {
     "n_routed_experts": 384,
     "num_experts_per_tok": 8,
     "first_k_dense_replace": 1,
+    "kv_lora_rank": 512,
+    "qk_rope_head_dim": 64,
     "vocab_size": 163840,
     "max_position_embeddings": 262144,
     "torch_dtype": "bfloat16",
@@ -111,6 +113,7 @@ def small_model_dir(make_model_dir) -> Path:
 def make_emulator_profile(home, emulator_model_dir: Path) -> Callable[..., Any]:
     """Write and load an emulator profile (see the module docstring); each call gets its own free port."""
     import tomli_w
+
     from sessions.profiles import load_profile
 
     def make(name: str = "emu", tp: int = 4, fault: str = "none", time_scale: float = 0.003, **overrides: Any):

@@ -22,6 +22,7 @@ from typing import Any
 
 import psutil
 import pytest
+from conftest import KIMI_LIKE_CONFIG, SMALL_CONFIG
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 SCALE = "0.002"
@@ -51,38 +52,6 @@ STARTUP_TIMINGS_RE = re.compile(
 )
 KV_RE = re.compile(r"^(?:.+ )?KV Cache (?:is allocated|VA upper bound)\. dtype: (\S+), #tokens: (\d+), ")
 
-
-# A config-only Kimi-K2 (DeepSeek-V3 architecture, MLA) and a small model of the same family.
-KIMI_LIKE_CONFIG = {
-    "architectures": ["DeepseekV3ForCausalLM"],
-    "model_type": "deepseek_v3",
-    "num_hidden_layers": 61,
-    "hidden_size": 7168,
-    "intermediate_size": 18432,
-    "moe_intermediate_size": 2048,
-    "num_attention_heads": 64,
-    "num_key_value_heads": 64,
-    "n_routed_experts": 384,
-    "num_experts_per_tok": 8,
-    "first_k_dense_replace": 1,
-    "kv_lora_rank": 512,
-    "qk_rope_head_dim": 64,
-    "vocab_size": 163840,
-    "max_position_embeddings": 262144,
-    "torch_dtype": "bfloat16",
-}
-SMALL_CONFIG = KIMI_LIKE_CONFIG | {
-    "num_hidden_layers": 8,
-    "hidden_size": 256,
-    "intermediate_size": 512,
-    "moe_intermediate_size": 128,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 4,
-    "n_routed_experts": 8,
-    "num_experts_per_tok": 2,
-    "vocab_size": 1024,
-    "max_position_embeddings": 4096,
-}
 
 
 # -- helpers ---------------------------------------------------------------------------------------------
