@@ -7,7 +7,6 @@ import signal
 import subprocess
 import sys
 import textwrap
-import time
 from pathlib import Path
 
 import pytest
@@ -109,11 +108,10 @@ def test_a_process_that_is_gone_is_reported_as_gone():
 
 def test_a_dump_slower_than_its_timeout_is_cut_off_and_reported(blocked_processes):
     proc = blocked_processes("slow_to_read")
-    start = time.monotonic()
     dump = dump_stacks([proc.pid], timeout_s=0.001)[proc.pid]
     assert not dump.ok and dump.error_kind == TIMEOUT
     assert "longer than" in dump.error
-    assert time.monotonic() - start < 10
+    assert proc.poll() is None  # cutting py-spy off leaves the rank running
 
 
 @pytest.mark.skipif(
