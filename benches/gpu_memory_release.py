@@ -2,8 +2,8 @@
 
 Each rank of the emulator holds ``--gb`` GB of real GPU memory (``--emulate-gpu-memory-gb``; needs torch
 with CUDA in the server's Python).  For every TP size the bench launches a session through
-``sessions.server.ServerSession`` (or, when that module is missing, ``python -m sessions.emulator``
-directly), waits until it is ready, stops it, and waits up to ``--settle-s`` for the memory to return.
+``sessions.server.ServerSession``, waits until it is ready, stops it, and waits up to ``--settle-s``
+for the memory to return.
 It prints a table and a JSON document (also written to ``--out``).  Without NVML it still runs the
 lifecycle and says that NVML is unavailable.
 
@@ -16,9 +16,7 @@ import argparse
 import contextlib
 import json
 import os
-import signal
 import socket
-import subprocess
 import sys
 import tempfile
 import time
@@ -29,25 +27,9 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 if str(REPO_ROOT) not in sys.path:
     sys.path.insert(0, str(REPO_ROOT))
 
+from sessions.demo import KIMI_K25_CONFIG
+
 MIB = 1 << 20
-# A config-only Kimi-K2-shaped model: the emulator needs nothing else.
-_MODEL_CONFIG = {
-    "architectures": ["DeepseekV3ForCausalLM"],
-    "model_type": "deepseek_v3",
-    "num_hidden_layers": 61,
-    "hidden_size": 7168,
-    "intermediate_size": 18432,
-    "moe_intermediate_size": 2048,
-    "num_attention_heads": 64,
-    "num_key_value_heads": 64,
-    "n_routed_experts": 384,
-    "num_experts_per_tok": 8,
-    "first_k_dense_replace": 1,
-    "kv_lora_rank": 512,
-    "qk_rope_head_dim": 64,
-    "vocab_size": 163840,
-    "max_position_embeddings": 262144,
-}
 
 
 # -- NVML ------------------------------------------------------------------------------------------------
@@ -156,73 +138,8 @@ class SessionRun:
         return report.to_json() if hasattr(report, "to_json") else {"repr": repr(report)}
 
 
-class DirectRun:
-    """One emulator launch without the session layer (``python -m sessions.emulator``)."""
-
-    via = "python -m sessions.emulator"
-
-    def __init__(self, workdir: Path, model_dir: Path, tp: int, gb: float, time_scale: float) -> None:
-        workdir.mkdir(parents=True, exist_ok=True)
-        self.log_path = workdir / f"server-tp{tp}.log"
-        argv = [
-            sys.executable,
-            "-m",
-            "sessions.emulator",
-            "--model-path",
-            str(model_dir),
-            "--tp-size",
-            str(tp),
-            "--port",
-            str(free_port()),
-            "--time-scale",
-            str(time_scale),
-            "--emulate-gpu-memory-gb",
-            str(gb),
-        ]
-        env = dict(
-            os.environ,
-            PYTHONPATH=os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")])),
-        )
-        with open(self.log_path, "wb") as log:
-            self.proc = subprocess.Popen(
-                argv,
-                cwd=workdir,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                start_new_session=True,
-                env=env,
-            )
-
-    def wait_ready(self, timeout_s: float) -> bool:
-        end = time.monotonic() + timeout_s
-        while time.monotonic() < end:
-            if b"The server is fired up and ready to roll!" in self.log_path.read_bytes():
-                return True
-            if self.proc.poll() is not None:
-                return False
-            time.sleep(0.2)
-        return False
-
-    def stop(self) -> dict[str, Any]:
-        started = time.monotonic()
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-        try:
-            code = self.proc.wait(30)
-        except subprocess.TimeoutExpired:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-            code = self.proc.wait(10)
-        return {"exit_code": code, "waited_s": round(time.monotonic() - started, 2)}
-
-
-def make_run(workdir: Path, model_dir: Path, tp: int, gb: float, time_scale: float, direct: bool):
-    if not direct:
-        try:
-            return SessionRun(workdir, model_dir, tp, gb, time_scale)
-        except ImportError as exc:
-            print(f"sessions.server unavailable ({exc}); launching the emulator directly", file=sys.stderr)
-    return DirectRun(workdir, model_dir, tp, gb, time_scale)
+def make_run(workdir: Path, model_dir: Path, tp: int, gb: float, time_scale: float) -> SessionRun:
+    return SessionRun(workdir, model_dir, tp, gb, time_scale)
 
 
 # -- the bench -------------------------------------------------------------------------------------------
@@ -231,7 +148,7 @@ def make_run(workdir: Path, model_dir: Path, tp: int, gb: float, time_scale: flo
 def measure(nvml: Nvml, tp: int, args: argparse.Namespace, workdir: Path, model_dir: Path) -> dict[str, Any]:
     before = nvml.used()
     t0 = time.monotonic()
-    run = make_run(workdir / f"tp{tp}", model_dir, tp, args.gb, args.time_scale, args.direct)
+    run = make_run(workdir / f"tp{tp}", model_dir, tp, args.gb, args.time_scale)
     ready = run.wait_ready(args.ready_timeout_s)
     ready_s = time.monotonic() - t0
     at_ready = nvml.used()
@@ -309,9 +226,6 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--time-scale", type=float, default=0.01)
     parser.add_argument("--model-path", type=Path, default=None, help="default: a config-only Kimi-like dir")
-    parser.add_argument(
-        "--direct", action="store_true", help="launch python -m sessions.emulator, not a session"
-    )
     parser.add_argument("--ready-timeout-s", type=float, default=600.0)
     parser.add_argument("--settle-s", type=float, default=30.0, help="wait this long for memory to return")
     parser.add_argument("--tolerance-mib", type=float, default=256.0)
@@ -334,7 +248,7 @@ def main(argv: list[str] | None = None) -> int:
     if model_dir is None:
         model_dir = workdir / "model"
         model_dir.mkdir()
-        (model_dir / "config.json").write_text(json.dumps(_MODEL_CONFIG))
+        (model_dir / "config.json").write_text(json.dumps(KIMI_K25_CONFIG))
     runs = [measure(nvml, tp, args, workdir, model_dir) for tp in sizes]
     nvml.close()
     result = {

@@ -47,7 +47,7 @@ _MODEL_WRITE_TIMEOUT_S = 600.0
 
 # The shape of moonshotai/Kimi-K2.5's config.json: a multimodal wrapper whose text model (DeepSeek-V3
 # architecture, 61 layers, hidden 7168) sits under `text_config` (DESIGN §2 asks readers to handle both).
-_KIMI_K25_CONFIG = {
+KIMI_K25_CONFIG = {
     "architectures": ["KimiK25ForConditionalGeneration"],
     "model_type": "kimi_k25",
     "torch_dtype": "bfloat16",
@@ -185,7 +185,7 @@ def ensure_demo_home(home: Home | None = None) -> Home:
     model_dir = ensure_private_dir(demo_root(home) / "models" / MODEL_DIR_NAME)
     config_path = model_dir / "config.json"
     if not config_path.exists():
-        atomic_write_text(config_path, json.dumps(_KIMI_K25_CONFIG, indent=2) + "\n", mode=0o644)
+        atomic_write_text(config_path, json.dumps(KIMI_K25_CONFIG, indent=2) + "\n", mode=0o644)
     for name, values in _PROFILES.items():
         path = home.profiles_dir / f"{name}.toml"
         if path.exists():  # the user may have edited it in the demo; keep their version
