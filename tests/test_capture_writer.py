@@ -78,6 +78,32 @@ def test_chunks_written_out_of_order_reassemble_in_order(tmp_path):
         read_chunks(cap, "eagle3-x", expected_tokens=12)
 
 
+def test_short_writes_are_continued_until_the_whole_chunk_is_on_disk(tmp_path, monkeypatch):
+    """The kernel may write less than asked (one writev is capped near 2 GiB, signals cut writes short)."""
+    real_writev = os.writev
+    calls = []
+
+    def short_writev(fd, buffers):  # at most 1,000 bytes per call, split anywhere inside a buffer
+        budget, taken = 1000, []
+        for buf in buffers:
+            view = memoryview(buf).cast("B")
+            if budget <= 0:
+                break
+            taken.append(view[:budget])
+            budget -= len(taken[-1])
+        calls.append(len(taken))
+        return real_writev(fd, taken)
+
+    monkeypatch.setattr(os, "writev", short_writev)
+    write(tmp_path, "eagle3-short", 0, 400)
+    monkeypatch.setattr(os, "writev", real_writev)
+    assert len(calls) > 10  # ~16 KB in 1,000-byte pieces
+    aux, last, ids = read_chunks(tmp_path, "eagle3-short", expected_tokens=400)
+    assert torch.equal(aux, rows(400, 12).bfloat16())
+    assert torch.equal(last, (-rows(400, 4)).bfloat16())
+    assert torch.equal(ids, torch.arange(400))
+
+
 def test_overlapping_chunks_are_an_error(tmp_path):
     cap = tmp_path / "cap"
     write(cap, "eagle3-x", 0, 4)

@@ -125,6 +125,70 @@ def test_reconcile_repairs_what_a_crash_leaves(tmp_path: Path) -> None:
     again.release()
 
 
+def test_the_group_commit_records_only_flushed_files(tmp_path: Path, monkeypatch) -> None:
+    """Samples are written without an fsync each; ``commit`` flushes a batch, then appends its lines.
+    A flush that fails records nothing: the files stay unrecorded and a reconcile removes them."""
+    import sessions.extraction.output as output_module
+
+    out = OutputDir(tmp_path / "out", file_group_size=4)
+    out.acquire("j", fresh=True)
+    flushed: list[int] = []
+    real_syncfs = output_module._syncfs
+
+    def observed_syncfs(fd: int) -> bool:
+        flushed.append(fd)
+        return real_syncfs(fd)
+
+    monkeypatch.setattr(output_module, "_syncfs", observed_syncfs)
+    batch = [_entry_for(out, i) for i in range(3)]
+    assert out.read_manifest() == ({}, 0)  # written, not yet recorded
+    out.commit(batch)
+    assert len(flushed) == 1  # one flush for the whole batch
+    assert sorted(out.read_manifest()[0]) == [0, 1, 2]
+
+    def failing_syncfs(fd: int) -> bool:
+        raise OSError(5, "syncfs failed: Input/output error")
+
+    monkeypatch.setattr(output_module, "_syncfs", failing_syncfs)
+    doomed = [_entry_for(out, i) for i in (3, 4)]
+    with pytest.raises(OSError, match="Input/output error"):
+        out.commit(doomed)
+    assert sorted(out.read_manifest()[0]) == [0, 1, 2]
+    out.release()
+    again = OutputDir(tmp_path / "out", file_group_size=4)
+    again.acquire("j", fresh=False)
+    report = again.reconcile()
+    assert sorted(report.entries) == [0, 1, 2] and report.removed_orphans == 2
+    again.release()
+
+
+def test_without_syncfs_each_file_and_folder_is_fsynced(tmp_path: Path, monkeypatch) -> None:
+    import sessions.extraction.output as output_module
+
+    out = OutputDir(tmp_path / "out", file_group_size=2)
+    out.acquire("j", fresh=True)
+    monkeypatch.setattr(output_module, "_syncfs", lambda fd: False)  # a C library without syncfs
+    synced: list[str] = []
+    real_fsync = os.fsync
+
+    def observed_fsync(fd: int) -> None:
+        synced.append(os.readlink(f"/proc/self/fd/{fd}"))
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", observed_fsync)
+    out.commit([_entry_for(out, i) for i in range(3)])
+    root = str(out.root)
+    assert {f"{root}/rows_0-2/data_0.ckpt", f"{root}/rows_0-2/data_1.ckpt", f"{root}/rows_2-4/data_2.ckpt",
+            f"{root}/rows_0-2", f"{root}/rows_2-4", root} <= set(synced)
+    assert sorted(out.read_manifest()[0]) == [0, 1, 2]
+    out.release()
+
+
+def _entry_for(out: OutputDir, index: int) -> ManifestEntry:
+    rel, size, checksum = out.write_sample(index, sample_dict(index))
+    return ManifestEntry(index, index + 1, f"j-{index}", "ok", tokens=6, path=rel, bytes=size, checksum=checksum)
+
+
 def test_an_output_dir_has_one_owner(tmp_path: Path) -> None:
     first = OutputDir(tmp_path / "out")
     first.acquire("job-a", fresh=True)

@@ -1,8 +1,8 @@
 """The pipeline inside the detached job process: ``python -m sessions.extraction.runner --job-dir DIR``.
 
     dataset lines ─▶ render thread ─▶ dispatcher ─▶ (capture gate, client: /generate with retries)
-                                                    └▶ collector thread: dumps → checks → atomic .ckpt
-                                                       └▶ manifest line (event-loop thread only)
+                                                    └▶ collector thread: dumps → checks → .ckpt (tmp+rename)
+                                                       └▶ commit loop: one syncfs per batch → manifest lines
 
 Start-up (fresh or ``--resume``, the same path): lock the output dir, reconcile it with its manifest
 (``output.OutputDir.reconcile``), check the dataset is the one the job started on, load the tokenizer,
@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import errno
 import os
 import queue
@@ -46,6 +47,8 @@ from sessions.extraction.spec import JobSpec, JobSpecError, load_job_spec
 from sessions.home import atomic_write_json, read_json, resolve_home
 
 REPORT_INTERVAL_S = 0.5
+COMMIT_INTERVAL_S = 0.25  # the group commit: written samples become durable, then recorded
+COMMIT_MAX_BATCH = 256
 PREFLIGHT_SAMPLE_LINES = 64
 CANCEL_GRACE_S = 20.0
 _OUT_OF_SPACE = (errno.ENOSPC, errno.EDQUOT)
@@ -127,7 +130,9 @@ class JobRun:
         self.sglang_version: str | None = None
         self._render_stop = threading.Event()
         self.pipeline_started_at: float | None = None
+        self.last_outcome_at: float | None = None
         self.done_at_pipeline_start = 0
+        self._uncommitted: list[ManifestEntry] = []
 
     # -- reporting ---------------------------------------------------------------------------------------
     def log(self, message: str) -> None:
@@ -184,8 +189,9 @@ class JobRun:
             "capture_fill": fill,
             "paused_by_user": "user" in self.pause_reasons,
             "estimated_output_bytes": self.estimated_output_bytes,
-            # For benches: this run's own rate, from the first request to the end.
+            # For benches: this run's own rate, from the first request to the last recorded outcome.
             "pipeline_started_at": self.pipeline_started_at,
+            "last_outcome_at": self.last_outcome_at,
             "done_this_run": self.done - self.done_at_pipeline_start if self.pipeline_started_at else 0,
         }
 
@@ -373,9 +379,42 @@ class JobRun:
             self.rates.add(self.done, self.tokens, self.bytes)
 
     def _record(self, entry: ManifestEntry) -> None:
+        """An outcome.  A written sample waits for the next group commit; the others go straight in."""
         assert self.output is not None
+        if entry.status == "ok" and entry.path:
+            self._uncommitted.append(entry)
+            return
         self.output.append(entry)
         self._count(entry)
+        self.last_outcome_at = time.time()
+
+    async def _commit(self) -> None:
+        """Make the written samples durable with one flush, then append their manifest lines."""
+        assert self.output is not None
+        while self._uncommitted:
+            batch, self._uncommitted = self._uncommitted[:COMMIT_MAX_BATCH], self._uncommitted[COMMIT_MAX_BATCH:]
+            try:
+                await asyncio.to_thread(self.output.commit, batch)
+            except OSError as exc:
+                # Nothing of the batch is recorded: their files are removed by the next reconcile and the
+                # samples written again by a resume.  Stop here rather than write into a failing disk.
+                if not self.abort_reason:
+                    self.abort_reason = (f"flushing {len(batch)} samples to {self.output.root} failed: "
+                                         f"{exc.strerror or exc}; `extract resume` writes them again")
+                    self.log(f"aborting: {self.abort_reason}")
+                    self._stop_sending()
+                return
+            for entry in batch:
+                self._count(entry)
+            self.last_outcome_at = time.time()
+
+    async def _commit_loop(self, stop: asyncio.Event) -> None:
+        # Stopped by the event, never cancelled: a cancel inside ``to_thread`` would record a batch
+        # without counting it.
+        while not stop.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), COMMIT_INTERVAL_S)
+            await self._commit()
 
     def _on_server_state(self, up: bool, reason: str | None) -> None:
         if up:
@@ -444,6 +483,8 @@ class JobRun:
         self.pipeline_started_at = time.time()
         self.done_at_pipeline_start = self.done
         reporter = loop.create_task(self._report_loop())
+        commit_stop = asyncio.Event()
+        committer = loop.create_task(self._commit_loop(commit_stop))
         ready: queue.Queue = queue.Queue(maxsize=max(64, 4 * spec.concurrency))
         renderer_thread = threading.Thread(target=self._render_into, args=(items, ready), daemon=True,
                                            name="render")
@@ -483,6 +524,8 @@ class JobRun:
             reporter.cancel()
             await self.client.aclose()
             await asyncio.to_thread(self.pool.shutdown, True)
+            commit_stop.set()
+            await committer  # its last round commits everything the collectors wrote
             for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
                 loop.remove_signal_handler(sig)
 
