@@ -342,6 +342,57 @@ def test_diagnose_screen_shows_stacks_and_saves_a_bundle(hung):
     asyncio.run(scenario())
 
 
+
+@pytest.mark.timeout(120)
+def test_closing_the_diagnose_screen_while_it_collects_does_not_crash(hung, monkeypatch):
+    """Escape right away: the diagnosis thread finishes later and must not paint a closed screen."""
+    import asyncio
+    import threading
+
+    from textual.app import App
+
+    import sessions.diagnosis
+    from app.screens.diagnose import DiagnoseScreen
+
+    session, home = hung.session, hung.home
+    failures: list[BaseException] = []
+    finished = threading.Event()
+    real_diagnose = sessions.diagnosis.diagnose
+
+    def observed(*args, **kwargs):  # the real diagnosis; the event says when its thread is done
+        try:
+            return real_diagnose(*args, **kwargs)
+        finally:
+            finished.set()
+
+    monkeypatch.setattr(sessions.diagnosis, "diagnose", observed)
+
+    class Host(App):
+        def on_mount(self) -> None:
+            self.push_screen(DiagnoseScreen(session.session_id, home))
+
+        def _handle_exception(self, error: Exception) -> None:
+            failures.append(error)
+            super()._handle_exception(error)
+
+    async def scenario() -> None:
+        app = Host()
+        async with app.run_test(size=(140, 50)) as pilot:
+            screen = app.screen
+            assert isinstance(screen, DiagnoseScreen)
+            assert not finished.is_set(), "the diagnosis (py-spy on every rank) should still be running"
+            await pilot.press("escape")
+            await pilot.pause()
+            assert not isinstance(app.screen, DiagnoseScreen)
+            while not finished.is_set():
+                await asyncio.sleep(0.05)
+            for _ in range(5):  # let the thread's call_from_thread reach the app
+                await pilot.pause()
+            assert app.is_running and screen.diagnosis is None
+
+    asyncio.run(scenario())
+    assert not failures, failures
+
 def _tar_bytes(path: Path) -> bytes:
     with tarfile.open(path) as tar:
         return b"".join(tar.extractfile(m).read() for m in tar.getmembers() if m.isfile())

@@ -17,6 +17,7 @@ from textual import work
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Vertical
+from textual.css.query import NoMatches
 from textual.screen import ModalScreen, Screen
 from textual.widgets import Footer, Input, ListItem, ListView, ProgressBar, Static
 
@@ -215,10 +216,14 @@ class JobsScreen(Screen):
         self.app.call_from_thread(self._show, jobs)
 
     def _show(self, jobs: list[Any]) -> None:
+        try:
+            view = self.query_one("#jobs", ListView)
+            empty = self.query_one("#jobs-empty", Static)
+        except NoMatches:
+            return  # the screen was closed while this poll was in flight: no repaint, no next poll
         self._notify_changes(jobs)
         self.jobs = jobs
-        view = self.query_one("#jobs", ListView)
-        self.query_one("#jobs-empty", Static).display = not jobs
+        empty.display = not jobs
         rows = {row.progress.job_id: row for row in view.query(JobRow)}
         if [p.job_id for p in jobs] == [row.progress.job_id for row in view.query(JobRow)]:
             for p in jobs:
