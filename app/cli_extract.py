@@ -112,37 +112,31 @@ def _status(args: argparse.Namespace) -> int:
     return 0
 
 
-def _pause(args: argparse.Namespace) -> int:
-    from sessions.extraction.job import JobError, pause_job
+def _job_action(args: argparse.Namespace, act: str, said: str) -> int:
+    """Run ``sessions.extraction.job.<act>(args.job)`` and say on stderr what happened.
+
+    ``said`` is formatted with ``job`` (the id typed) and ``progress`` (what ``act`` returned).  A
+    `JobError` becomes a `CliError` with its own message and exit code."""
+    from sessions.extraction import job as jobs
 
     try:
-        pause_job(args.job)
-    except JobError as exc:
+        progress = getattr(jobs, act)(args.job)
+    except jobs.JobError as exc:
         raise _job_error(exc) from None
-    print(f"job {args.job} pauses after the requests in flight", file=sys.stderr)
+    print(said.format(job=args.job, progress=progress), file=sys.stderr)
     return 0
+
+
+def _pause(args: argparse.Namespace) -> int:
+    return _job_action(args, "pause_job", "job {job} pauses after the requests in flight")
 
 
 def _resume(args: argparse.Namespace) -> int:
-    from sessions.extraction.job import JobError, resume_job
-
-    try:
-        progress = resume_job(args.job)
-    except JobError as exc:
-        raise _job_error(exc) from None
-    print(f"job {args.job} resumed (pid {progress.pid})", file=sys.stderr)
-    return 0
+    return _job_action(args, "resume_job", "job {job} resumed (pid {progress.pid})")
 
 
 def _cancel(args: argparse.Namespace) -> int:
-    from sessions.extraction.job import JobError, cancel_job
-
-    try:
-        progress = cancel_job(args.job)
-    except JobError as exc:
-        raise _job_error(exc) from None
-    print(f"job {args.job} is {progress.state}", file=sys.stderr)
-    return 0
+    return _job_action(args, "cancel_job", "job {job} is {progress.state}")
 
 
 def _verify(args: argparse.Namespace) -> int:
