@@ -153,6 +153,7 @@ class DashboardScreen(Screen):
         self._timer: Timer | None = None
         self._poll_worker: Worker | None = None
         self._poll_again = False
+        self._polled_for: str | None = None  # the selected session the running poll was asked about
         self._seen_problems: set[str] = set()
         self._last_states: dict[str, str] | None = None
         self._titles: dict[str, tuple[str, str | None]] = {}
@@ -213,6 +214,7 @@ class DashboardScreen(Screen):
             self._schedule_poll(self.refresh_s)
             return
         log_view = self.query_one(LogView)
+        self._polled_for = self.selected_session
         request = PollRequest(
             self.selected_session, log_view.log_filter, selected_profile=self.selected_profile
         )
@@ -236,7 +238,12 @@ class DashboardScreen(Screen):
             return
         if event.state == WorkerState.SUCCESS:
             self._poll_worker = None
-            self._render_snapshot(worker.result)
+            if self.selected_session == self._polled_for:
+                self._render_snapshot(worker.result)
+            else:
+                # Another session was selected while this poll ran (a launch, a restart, a click): the
+                # snapshot answers for the one shown before, and drawing it would select that one again.
+                self._poll_again = True
         elif event.state == WorkerState.ERROR:
             self._poll_worker = None
             self._notify_problem(f"refresh failed: {worker.error}")
