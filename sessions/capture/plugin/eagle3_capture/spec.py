@@ -33,7 +33,10 @@ class CaptureSpec:
     queue_depth: int = DEFAULT_QUEUE_DEPTH  # chunks in flight between the forward and the disk
     layers: tuple[int, ...] | None = None  # physical capture points the profile asked for (informational)
     draft_layer_ids: tuple[int, ...] | None = None  # the same points in the draft-config convention
-    fsync: bool = True
+    # Dumps live for milliseconds: the collector deletes them once the sample is written, and after a
+    # power loss the job re-requests whatever its manifest lacks.  The rename alone makes a chunk appear
+    # whole; an fsync per chunk would only add GIL round trips to the scheduler's writer thread.
+    fsync: bool = False
 
     def to_json(self) -> str:
         obj: dict = {
@@ -78,7 +81,7 @@ class CaptureSpec:
         depth = obj.get("queue_depth", DEFAULT_QUEUE_DEPTH)
         if not isinstance(depth, int) or isinstance(depth, bool) or depth < 1:
             raise CaptureSpecError(f"{ENV_NAME}: 'queue_depth' must be an integer >= 1")
-        fsync = obj.get("fsync", True)
+        fsync = obj.get("fsync", False)
         if not isinstance(fsync, bool):
             raise CaptureSpecError(f"{ENV_NAME}: 'fsync' must be true or false")
         return cls(

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import functools
 import json
 import logging
 import mmap
@@ -28,7 +29,7 @@ import re
 import stat
 import sys
 import threading
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -41,6 +42,7 @@ ERROR_FILE = "error.json"
 _CHUNK_NAME_RE = re.compile(r"^(\d+)-(\d+)\.safetensors$")
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _IOV_MAX = 64
+_MAX_BATCH = 64  # chunks the background writer takes in one pass
 _DTYPE_CODES = {"BF16": 2, "F16": 2, "F32": 4, "I64": 8, "I32": 4}
 
 logger = logging.getLogger("eagle3_capture")
@@ -99,28 +101,24 @@ def check_capture_dir(path: str | os.PathLike, create: bool = False) -> str:
 
 def _open_capture_dir(path: str | os.PathLike, create: bool, missing_ok: bool = False) -> int | None:
     directory = os.path.abspath(os.fspath(path))
-    what = f"capture dir {directory}"
-    if create:
-        parent = os.path.dirname(directory)
-        if not os.path.isdir(parent):
-            os.makedirs(parent, mode=0o700, exist_ok=True)
-        try:
-            os.mkdir(directory, 0o700)
-        except FileExistsError:
-            pass  # checked below like any pre-existing folder
     try:
         fd = os.open(directory, _DIR_FLAGS)
     except FileNotFoundError:
+        if create:  # first use: make it 0700 (and its parents), then open it like any existing folder
+            os.makedirs(os.path.dirname(directory), mode=0o700, exist_ok=True)
+            with contextlib.suppress(FileExistsError):
+                os.mkdir(directory, 0o700)
+            return _open_capture_dir(directory, create=False)
         if missing_ok:
             return None
-        raise CaptureDirError(f"{what} does not exist") from None
+        raise CaptureDirError(f"capture dir {directory} does not exist") from None
     except OSError as exc:
         # O_NOFOLLOW on a symlink fails with ELOOP, or ENOTDIR together with O_DIRECTORY: ask lstat.
         if exc.errno in (errno.ELOOP, errno.ENOTDIR):
-            raise CaptureDirError(f"{what} refused: {_not_a_dir_reason(directory)}") from None
-        raise CaptureDirError(f"{what} cannot be opened: {exc.strerror}") from None
+            raise CaptureDirError(f"capture dir {directory} refused: {_not_a_dir_reason(directory)}") from None
+        raise CaptureDirError(f"capture dir {directory} cannot be opened: {exc.strerror}") from None
     try:
-        _check_owned_private(os.fstat(fd), what)
+        _check_owned_private(os.fstat(fd), f"capture dir {directory}")
     except BaseException:
         os.close(fd)
         raise
@@ -128,10 +126,11 @@ def _open_capture_dir(path: str | os.PathLike, create: bool, missing_ok: bool = 
 
 
 def _open_rid_dir(dir_fd: int, directory: str, rid: str, create: bool) -> int | None:
-    what = f"rid folder {os.path.join(directory, rid)}"
+    made = False
     if create:
         try:
             os.mkdir(rid, 0o700, dir_fd=dir_fd)
+            made = True  # ours and at most 0700; only our uid can write in the (checked) capture dir
         except FileExistsError:
             pass
     try:
@@ -142,14 +141,52 @@ def _open_rid_dir(dir_fd: int, directory: str, rid: str, create: bool) -> int | 
         return None
     except OSError as exc:
         if exc.errno in (errno.ELOOP, errno.ENOTDIR):
-            raise CaptureDirError(f"{what} refused: {_not_a_dir_reason(rid, dir_fd)}") from None
+            raise CaptureDirError(f"rid folder {os.path.join(directory, rid)} refused: "
+                                  f"{_not_a_dir_reason(rid, dir_fd)}") from None
         raise
+    if made:
+        return fd
     try:
-        _check_owned_private(os.fstat(fd), what)
+        _check_owned_private(os.fstat(fd), f"rid folder {os.path.join(directory, rid)}")
     except BaseException:
         os.close(fd)
         raise
     return fd
+
+
+@dataclass(frozen=True)
+class _Folder:
+    directory: str  # the capture dir, absolute
+    dir_fd: int
+    rid_fd: int
+
+
+@contextlib.contextmanager
+def _capture_dir(directory: str | os.PathLike, create: bool = False,
+                 missing_ok: bool = False) -> Iterator[tuple[int | None, str]]:
+    """``(fd, absolute path)`` of the checked capture dir, closed on exit; fd None when missing_ok."""
+    directory = os.path.abspath(os.fspath(directory))
+    dir_fd = _open_capture_dir(directory, create=create, missing_ok=missing_ok)
+    try:
+        yield dir_fd, directory
+    finally:
+        if dir_fd is not None:
+            os.close(dir_fd)
+
+
+@contextlib.contextmanager
+def _rid_folder(directory: str | os.PathLike, rid: str, create: bool = False,
+                missing_ok: bool = False) -> Iterator[_Folder | None]:
+    """The checked capture dir and rid folder, opened without following links and closed on exit.
+    None when the rid folder (or, with ``missing_ok``, the capture dir) does not exist."""
+    validate_rid(rid)
+    with _capture_dir(directory, create=create, missing_ok=missing_ok) as (dir_fd, path):
+        rid_fd = None if dir_fd is None else _open_rid_dir(dir_fd, path, rid, create=create)
+        try:
+            yield None if rid_fd is None else _Folder(path, dir_fd, rid_fd)
+        finally:
+            if rid_fd is not None:
+                os.close(rid_fd)
 
 
 def _not_a_dir_reason(path: str, dir_fd: int | None = None) -> str:
@@ -168,13 +205,17 @@ def chunk_name(start: int, end: int) -> str:
 # The safetensors layout is: 8-byte little-endian header length, a JSON header (padded with spaces to a
 # multiple of 8), then the raw tensor bytes in offset order.  Writing it ourselves streams each tensor's
 # memory straight to the fd; ``safetensors.torch.save`` would first build one more full copy in memory.
-def _dtype_code(tensor: torch.Tensor) -> str:
-    import torch
+_DTYPE_NAMES: dict[Any, str] = {}
 
-    codes = {torch.bfloat16: "BF16", torch.float16: "F16", torch.float32: "F32",
-             torch.int64: "I64", torch.int32: "I32"}
+
+def _dtype_code(tensor: torch.Tensor) -> str:
+    if not _DTYPE_NAMES:
+        import torch
+
+        _DTYPE_NAMES.update({torch.bfloat16: "BF16", torch.float16: "F16", torch.float32: "F32",
+                             torch.int64: "I64", torch.int32: "I32"})
     try:
-        return codes[tensor.dtype]
+        return _DTYPE_NAMES[tensor.dtype]
     except KeyError:
         raise TypeError(f"unsupported dtype {tensor.dtype}") from None
 
@@ -182,15 +223,16 @@ def _dtype_code(tensor: torch.Tensor) -> str:
 def _as_bytes(tensor: torch.Tensor) -> memoryview:
     import torch
 
-    flat = tensor.detach().reshape(-1)
-    if not flat.is_contiguous():
-        flat = flat.contiguous()
-    return memoryview(flat.view(torch.uint8).numpy())
+    if tensor.requires_grad:
+        tensor = tensor.detach()
+    if not tensor.is_contiguous():
+        tensor = tensor.contiguous()
+    return memoryview(tensor.view(torch.uint8).numpy())  # (_writev_all flattens it)
 
 
 def _writev_all(fd: int, views: list[memoryview]) -> None:
     """Header and tensors in one ``writev`` (the kernel caps one call near 2 GiB: loop on short writes)."""
-    pending = [v.cast("B") if v.format != "B" else v for v in views]
+    pending = [v if v.ndim == 1 and v.format == "B" else v.cast("B") for v in views]  # 1-D bytes: len = size
     pending = [v for v in pending if len(v)]
     while pending:
         n = os.writev(fd, pending[:_IOV_MAX])
@@ -258,6 +300,24 @@ def write_chunks(
     are expected (the plugin copies off the GPU first); ``aux``/``last`` are stored as bf16 and
     ``input_ids`` as int64.
     """
+    chunks = _prepare_chunks(rids, prefix_lens, seq_lens, aux, last, input_ids, meta)
+    with _capture_dir(directory, create=True) as (dir_fd, path):
+        assert dir_fd is not None
+        return _write_prepared(dir_fd, path, chunks, fsync)
+
+
+@dataclass
+class _Chunk:
+    rid: str
+    start: int
+    end: int
+    tensors: list  # (name, tensor) in file order
+    metadata: dict
+
+
+def _prepare_chunks(rids: Sequence[str], prefix_lens: Sequence[int], seq_lens: Sequence[int], aux: Any,
+                    last: Any, input_ids: Any, meta: Mapping[str, Any]) -> list[_Chunk]:
+    """Check the arguments and cut the rows into one chunk per request (no I/O)."""
     import torch
 
     if sys.byteorder != "little":  # safetensors is little-endian and we write raw memory
@@ -278,70 +338,78 @@ def write_chunks(
                              f"{total} rows (the sum of seq_lens)")
     if any(int(p) < 0 for p in prefix_lens) or any(int(n) < 0 for n in seq_lens):
         raise ValueError("prefix_lens and seq_lens must be >= 0")
-    aux = aux.detach().to("cpu", torch.bfloat16)
-    last = last.detach().to("cpu", torch.bfloat16) if last is not None else None
-    input_ids = input_ids.detach().to("cpu", torch.int64)
+    aux = _on_cpu_as(aux, torch.bfloat16)
+    last = _on_cpu_as(last, torch.bfloat16) if last is not None else None
+    input_ids = _on_cpu_as(input_ids, torch.int64)
     hidden_size = int(meta.get("hidden_size") or (last.shape[1] if last is not None else 0))
-    base_meta = {
-        "format": FORMAT,
-        "layers": json.dumps([int(v) for v in (meta.get("layers") or [])]),
-        "hidden_size": str(hidden_size),
-        "sglang_version": str(meta.get("sglang_version") or "unknown"),
-    }
-    if meta.get("draft_layer_ids") is not None:
-        base_meta["draft_layer_ids"] = json.dumps([int(v) for v in meta["draft_layer_ids"]])
+    base_meta = _base_metadata(tuple(meta.get("layers") or ()), hidden_size, meta.get("sglang_version"),
+                               tuple(meta["draft_layer_ids"]) if meta.get("draft_layer_ids") is not None else None)
+    chunks = []
+    whole = len(rids) == 1  # the common case: one request, no slicing
+    row = 0
+    for rid, prefix, n in zip(rids, prefix_lens, seq_lens):
+        start, n = int(prefix), int(n)
+        rows = slice(row, row + n)
+        row += n
+        if n == 0:
+            continue
+        # input_ids first: right after the 8-byte-padded header, the int64 rows stay aligned.
+        tensors = [("input_ids", input_ids if whole else input_ids[rows]), ("aux", aux if whole else aux[rows])]
+        if last is not None:
+            tensors.append(("last", last if whole else last[rows]))
+        chunks.append(_Chunk(rid, start, start + n, tensors,
+                             dict(base_meta, rid=rid, start=str(start), end=str(start + n))))
+    return chunks
 
-    directory = os.path.abspath(os.fspath(directory))
+
+def _on_cpu_as(tensor: Any, dtype: Any) -> Any:
+    """The tensor on the CPU in ``dtype``; itself when it already is (the writer's per-chunk cost is GIL
+    time taken from the scheduler, so skip what is a no-op)."""
+    if tensor.requires_grad:
+        tensor = tensor.detach()
+    if tensor.dtype != dtype or tensor.device.type != "cpu":
+        tensor = tensor.to("cpu", dtype)
+    return tensor
+
+
+@functools.lru_cache(maxsize=16)
+def _base_metadata(layers: tuple, hidden_size: int, sglang_version: Any,
+                   draft_layer_ids: tuple | None) -> dict[str, str]:
+    base = {
+        "format": FORMAT,
+        "layers": json.dumps([int(v) for v in layers]),
+        "hidden_size": str(hidden_size),
+        "sglang_version": str(sglang_version or "unknown"),
+    }
+    if draft_layer_ids is not None:
+        base["draft_layer_ids"] = json.dumps([int(v) for v in draft_layer_ids])
+    return base
+
+
+def _write_prepared(dir_fd: int, directory: str, chunks: Sequence[_Chunk], fsync: bool) -> list[str]:
     written: list[str] = []
-    dir_fd = _open_capture_dir(directory, create=True)
-    assert dir_fd is not None
-    try:
-        row = 0
-        for rid, prefix, n in zip(rids, prefix_lens, seq_lens):
-            start, n = int(prefix), int(n)
-            end = start + n
-            rows = slice(row, row + n)
-            row += n
-            if n == 0:
-                continue
-            # input_ids first: right after the 8-byte-padded header, the int64 rows stay aligned.
-            tensors = [("input_ids", input_ids[rows]), ("aux", aux[rows])]
-            if last is not None:
-                tensors.append(("last", last[rows]))
-            metadata = dict(base_meta, rid=rid, start=str(start), end=str(end))
-            rid_fd = _open_rid_dir(dir_fd, directory, rid, create=True)
-            assert rid_fd is not None
-            try:
-                name = chunk_name(start, end)
-                _write_chunk_file(rid_fd, name, tensors, metadata, fsync)
-                written.append(os.path.join(directory, rid, name))
-            finally:
-                os.close(rid_fd)
-    finally:
-        os.close(dir_fd)
+    for chunk in chunks:
+        rid_fd = _open_rid_dir(dir_fd, directory, chunk.rid, create=True)
+        assert rid_fd is not None
+        try:
+            name = chunk_name(chunk.start, chunk.end)
+            _write_chunk_file(rid_fd, name, chunk.tensors, chunk.metadata, fsync)
+            written.append(f"{directory}/{chunk.rid}/{name}")
+        finally:
+            os.close(rid_fd)
     return written
 
 
 def write_error_marker(directory: str | os.PathLike, rid: str, message: str) -> None:
     """Best effort: tell the collector that a chunk of ``rid`` was lost (``<dir>/<rid>/error.json``)."""
-    validate_rid(rid)
-    directory = os.path.abspath(os.fspath(directory))
-    dir_fd = _open_capture_dir(directory, create=True)
-    assert dir_fd is not None
-    try:
-        rid_fd = _open_rid_dir(dir_fd, directory, rid, create=True)
-        assert rid_fd is not None
+    with _rid_folder(directory, rid, create=True) as folder:
+        assert folder is not None
+        fd = os.open(ERROR_FILE, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC,
+                     0o600, dir_fd=folder.rid_fd)
         try:
-            fd = os.open(ERROR_FILE, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC,
-                         0o600, dir_fd=rid_fd)
-            try:
-                os.write(fd, json.dumps({"rid": rid, "error": message}).encode("utf-8") + b"\n")
-            finally:
-                os.close(fd)
+            os.write(fd, json.dumps({"rid": rid, "error": message}).encode("utf-8") + b"\n")
         finally:
-            os.close(rid_fd)
-    finally:
-        os.close(dir_fd)
+            os.close(fd)
 
 
 # -- reading back -------------------------------------------------------------------------------------
@@ -356,21 +424,8 @@ class ChunkInfo:
 
 def list_chunks(directory: str | os.PathLike, rid: str) -> list[ChunkInfo]:
     """The chunk files of ``rid`` sorted by start (tmp files and markers are skipped); [] when none."""
-    validate_rid(rid)
-    directory = os.path.abspath(os.fspath(directory))
-    dir_fd = _open_capture_dir(directory, create=False, missing_ok=True)
-    if dir_fd is None:
-        return []
-    try:
-        rid_fd = _open_rid_dir(dir_fd, directory, rid, create=False)
-        if rid_fd is None:
-            return []
-        try:
-            return _list_chunk_names(rid_fd)
-        finally:
-            os.close(rid_fd)
-    finally:
-        os.close(dir_fd)
+    with _rid_folder(directory, rid, missing_ok=True) as folder:
+        return [] if folder is None else _list_chunk_names(folder.rid_fd)
 
 
 def _list_chunk_names(rid_fd: int) -> list[ChunkInfo]:
@@ -405,30 +460,19 @@ def chunks_complete(directory: str | os.PathLike, rid: str, total_tokens: int) -
 
 def read_error_marker(directory: str | os.PathLike, rid: str) -> str | None:
     """The writer's error message for ``rid`` (`write_error_marker`), or None."""
-    validate_rid(rid)
-    directory = os.path.abspath(os.fspath(directory))
-    dir_fd = _open_capture_dir(directory, create=False, missing_ok=True)
-    if dir_fd is None:
-        return None
-    try:
-        rid_fd = _open_rid_dir(dir_fd, directory, rid, create=False)
-        if rid_fd is None:
+    with _rid_folder(directory, rid, missing_ok=True) as folder:
+        if folder is None:
             return None
         try:
-            try:
-                fd = os.open(ERROR_FILE, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=rid_fd)
-            except FileNotFoundError:
-                return None
-            with os.fdopen(fd, "rb") as fh:
-                data = fh.read(1 << 16)
-            try:
-                return str(json.loads(data).get("error", ""))
-            except (ValueError, AttributeError):
-                return data.decode("utf-8", "replace")
-        finally:
-            os.close(rid_fd)
-    finally:
-        os.close(dir_fd)
+            fd = os.open(ERROR_FILE, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=folder.rid_fd)
+        except FileNotFoundError:
+            return None
+        with os.fdopen(fd, "rb") as fh:
+            data = fh.read(1 << 16)
+    try:
+        return str(json.loads(data).get("error", ""))
+    except (ValueError, AttributeError):
+        return data.decode("utf-8", "replace")
 
 
 _MAP_FLAGS = getattr(mmap, "MAP_SHARED", 0) | getattr(mmap, "MAP_POPULATE", 0)
@@ -512,51 +556,42 @@ def read_chunks(
     """
     import torch
 
-    validate_rid(rid)
-    directory = os.path.abspath(os.fspath(directory))
-    where = os.path.join(directory, rid)
-    dir_fd = _open_capture_dir(directory, create=False)
-    assert dir_fd is not None
-    try:
-        rid_fd = _open_rid_dir(dir_fd, directory, rid, create=False)
-        if rid_fd is None:
+    where = os.path.join(os.path.abspath(os.fspath(directory)), rid)
+    with _rid_folder(directory, rid) as folder:
+        if folder is None:
             raise ChunkError(f"{where}: no chunks (folder missing)")
-        try:
-            chunks = _list_chunk_names(rid_fd)
-            if not chunks:
-                raise ChunkError(f"{where}: no chunks")
-            position = 0
-            for chunk in chunks:
-                if chunk.start != position:
-                    kind = "gap" if chunk.start > position else "overlap"
-                    raise ChunkError(f"{where}: {kind} at token {position}: next chunk is {chunk.name}")
-                if chunk.end <= chunk.start:
-                    raise ChunkError(f"{where}: empty chunk {chunk.name}")
-                position = chunk.end
-            if expected_tokens is not None and position != expected_tokens:
-                raise ChunkError(f"{where}: chunks cover {position} tokens, expected {expected_tokens}")
-            parts: dict[str, list[torch.Tensor]] = {"aux": [], "last": [], "input_ids": []}
-            for chunk in chunks:
-                path = os.path.join(where, chunk.name)
-                tensors, metadata = _read_chunk_file(rid_fd, chunk, path)
-                n = chunk.end - chunk.start
-                if metadata.get("rid") != rid or metadata.get("start") != str(chunk.start) \
-                        or metadata.get("end") != str(chunk.end):
-                    raise ChunkError(f"{path}: metadata (rid, start, end) does not match the file name")
-                for key in ("aux", "input_ids"):
-                    if key not in tensors:
-                        raise ChunkError(f"{path}: no {key!r} tensor")
-                for key, tensor in tensors.items():
-                    if key in parts:
-                        if tensor.shape[0] != n:
-                            raise ChunkError(f"{path}: {key!r} has {tensor.shape[0]} rows, expected {n}")
-                        parts[key].append(tensor)
-            if parts["last"] and len(parts["last"]) != len(chunks):
-                raise ChunkError(f"{where}: 'last' is missing from some chunks")
-        finally:
-            os.close(rid_fd)
-    finally:
-        os.close(dir_fd)
+        rid_fd = folder.rid_fd
+        chunks = _list_chunk_names(rid_fd)
+        if not chunks:
+            raise ChunkError(f"{where}: no chunks")
+        position = 0
+        for chunk in chunks:
+            if chunk.start != position:
+                kind = "gap" if chunk.start > position else "overlap"
+                raise ChunkError(f"{where}: {kind} at token {position}: next chunk is {chunk.name}")
+            if chunk.end <= chunk.start:
+                raise ChunkError(f"{where}: empty chunk {chunk.name}")
+            position = chunk.end
+        if expected_tokens is not None and position != expected_tokens:
+            raise ChunkError(f"{where}: chunks cover {position} tokens, expected {expected_tokens}")
+        parts: dict[str, list[torch.Tensor]] = {"aux": [], "last": [], "input_ids": []}
+        for chunk in chunks:
+            path = os.path.join(where, chunk.name)
+            tensors, metadata = _read_chunk_file(rid_fd, chunk, path)
+            n = chunk.end - chunk.start
+            if metadata.get("rid") != rid or metadata.get("start") != str(chunk.start) \
+                    or metadata.get("end") != str(chunk.end):
+                raise ChunkError(f"{path}: metadata (rid, start, end) does not match the file name")
+            for key in ("aux", "input_ids"):
+                if key not in tensors:
+                    raise ChunkError(f"{path}: no {key!r} tensor")
+            for key, tensor in tensors.items():
+                if key in parts:
+                    if tensor.shape[0] != n:
+                        raise ChunkError(f"{path}: {key!r} has {tensor.shape[0]} rows, expected {n}")
+                    parts[key].append(tensor)
+        if parts["last"] and len(parts["last"]) != len(chunks):
+            raise ChunkError(f"{where}: 'last' is missing from some chunks")
 
     def joined(items: list[torch.Tensor]) -> torch.Tensor:
         return items[0] if len(items) == 1 else torch.cat(items, dim=0)
@@ -567,24 +602,14 @@ def read_chunks(
 
 def read_chunk_metadata(directory: str | os.PathLike, rid: str) -> dict[str, str]:
     """The metadata of ``rid``'s first chunk (layers, hidden size, SGLang version, ...)."""
-    chunks = list_chunks(directory, rid)
-    if not chunks:
-        raise ChunkError(f"{os.path.join(os.fspath(directory), rid)}: no chunks")
-    directory = os.path.abspath(os.fspath(directory))
-    dir_fd = _open_capture_dir(directory, create=False)
-    assert dir_fd is not None
-    try:
-        rid_fd = _open_rid_dir(dir_fd, directory, rid, create=False)
-        assert rid_fd is not None
-        try:
-            fd = os.open(chunks[0].name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=rid_fd)
-            with os.fdopen(fd, "rb") as fh:
-                header_len = int.from_bytes(fh.read(8), "little")
-                header = json.loads(fh.read(header_len))
-        finally:
-            os.close(rid_fd)
-    finally:
-        os.close(dir_fd)
+    with _rid_folder(directory, rid) as folder:
+        chunks = [] if folder is None else _list_chunk_names(folder.rid_fd)
+        if folder is None or not chunks:
+            raise ChunkError(f"{os.path.join(os.fspath(directory), rid)}: no chunks")
+        fd = os.open(chunks[0].name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=folder.rid_fd)
+        with os.fdopen(fd, "rb") as fh:
+            header_len = int.from_bytes(fh.read(8), "little")
+            header = json.loads(fh.read(header_len))
     return dict(header.get("__metadata__") or {})
 
 
@@ -594,30 +619,17 @@ def remove_chunks(directory: str | os.PathLike, rid: str) -> int:
     Only plain files directly inside the rid folder are removed, through the folder's fd, so nothing
     outside the capture dir can be reached.
     """
-    validate_rid(rid)
-    directory = os.path.abspath(os.fspath(directory))
-    dir_fd = _open_capture_dir(directory, create=False, missing_ok=True)
-    if dir_fd is None:
-        return 0
     removed = 0
-    try:
-        rid_fd = _open_rid_dir(dir_fd, directory, rid, create=False)
-        if rid_fd is None:
+    with _rid_folder(directory, rid, missing_ok=True) as folder:
+        if folder is None:
             return 0
-        try:
-            for name in os.listdir(rid_fd):
-                st = os.stat(name, dir_fd=rid_fd, follow_symlinks=False)
-                if stat.S_ISREG(st.st_mode) or stat.S_ISLNK(st.st_mode):
-                    os.unlink(name, dir_fd=rid_fd)
-                    removed += 1
-        finally:
-            os.close(rid_fd)
-        try:
-            os.rmdir(rid, dir_fd=dir_fd)
-        except OSError:
-            pass  # something else (a folder) was put there: leave it
-    finally:
-        os.close(dir_fd)
+        for name in os.listdir(folder.rid_fd):
+            st = os.stat(name, dir_fd=folder.rid_fd, follow_symlinks=False)
+            if stat.S_ISREG(st.st_mode) or stat.S_ISLNK(st.st_mode):
+                os.unlink(name, dir_fd=folder.rid_fd)
+                removed += 1
+        with contextlib.suppress(OSError):  # something else (a folder) was put there: leave it
+            os.rmdir(rid, dir_fd=folder.dir_fd)
     return removed
 
 
@@ -642,7 +654,7 @@ class BackgroundWriter:
     rid folder so the collector fails that sample instead of waiting for it.
     """
 
-    def __init__(self, directory: str, queue_depth: int = 4, fsync: bool = True,
+    def __init__(self, directory: str, queue_depth: int = 4, fsync: bool = False,
                  on_error: Callable[[list[str], BaseException], None] | None = None) -> None:
         self.directory = directory
         self.fsync = fsync
@@ -672,29 +684,54 @@ class BackgroundWriter:
 
     def _run(self) -> None:
         while True:
-            job = self._queue.get()
+            batch = [self._queue.get()]
+            # Take what else is queued: one pass over the capture dir, and the forward's thread gives up
+            # the GIL to this one fewer times (the cost that shows with small, fast forwards).
+            while batch[-1] is not None and len(batch) < _MAX_BATCH:
+                try:
+                    batch.append(self._queue.get_nowait())
+                except queue.Empty:
+                    break
             try:
-                if job is None:
-                    return
-                self._write(job)
+                self._write([job for job in batch if job is not None])
             finally:
-                self._queue.task_done()
+                for _ in batch:
+                    self._queue.task_done()
+            if batch[-1] is None:
+                return
 
-    def _write(self, job: _Job) -> None:
+    def _write(self, jobs: list[_Job]) -> None:
+        prepared = []
+        for job in jobs:
+            try:
+                if job.ready is not None:
+                    job.ready.synchronize()
+                prepared.append((job, _prepare_chunks(job.rids, job.prefix_lens, job.seq_lens, job.aux,
+                                                      job.last, job.input_ids, job.meta)))
+            except BaseException as exc:  # noqa: BLE001 - a failed write must be reported, never lost
+                self._failed(job, exc)
+        if not prepared:
+            return
         try:
-            if job.ready is not None:
-                job.ready.synchronize()
-            paths = write_chunks(self.directory, job.rids, job.prefix_lens, job.seq_lens, job.aux,
-                                 job.last, job.input_ids, job.meta, fsync=self.fsync)
-            self.chunks_written += len(paths)
-            for tensor in (job.aux, job.last, job.input_ids):
-                if tensor is not None:
-                    self.bytes_written += tensor.numel() * tensor.element_size()
-        except BaseException as exc:  # noqa: BLE001 - a failed write must be reported, never lost
-            self.failures += 1
-            logger.error("eagle3-capture: writing chunks of %s failed: %s", job.rids, exc)
-            for rid in job.rids:
-                with contextlib.suppress(Exception):  # the disk may be full; the log line stands
-                    write_error_marker(self.directory, rid, f"{type(exc).__name__}: {exc}")
-            if self.on_error is not None:
-                self.on_error(job.rids, exc)
+            with _capture_dir(self.directory, create=True) as (dir_fd, path):
+                assert dir_fd is not None
+                for job, chunks in prepared:
+                    try:
+                        self.chunks_written += len(_write_prepared(dir_fd, path, chunks, self.fsync))
+                        for tensor in (job.aux, job.last, job.input_ids):
+                            if tensor is not None:
+                                self.bytes_written += tensor.numel() * tensor.element_size()
+                    except BaseException as exc:  # noqa: BLE001
+                        self._failed(job, exc)
+        except BaseException as exc:  # noqa: BLE001 - the capture dir itself is refused or gone
+            for job, _ in prepared:
+                self._failed(job, exc)
+
+    def _failed(self, job: _Job, exc: BaseException) -> None:
+        self.failures += 1
+        logger.error("eagle3-capture: writing chunks of %s failed: %s", job.rids, exc)
+        for rid in job.rids:
+            with contextlib.suppress(Exception):  # the disk may be full; the log line stands
+                write_error_marker(self.directory, rid, f"{type(exc).__name__}: {exc}")
+        if self.on_error is not None:
+            self.on_error(job.rids, exc)
