@@ -216,3 +216,33 @@ def test_the_nan_inf_check_finds_every_kind_anywhere() -> None:
         damaged[where] = value
         assert count_nonfinite(damaged) == 1, (value, where)
     assert count_nonfinite(torch.tensor([1.0, float("nan"), float("inf")])) == 2  # other dtypes too
+
+
+def test_a_failed_group_commit_stops_the_job_and_records_nothing(tmp_path: Path, monkeypatch) -> None:
+    """The runner's side of a failed flush (EIO, a full disk at writeback): no manifest line, no count,
+    and the job stops sending with a reason that says how to continue."""
+    import asyncio
+    import json
+
+    import sessions.extraction.output as output_module
+    from sessions.extraction.job import JOB_FILE
+    from sessions.extraction.runner import JobRun
+
+    job_dir = tmp_path / "job"
+    job_dir.mkdir()
+    (job_dir / JOB_FILE).write_text(json.dumps({"job_id": "j"}))
+    run = JobRun(job_dir, resume=False)
+    run.output = OutputDir(tmp_path / "out", file_group_size=4)
+    run.output.acquire("j", fresh=True)
+    run._record(_entry_for(run.output, 0))
+    assert run.counts["ok"] == 0  # written, waiting for the group commit
+
+    def failing_syncfs(fd: int) -> bool:
+        raise OSError(5, "syncfs failed: Input/output error")
+
+    monkeypatch.setattr(output_module, "_syncfs", failing_syncfs)
+    asyncio.run(run._commit())
+    assert run.counts["ok"] == 0 and run.output.read_manifest() == ({}, 0)
+    assert run.abort_reason is not None and "Input/output error" in run.abort_reason
+    assert "extract resume" in run.abort_reason and run._render_stop.is_set()
+    run.output.release()

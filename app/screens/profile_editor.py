@@ -324,25 +324,21 @@ class ProfileEditorScreen(Screen[str | None]):
         def value(widget_id: str) -> str:
             return self.query_one(f"#{widget_id}", Input).value.strip()
 
-        def integer(widget_id: str, optional: bool = False) -> int | None:
+        def parsed(widget_id: str, cast: Any, what: str, optional: bool) -> Any:
             text = value(widget_id)
             if not text and optional:
                 return None
             try:
-                return int(text)
+                return cast(text)
             except ValueError:
-                errors[widget_id] = f"{FIELD_OF_WIDGET[widget_id]}: {text!r} is not a whole number"
+                errors[widget_id] = f"{FIELD_OF_WIDGET[widget_id]}: {text!r} is not {what}"
                 return None
 
+        def integer(widget_id: str, optional: bool = False) -> int | None:
+            return parsed(widget_id, int, "a whole number", optional)
+
         def number(widget_id: str, optional: bool = False) -> float | None:
-            text = value(widget_id)
-            if not text and optional:
-                return None
-            try:
-                return float(text)
-            except ValueError:
-                errors[widget_id] = f"{FIELD_OF_WIDGET[widget_id]}: {text!r} is not a number"
-                return None
+            return parsed(widget_id, float, "a number", optional)
 
         backend_widget = self.query_one("#attention_backend")
         if isinstance(backend_widget, Select):

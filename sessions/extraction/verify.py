@@ -16,13 +16,12 @@ from __future__ import annotations
 import json
 import re
 import uuid
-import zlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from sessions.extraction.output import OutputDir
+from sessions.extraction.output import OutputDir, file_crc32
 
 _CHECKSUM_RE = re.compile(r"^crc32:([0-9a-f]{8})$")
 _LM_HEAD_KEYS = ("lm_head.weight", "language_model.lm_head.weight", "model.lm_head.weight")
@@ -111,14 +110,6 @@ class VerifyReport:
 
 def _fmt(value: float | None) -> str:
     return "n/a" if value is None else f"{value:.4g}"
-
-
-def _crc(path: Path) -> str:
-    crc = 0
-    with open(path, "rb") as fh:
-        while chunk := fh.read(1 << 22):
-            crc = zlib.crc32(chunk, crc)
-    return f"crc32:{crc:08x}"
 
 
 def check_sample_file(path: Path, hidden_size: int | None, aux_width: int | None) -> tuple[list[str], dict]:
@@ -221,8 +212,9 @@ def verify_output(out_dir: Path, *, against_http: int = 0, server_url: str | Non
         path = out.root / rel
         checked += 1
         found, data = check_sample_file(path, hidden_size, aux_width)
-        if entry.checksum and _CHECKSUM_RE.match(entry.checksum) and _crc(path) != entry.checksum:
-            found.append(f"checksum {_crc(path)} != manifest {entry.checksum} (the file changed after writing)")
+        actual = file_crc32(path) if entry.checksum and _CHECKSUM_RE.match(entry.checksum) else None
+        if actual is not None and actual != entry.checksum:
+            found.append(f"checksum {actual} != manifest {entry.checksum} (the file changed after writing)")
         if data and not found:
             if data["input_ids"].shape[0] != entry.tokens:
                 found.append(f"T = {data['input_ids'].shape[0]} but the manifest says {entry.tokens}")
