@@ -91,7 +91,8 @@ class JobRow(ListItem):
             title.append(f"  {p.reason}", style="italic")
         self.query_one("#title", Static).update(title)
         self.query_one("#bar", ProgressBar).update(total=max(1, p.total), progress=p.done)
-        rates = (f"{p.done}/{p.total} samples · {p.failed_lines} errors · {p.tokens:,} tokens · {_bytes(p.bytes)}"
+        errors = f"{p.failed_lines} error{'' if p.failed_lines == 1 else 's'}"
+        rates = (f"{p.done}/{p.total} samples · {errors} · {p.tokens:,} tokens · {_bytes(p.bytes)}"
                  f" · {p.samples_per_s:.1f} samples/s · {p.tokens_per_s:,.0f} tok/s · {p.gb_per_s:.3f} GB/s"
                  f"{' · ' + _eta(p.eta_s) if p.state == 'running' else ''}"
                  f"{' · capture fs ' + format(p.capture_fill, '.0%') if p.capture_fill is not None else ''}")
