@@ -312,10 +312,13 @@ _OPENERS = ("Hello! Tell me about {t}.", "What is {t}?", "Explain {t} in one sen
             "How are you today? I would like to know about {t}.")
 
 
+DEMO_DATASET_ROWS = 720  # enough for the demo job to run ~10-30 s: time to watch it, kill it, resume it
+
+
 def demo_dataset_rows() -> list[dict]:
-    """36 ShareGPT rows: one- and two-turn chats, some with a system prompt, of different lengths."""
+    """ShareGPT rows: one- and two-turn chats, some with a system prompt, of different lengths."""
     rows = []
-    for i in range(36):
+    for i in range(DEMO_DATASET_ROWS):
         topic, answer = _TOPICS[i % len(_TOPICS)]
         opener = _OPENERS[i % len(_OPENERS)].format(t=topic)
         turns = []
@@ -326,7 +329,7 @@ def demo_dataset_rows() -> list[dict]:
             other_topic, other_answer = _TOPICS[(i + 4) % len(_TOPICS)]
             turns += [{"from": "human", "value": f"Thank you. And {other_topic}?"},
                       {"from": "gpt", "value": " ".join([other_answer] * (1 + i % 4))}]
-        rows.append({"id": f"demo-{i:02d}", "conversations": turns})
+        rows.append({"id": f"demo-{i:03d}", "conversations": turns})
     return rows
 
 
