@@ -117,12 +117,7 @@ def _open_capture_dir(path: str | os.PathLike, create: bool, missing_ok: bool = 
         if exc.errno in (errno.ELOOP, errno.ENOTDIR):
             raise CaptureDirError(f"capture dir {directory} refused: {_not_a_dir_reason(directory)}") from None
         raise CaptureDirError(f"capture dir {directory} cannot be opened: {exc.strerror}") from None
-    try:
-        _check_owned_private(os.fstat(fd), f"capture dir {directory}")
-    except BaseException:
-        os.close(fd)
-        raise
-    return fd
+    return _checked(fd, f"capture dir {directory}")
 
 
 def _open_rid_dir(dir_fd: int, directory: str, rid: str, create: bool) -> int | None:
@@ -144,10 +139,13 @@ def _open_rid_dir(dir_fd: int, directory: str, rid: str, create: bool) -> int | 
             raise CaptureDirError(f"rid folder {os.path.join(directory, rid)} refused: "
                                   f"{_not_a_dir_reason(rid, dir_fd)}") from None
         raise
-    if made:
-        return fd
+    return fd if made else _checked(fd, f"rid folder {os.path.join(directory, rid)}")
+
+
+def _checked(fd: int, what: str) -> int:
+    """``fd`` when it is a private folder of ours; otherwise closed, and CaptureDirError."""
     try:
-        _check_owned_private(os.fstat(fd), f"rid folder {os.path.join(directory, rid)}")
+        _check_owned_private(os.fstat(fd), what)
     except BaseException:
         os.close(fd)
         raise
