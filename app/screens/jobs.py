@@ -63,6 +63,7 @@ class JobRow(ListItem):
     JobRow { height: auto; padding: 0 1; }
     JobRow > Vertical { height: auto; }
     JobRow ProgressBar { width: 100%; }
+    JobRow ProgressBar Bar { width: 1fr; }
     JobRow .job-rates { color: $text-muted; }
     """
 
