@@ -22,6 +22,8 @@ from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING, Any, Protocol
 
+import psutil
+
 if TYPE_CHECKING:
     from sessions.home import Home
 
@@ -333,7 +335,7 @@ def _parse_emulated(data: Any) -> tuple[float, list[GpuSample]] | None:
     if not isinstance(data, dict):
         return None
     pid = data.get("pid")
-    if not isinstance(pid, int) or not _pid_alive(pid):
+    if not isinstance(pid, int) or not psutil.pid_exists(pid):
         return None
     samples = []
     for gpu in data.get("gpus") or ():
@@ -386,16 +388,6 @@ def _clamped(sample: GpuSample) -> GpuSample:
 
 def _int_or_none(value: Any) -> int | None:
     return int(value) if isinstance(value, (int, float)) else None
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def default_gpu_source(home: Home, demo: bool = False) -> GpuSource:

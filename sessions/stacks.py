@@ -19,6 +19,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
+import psutil
+
 PYSPY_NAME = "py-spy"
 DEFAULT_TIMEOUT_S = 10.0
 
@@ -254,16 +256,6 @@ def _error_text(stdout: str, stderr: str) -> str:
     return " ".join(lines[:4]) or "py-spy failed without a message"
 
 
-def _pid_exists(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def dump_stack(pid: int, timeout_s: float = DEFAULT_TIMEOUT_S, pyspy: str | None = None) -> StackDump:
     """``py-spy dump --pid PID`` with a timeout; every failure comes back as a value.
 
@@ -324,7 +316,7 @@ def _run_pyspy(pid: int, timeout_s: float, pyspy: str | None, nonblocking: bool)
             pid, False, "", error=f"{permission_message(pid)} [py-spy: {message}]",
             error_kind=PERMISSION, duration_s=elapsed,
         )
-    if not _pid_exists(pid) or "no such process" in lowered or "failed to get process executable" in lowered:
+    if not psutil.pid_exists(pid) or "no such process" in lowered or "failed to get process executable" in lowered:
         return StackDump(pid, False, "", error=f"process {pid} is gone", error_kind=GONE, duration_s=elapsed)
     if "python version" in lowered or "failed to find python" in lowered:
         return StackDump(

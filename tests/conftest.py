@@ -31,26 +31,12 @@ from typing import Any
 import psutil
 import pytest
 
+from sessions.demo import KIMI_K25_CONFIG
+
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
-KIMI_LIKE_CONFIG = {
-    "architectures": ["DeepseekV3ForCausalLM"],
-    "model_type": "deepseek_v3",
-    "num_hidden_layers": 61,
-    "hidden_size": 7168,
-    "intermediate_size": 18432,
-    "moe_intermediate_size": 2048,
-    "num_attention_heads": 64,
-    "num_key_value_heads": 64,
-    "n_routed_experts": 384,
-    "num_experts_per_tok": 8,
-    "first_k_dense_replace": 1,
-    "kv_lora_rank": 512,
-    "qk_rope_head_dim": 64,
-    "vocab_size": 163840,
-    "max_position_embeddings": 262144,
-    "torch_dtype": "bfloat16",
-}
+# A flat DeepSeek-V3 config: the text model of the demo's Kimi-K2.5 config, without the multimodal wrapper.
+KIMI_LIKE_CONFIG = KIMI_K25_CONFIG["text_config"] | {"model_type": "deepseek_v3"}
 SMALL_CONFIG = KIMI_LIKE_CONFIG | {
     "num_hidden_layers": 8,
     "hidden_size": 256,

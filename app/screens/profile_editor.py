@@ -432,21 +432,22 @@ class ProfileEditorScreen(Screen[str | None]):
 
     # -- saving and leaving -------------------------------------------------------------------------------
 
-    def action_save(self) -> None:
+    def _savable(self) -> Any:
+        """The form's profile, or None (and a notification naming the fields) when it does not parse."""
         if self.profile is None:
-            return
+            return None
         profile, errors = self.form_profile()
         if errors:
             self.notify("\n".join(errors.values()), title="not saved", severity="error")
-            return
-        self._save(profile, Path(self.profile.path), self.profile_name)
+            return None
+        return profile
+
+    def action_save(self) -> None:
+        if (profile := self._savable()) is not None:
+            self._save(profile, Path(self.profile.path), self.profile_name)
 
     def action_save_as(self) -> None:
-        if self.profile is None:
-            return
-        profile, errors = self.form_profile()
-        if errors:
-            self.notify("\n".join(errors.values()), title="not saved", severity="error")
+        if (profile := self._savable()) is None:
             return
 
         def named(name: str | None) -> None:
