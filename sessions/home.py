@@ -48,7 +48,7 @@ class Home:
         """User settings (key remaps, refresh interval): ``<config>/config.toml``."""
         return self.config_root / "config.toml"
 
-    def ensure(self) -> "Home":
+    def ensure(self) -> Home:
         for d in (self.config_root, self.state_root, self.profiles_dir, self.sessions_dir, self.jobs_dir):
             ensure_private_dir(d)
         return self

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import functools
 import re
-from typing import Iterable, Mapping
+from collections.abc import Iterable, Mapping
 
 REDACTED = "***"
 
