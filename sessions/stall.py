@@ -141,22 +141,6 @@ def stall_verdict(
     return StallVerdict(silent_for_s > limit, limit, silent_for_s, reason)
 
 
-def is_stalled(
-    profile: Any,
-    summary: StartupSummary | None,
-    silent_for_s: float,
-    ready: bool | None,
-    baseline: Baseline | None,
-    has_compile_child: bool,
-    *,
-    last_lines: Sequence[str] = (),
-) -> bool:
-    """Not ready, and the log (any byte, tqdm ``\\r`` redraws included) silent for longer than the limit."""
-    return stall_verdict(
-        profile, summary, silent_for_s, ready, baseline, has_compile_child, last_lines=last_lines
-    ).stalled
-
-
 def stall_notice(previous_state: str | None, status: Any) -> str | None:
     """The notification text when a session has just become stalled, else None.
 

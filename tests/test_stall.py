@@ -10,7 +10,6 @@ from sessions.stall import (
     COMPILE_LIMIT_S,
     DEEPGEMM_LIMIT_S,
     is_compiler_name,
-    is_stalled,
     stall_limit_s,
     stall_notice,
     stall_verdict,
@@ -54,23 +53,23 @@ def summary_of(lines: list[str]):
 def test_silence_beyond_stall_after_s_is_a_stall_and_within_it_is_not():
     summary = summary_of(HEAD + LOADED)
     assert stall_limit_s(PROFILE, summary, None, False) == 300
-    assert is_stalled(PROFILE, summary, 301, None, None, False)
-    assert not is_stalled(PROFILE, summary, 299, None, None, False)
+    assert stall_verdict(PROFILE, summary, 301, None, None, False).stalled
+    assert not stall_verdict(PROFILE, summary, 299, None, None, False).stalled
 
 
 def test_a_ready_or_crashed_start_is_never_stalled():
-    assert not is_stalled(PROFILE, summary_of(HEAD + LOADED + READY), 10_000, None, None, False)
-    assert not is_stalled(PROFILE, summary_of(HEAD + LOADED), 10_000, True, None, False)
+    assert not stall_verdict(PROFILE, summary_of(HEAD + LOADED + READY), 10_000, None, None, False).stalled
+    assert not stall_verdict(PROFILE, summary_of(HEAD + LOADED), 10_000, True, None, False).stalled
     crashed = summary_of(HEAD + ["[2026-11-01 10:00:04 TP1] Scheduler hit an exception: Traceback"])
     assert crashed.outcome == "crashed"
-    assert not is_stalled(PROFILE, crashed, 10_000, None, None, False)
+    assert not stall_verdict(PROFILE, crashed, 10_000, None, None, False).stalled
 
 
 def test_deepgemm_jit_gets_the_long_limit_from_the_tracker_or_the_last_lines():
     summary = summary_of(HEAD + LOADED + DEEPGEMM)
     assert stall_limit_s(PROFILE, summary, None, False) == DEEPGEMM_LIMIT_S
-    assert not is_stalled(PROFILE, summary, 15 * 60, None, None, False)
-    assert is_stalled(PROFILE, summary, DEEPGEMM_LIMIT_S + 1, None, None, False)
+    assert not stall_verdict(PROFILE, summary, 15 * 60, None, None, False).stalled
+    assert stall_verdict(PROFILE, summary, DEEPGEMM_LIMIT_S + 1, None, None, False).stalled
     # a tracker that does not report it: the latest lines are enough
     plain = summary_of(HEAD + LOADED)
     assert stall_limit_s(PROFILE, plain, None, False, last_lines=DEEPGEMM) == DEEPGEMM_LIMIT_S
@@ -80,7 +79,7 @@ def test_deepgemm_jit_gets_the_long_limit_from_the_tracker_or_the_last_lines():
 
 def test_a_live_compiler_child_keeps_a_silent_start_from_counting_as_stalled():
     summary = summary_of(HEAD + LOADED)
-    assert not is_stalled(PROFILE, summary, 40 * 60, None, None, True)
+    assert not stall_verdict(PROFILE, summary, 40 * 60, None, None, True).stalled
     assert stall_limit_s(PROFILE, summary, None, True) == COMPILE_LIMIT_S
     verdict = stall_verdict(PROFILE, summary, 40 * 60, None, None, True)
     assert not verdict.stalled and "compiler" in verdict.reason
@@ -101,8 +100,8 @@ def test_the_good_start_of_the_profile_stretches_the_limit_of_a_slow_phase(home)
     assert baseline.phase_duration_s("weights_loaded") == 600
     hung = summary_of(HEAD + LOADED)
     assert stall_limit_s(PROFILE, hung, baseline, False) == 1200
-    assert not is_stalled(PROFILE, hung, 900, None, baseline, False)
-    assert is_stalled(PROFILE, hung, 1201, None, baseline, False)
+    assert not stall_verdict(PROFILE, hung, 900, None, baseline, False).stalled
+    assert stall_verdict(PROFILE, hung, 1201, None, baseline, False).stalled
     # a phase the good start went through quickly keeps stall_after_s
     assert stall_limit_s(PROFILE, summary_of(HEAD), baseline, False) == 300
 

@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import time
 from collections import deque
+from collections.abc import Hashable
 from typing import ClassVar
 
 from rich.text import Text
-from textual.widget import Widget
 
 from sessions.gpus import GpuSample, GpuSnapshot
 from widgets import units
+from widgets.text_lines import TextLines
 
 HISTORY_SAMPLES = 120
 OVERSUBSCRIBED = "oversubscribed (emulated)"
@@ -24,7 +25,7 @@ _WIDE_MIN_WIDTH = 96
 _CELL_MIN_WIDTH = 26
 
 
-class GpuPanel(Widget):
+class GpuPanel(TextLines):
     """Draws the latest GPU snapshot; `update_snapshot` feeds it."""
 
     DEFAULT_CSS = """
@@ -78,36 +79,18 @@ class GpuPanel(Widget):
 
     # -- layout -----------------------------------------------------------------------------------------
 
-    def _refresh_for_content(self) -> None:
-        """Repaint only when what is drawn changed, and re-run the layout only when the number of lines
-        changed: a poll every second must not repaint (or reflow) a screen that looks the same."""
-        width = self.size.width
-        if not width:
-            self.refresh(layout=True)
-            return
-        snapshot = self.snapshot
+    def _content_key(self, width: int) -> Hashable | None:
         # The same readings, owners and sparkline tails draw the same rows: skip building them (a stale
         # snapshot's row says its age, so that one is always redrawn).
-        key = None
-        if snapshot is not None and not snapshot.stale:
-            tails = tuple(tuple(list(h)[-12:]) for _, h in sorted(self._util_history.items()))
-            key = (snapshot.samples, snapshot.available, snapshot.message, snapshot.source,
-                   tuple(sorted(self.owners.items())), width, tails)
-            if key == getattr(self, "_drawn_key", None):
-                return
-        self._drawn_key = key
-        drawn = self._rows(width)
-        if drawn == getattr(self, "_drawn", None):
-            return
-        self._drawn = drawn
-        self.refresh(layout=len(drawn) != self.size.height)
+        snapshot = self.snapshot
+        if snapshot is None or snapshot.stale:
+            return None
+        tails = tuple(tuple(list(h)[-12:]) for _, h in sorted(self._util_history.items()))
+        return (snapshot.samples, snapshot.available, snapshot.message, snapshot.source,
+                tuple(sorted(self.owners.items())), width, tails)
 
     def get_content_height(self, container, viewport, width: int) -> int:
-        return max(1, len(self._rows(width)))
-
-    def render(self) -> Text:
-        rows = self._rows(max(1, self.size.width))
-        return Text("\n").join(rows) if rows else Text("")
+        return max(1, len(self._lines(width)))
 
     @property
     def _has_sensors(self) -> bool:
@@ -116,7 +99,7 @@ class GpuPanel(Widget):
             s.temperature_c is not None or s.power_w is not None for s in snapshot.samples
         )
 
-    def _rows(self, width: int) -> list[Text]:
+    def _lines(self, width: int) -> list[Text]:
         snapshot = self.snapshot
         dim = self.get_component_rich_style("gpu--dim")
         if snapshot is None:

@@ -5,6 +5,8 @@ poll was a measurable share of the TUI's CPU (DESIGN §8: < 3 % of a core).
 """
 from __future__ import annotations
 
+from collections.abc import Hashable
+
 from rich.text import Text
 from textual.widget import Widget
 
@@ -15,6 +17,10 @@ class TextLines(Widget):
     def _lines(self, width: int) -> list[Text]:
         raise NotImplementedError
 
+    def _content_key(self, width: int) -> Hashable | None:
+        """What the lines are drawn from, when cheaper to compare than the lines; None: build and compare."""
+        return None
+
     def _refresh_for_content(self) -> None:
         """Repaint only when what is drawn changed, and re-run the layout only when the number of lines
         changed: a poll every second must not repaint (or reflow) a screen that looks the same."""
@@ -22,6 +28,10 @@ class TextLines(Widget):
         if not width:
             self.refresh(layout=True)
             return
+        key = self._content_key(width)
+        if key is not None and key == getattr(self, "_drawn_key", None):
+            return
+        self._drawn_key = key
         drawn = self._lines(width)
         if drawn == getattr(self, "_drawn", None):
             return

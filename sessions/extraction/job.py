@@ -22,6 +22,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from sessions.capture.plugin.eagle3_capture.spec import DEFAULT_RID_PREFIX
 from sessions.extraction.progress import (
     PROGRESS_FILE,
     JobProgress,
@@ -43,7 +44,6 @@ CONTROL_FILE = "control.json"
 JOB_FILE = "job.json"
 SPEC_FILE = "spec.toml"
 LOG_FILE = "job.log"
-DEFAULT_RID_PREFIX = "eagle3-"  # the capture plugin's default (plugin/eagle3_capture/spec.py)
 
 
 class JobError(RuntimeError):
