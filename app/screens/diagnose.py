@@ -146,14 +146,10 @@ class DiagnoseScreen(Screen):
         self.notify(f"Bundle saved (secrets redacted): {path}", timeout=10)
 
     def _show_error(self, message: str) -> None:
-        if not self.is_attached:
-            return  # closed while the diagnosis ran in its thread
         self.error = message
         self.query_one("#verdict", Static).update(Text(f"Diagnosis failed: {message}", style="bold red"))
 
     def _show(self, d: Any) -> None:
-        if not self.is_attached:
-            return  # closed (Escape) while the diagnosis ran in its thread
         self.diagnosis = d
         self.error = None
         verdict = Text()
