@@ -246,7 +246,7 @@ def bench_extraction(home, args) -> None:
             if progress.state != "done":
                 raise SystemExit(f"job {job_id} {progress.state}: {progress.reason}")
             raw = json.loads((Path(progress.job_dir) / "progress.json").read_text())
-            job.append(raw["done_this_run"] / (raw["last_outcome_at"] - raw["pipeline_started_at"]))
+            job.append(raw["done_this_run"] / (raw["last_progress_at"] - raw["pipeline_started_at"]))
             written = raw["bytes"]
             shutil.rmtree(work / f"out-{r}")
             # The same requests with the capture rid prefix: the server dumps, nobody collects (deleted after).

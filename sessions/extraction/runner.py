@@ -130,7 +130,6 @@ class JobRun:
         self.sglang_version: str | None = None
         self._render_stop = threading.Event()
         self.pipeline_started_at: float | None = None
-        self.last_outcome_at: float | None = None
         self.done_at_pipeline_start = 0
         self._uncommitted: list[ManifestEntry] = []
 
@@ -189,9 +188,9 @@ class JobRun:
             "capture_fill": fill,
             "paused_by_user": "user" in self.pause_reasons,
             "estimated_output_bytes": self.estimated_output_bytes,
-            # For benches: this run's own rate, from the first request to the last recorded outcome.
+            # For benches: this run's own rate, from the first request to the last recorded outcome
+            # (last_progress_at).
             "pipeline_started_at": self.pipeline_started_at,
-            "last_outcome_at": self.last_outcome_at,
             "done_this_run": self.done - self.done_at_pipeline_start if self.pipeline_started_at else 0,
         }
 
@@ -386,7 +385,6 @@ class JobRun:
             return
         self.output.append(entry)
         self._count(entry)
-        self.last_outcome_at = time.time()
 
     async def _commit(self) -> None:
         """Make the written samples durable with one flush, then append their manifest lines."""
@@ -406,7 +404,6 @@ class JobRun:
                 return
             for entry in batch:
                 self._count(entry)
-            self.last_outcome_at = time.time()
 
     async def _commit_loop(self, stop: asyncio.Event) -> None:
         # Stopped by the event, never cancelled: a cancel inside ``to_thread`` would record a batch
