@@ -22,6 +22,7 @@ from typing import Any
 
 import psutil
 import pytest
+from _extract_support import wait_for
 from conftest import KIMI_LIKE_CONFIG, SMALL_CONFIG
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -65,14 +66,7 @@ def get_free_port() -> int:
 
 def wait_until(predicate, deadline_s: float = WAIT_S, what: str = "condition"):
     """Poll ``predicate`` until it returns a truthy value (a hang guard, not a speed assertion)."""
-    end = time.monotonic() + deadline_s
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > end:
-            raise AssertionError(f"{what} not reached after {deadline_s}s")
-        time.sleep(0.05)
+    return wait_for(predicate, what, deadline_s, interval_s=0.05)
 
 
 def write_model_dir(root: Path, name: str, config: dict[str, Any]) -> Path:

@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 
 import pytest
+from _extract_support import wait_for
 
 from sessions import probes
 from sessions.redaction import redact_text
@@ -39,11 +40,7 @@ def wait_for_state(session: ServerSession, states: set[str], deadline_s: float =
 
 
 def wait_until(predicate, deadline_s: float = DEADLINE_S, what: str = "condition"):
-    end = time.monotonic() + deadline_s
-    while not predicate():
-        if time.monotonic() > end:
-            pytest.fail(f"timed out waiting for {what}")
-        time.sleep(0.05)
+    return wait_for(predicate, what, deadline_s, interval_s=0.05)
 
 
 def identities(status) -> set[tuple[int, float]]:
