@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from sessions import history, stacks, stall
+from sessions import history, stacks, stall, start_facts
 from sessions.hints import HintEvidence
 from sessions.home import atomic_write_bytes
 from sessions.phases import StartupSummary
@@ -165,6 +165,11 @@ class Diagnosis:
     env: dict[str, str] = field(default_factory=dict)
     taken_at: float = 0.0
     collect_s: float = 0.0
+    # What changed since the last good start of the profile (flags, env, versions, GPUs, ...), marked with
+    # the known causes that name each change; None when that cannot be told (no good start, or one of the
+    # two starts was recorded before their settings were kept).
+    changes_since_last_good: tuple[start_facts.Change, ...] | None = None
+    changes_note: str | None = None  # why there is no list, in words
 
     def rank_process(self, rank: int) -> ProcessReport | None:
         for proc in self.processes:
@@ -209,6 +214,11 @@ class Diagnosis:
             "argv": list(self.argv),
             "taken_at": self.taken_at,
             "collect_s": round(self.collect_s, 3),
+            "changes_since_last_good": (
+                None if self.changes_since_last_good is None
+                else start_facts.to_json_list(self.changes_since_last_good)
+            ),
+            "changes_note": self.changes_note,
         }
 
 
@@ -592,6 +602,7 @@ def diagnose(
             seen.add(hint.id)
             unique_hints.append(HintView(hint.id, redactor.text(hint.title), redactor.text(hint.detail)))
 
+    changes, changes_note = _changes_since_last_good(session, baseline, unique_hints, redactor)
     env_shown = redactor.env({k: v for k, v in ({**environ, **profile_env}).items() if
                               k in profile_env or _RELEVANT_ENV.search(k)})
     return Diagnosis(
@@ -629,7 +640,37 @@ def diagnose(
         env=dict(sorted(env_shown.items())),
         taken_at=taken_at,
         collect_s=time.monotonic() - start,
+        changes_since_last_good=changes,
+        changes_note=changes_note,
     )
+
+
+def _changes_since_last_good(
+    session: Any, baseline: history.Baseline | None, hints: Sequence[HintView], redactor: _Redactor
+) -> tuple[tuple[start_facts.Change, ...] | None, str | None]:
+    """The changes from the last good start to this one, each marked with the known causes naming it."""
+    if baseline is None:
+        return None, "no earlier start of this profile reached ready: nothing to compare with"
+    facts = start_facts.read(Path(getattr(session, "session_dir", "") or "."))
+    if facts is None:
+        return None, "this start's settings were not recorded (launched by an older eagle3-tui)"
+    if not baseline.facts:
+        return None, (f"the last good start ({baseline.session_id}) was recorded before settings were kept: "
+                      "its flags and environment are not known")
+    from sessions.hints import KnownCausesError, implications
+
+    try:
+        rules = implications()
+    except KnownCausesError:
+        rules = []  # the broken catalogue is a hint already; the changes are still worth showing
+    changes = history.changes_since(baseline, facts, rules, [h.id for h in hints])
+    cleaned = tuple(
+        start_facts.Change(c.what, redactor.text(c.before) if c.before is not None else None,
+                           redactor.text(c.after) if c.after is not None else None, c.kind, c.name,
+                           c.implicated_by, c.hinted_by)
+        for c in changes
+    )
+    return cleaned, None if cleaned else f"nothing changed since the last good start ({baseline.session_id})"
 
 
 def _redact_argv_values(argv: Sequence[str]) -> list[str]:
@@ -676,6 +717,7 @@ def format_report(d: Diagnosis) -> str:
         + {True: "200", False: "not ready", None: "not asked (port closed)"}[d.ready],
         d.compare,
     ]
+    out.extend(format_changes(d))
     if d.error:
         out.append(f"first error (line {d.error_line}): {d.error}")
     if d.silent_ranks:
@@ -722,6 +764,24 @@ def format_report(d: Diagnosis) -> str:
         out.append("last log lines:")
         out.extend(f"  {line}" for line in d.last_lines[-10:])
     return "\n".join(out) + "\n"
+
+
+def format_changes(d: Diagnosis) -> list[str]:
+    """The "what changed since the last good start" lines: implicated changes first, each with the known
+    causes that name it (``*`` marks a cause that matches this start now)."""
+    if d.changes_since_last_good is None or not d.changes_since_last_good:
+        return [f"changes since the last good start: {d.changes_note}"] if d.changes_note else []
+    base = d.baseline.session_id if d.baseline else "?"
+    out = [f"changes since the last good start ({base}):"]
+    for c in d.changes_since_last_good:
+        line = f"  {'!' if c.implicated_by else '-'} {c.describe()}"
+        if c.implicated_by:
+            causes = ", ".join(f"{i}*" if i in c.hinted_by else i for i in c.implicated_by)
+            line += f"   [known causes: {causes}]"
+        out.append(line)
+    if any(c.implicated_by for c in d.changes_since_last_good):
+        out.append("  (! = a known cause points at this change; * = that cause matches this start now)")
+    return out
 
 
 def _stack_file_name(p: ProcessReport) -> str:
