@@ -10,8 +10,8 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from conftest import REPO_ROOT, get_free_port
+
 from sessions.emulator.args import parse_args, resolve_server_args
 from sessions.emulator.model_config import load_model_config
 from sessions.emulator.speculative import auto_choose
@@ -48,8 +48,8 @@ def test_auto_choice_follows_the_target_architecture(llama_dirs, emulator_model_
     args, warnings = resolve(target, "--speculative-algorithm", "eagle3", "--speculative-draft-model", str(draft))
     assert args["speculative_algorithm"] == "EAGLE3" and spec(args) == (5, 4, 8)
     assert args["max_running_requests"] == 48 and args["speculative_draft_model_revision"] == "main"
-    assert warnings == ["Max running requests is reset to 48 for speculative decoding. You can override this "
-                        "by explicitly setting --max-running-requests."]
+    assert warnings == [("Max running requests is reset to 48 for speculative decoding. You can override this "
+                        "by explicitly setting --max-running-requests.")]
     args, _ = resolve(emulator_model_dir, "--speculative-algorithm", "EAGLE3",
                       "--speculative-draft-model-path", str(draft), "--max-running-requests", "8")
     assert spec(args) == (3, 1, 4) == auto_choose("EAGLE3", "KimiK25ForConditionalGeneration")
@@ -73,8 +73,8 @@ def test_topk_one_forces_draft_tokens_to_steps_plus_one(llama_dirs):
      ValueError, r"^trtllm_mha backend only supports topk = 1 for speculative decoding\.$"),
     (["--speculative-num-steps", "3", "--speculative-eagle-topk", "4", "--page-size", "64",
       "--attention-backend", "flashmla"], ValueError,
-     r"^speculative_eagle_topk > 1 with page_size > 1 is only supported on \('flashinfer', 'fa3', 'triton'\); "
-     r"got attention_backend='flashmla'\. Use page_size == 1 or one of those backends\.$"),
+     (r"^speculative_eagle_topk > 1 with page_size > 1 is only supported on \('flashinfer', 'fa3', 'triton'\); "
+     r"got attention_backend='flashmla'\. Use page_size == 1 or one of those backends\.$")),
     (["--speculative-num-steps", "3"], TypeError, r"'>' not supported between instances of 'NoneType'"),
 ])
 def test_rejected_combinations_fail_with_sglangs_errors(llama_dirs, flags, error, message):
@@ -139,7 +139,13 @@ def _safetensors_header(path: Path) -> dict:
 
 
 def test_demo_has_an_eagle3_draft_and_a_profile_that_serves_with_it(tmp_path, monkeypatch):
-    from sessions.demo import EAGLE3_PROFILE, capture_demo_missing, ensure_demo_home, tiny_draft_dir, tiny_model_dir
+    from sessions.demo import (
+        EAGLE3_PROFILE,
+        capture_demo_missing,
+        ensure_demo_home,
+        tiny_draft_dir,
+        tiny_model_dir,
+    )
     from sessions.home import HOME_ENV, resolve_home
     from sessions.profiles import build_command, load_profile, validate_profile
 
