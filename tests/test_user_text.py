@@ -8,6 +8,7 @@ from __future__ import annotations
 import re
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -48,7 +49,7 @@ def test_no_help_text_cites_a_document_outside_the_repository(words: list[str]) 
 def test_the_tui_help_screen_cites_no_outside_document() -> None:
     from app.screens import help as help_screen
 
-    source = open(help_screen.__file__, encoding="utf-8").read()
+    source = Path(help_screen.__file__).read_text(encoding="utf-8")
     shown = re.findall(r'"([^"\n]*)"', source)  # the strings the screen renders
     assert shown
     for text in shown:
