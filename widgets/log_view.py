@@ -26,7 +26,7 @@ from textual.reactive import reactive
 from textual.strip import Strip
 from textual.widget import Widget
 
-from app.keymap import LOG_KEYS, bindings
+from widgets.bindings import LOG_KEYS, bindings
 
 # `[2026-11-01 10:00:05 TP3] msg` / `[2026-11-01 10:00:05.123 DP0 TP3 EP3] msg` (sglang-facts §1.3).
 _PREFIX = re.compile(
