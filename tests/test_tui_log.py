@@ -8,7 +8,8 @@ import os
 from textual.app import App, ComposeResult
 
 from app.feed import LogFeed
-from widgets.log_view import MAIN_RANK, LogFilter, LogView, line_rank
+from sessions.logs import MAIN_RANK, LogFilter, tagged_rank
+from widgets.log_view import LogView
 
 LINE = "[2026-11-01 10:00:{s:02d} TP{r}] Load weight begin. avail mem=138.42 GB"
 
@@ -82,7 +83,7 @@ def test_filter_by_text_regex_and_rank(tmp_path):
     _write(path, [LINE.format(s=9, r=2), LINE.format(s=10, r=3)])
     chunk = feed.poll(rank2)
     assert chunk.matches == (9,)
-    assert line_rank(lines[3]) == 3 and line_rank(lines[8]) is None
+    assert tagged_rank(lines[3]) == 3 and tagged_rank(lines[8]) is None
     feed.close()
 
 
@@ -225,7 +226,7 @@ def test_a_bar_interrupted_by_another_rank_shows_the_log_line(tmp_path):
 
 
 def test_rank_filter_keeps_a_traceback_with_the_rank_that_printed_it(tmp_path):
-    # sessions.logs.LogFile.iter_filtered's rule: untagged continuation lines belong to the rank before them.
+    # the log core's rank rule: untagged continuation lines belong to the rank before them.
     path = tmp_path / "server.log"
     lines = [
         "[2026-11-01 10:00:01 TP1] Scheduler hit an exception: Traceback (most recent call last):",
