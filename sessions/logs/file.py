@@ -32,6 +32,8 @@ from sessions.logs.source import open_log
 
 BLOCK_BYTES = 256 * 1024  # index granularity: one newline count per block
 INDEX_STEP_BYTES = 16 << 20  # bytes counted per index step (the lock is held that long, ~10 ms)
+BACKGROUND_STEP_BYTES = 4 << 20  # the background count's step, then a pause that yields the GIL
+BACKGROUND_PAUSE_S = 0.001
 ROTATION_DRAIN_BYTES = 256 << 20  # what is read of a rotated-away file before switching
 POLL_MAX_BYTES = 8 << 20  # per poll; `PollResult.more` says when more is waiting (back-pressure)
 TAIL_SCAN_BYTES = 1 << 20
@@ -212,10 +214,12 @@ class LogFile:
         def run() -> None:
             while not self._stop_index.is_set():
                 try:
-                    if self.index_step():
+                    if self.index_step(BACKGROUND_STEP_BYTES):
                         return
                 except OSError:
                     return
+                # Let go of the GIL between steps, so the UI thread next to the count gets it at once.
+                self._stop_index.wait(BACKGROUND_PAUSE_S)
 
         self._index_thread = threading.Thread(target=run, name=f"log-index:{self.path.name}", daemon=True)
         self._index_thread.start()
