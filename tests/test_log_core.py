@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from sessions.logs import MAIN_RANK, LogFile, LogFileError, LogFilter, clean, open_log, rank_of, read_tail
-from sessions.logs.lines import lines_of_text, tagged_rank
+from sessions.logs.lines import lines_of_text
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 CLI_TIMEOUT_S = 60  # a special file must be answered at once; this only stops a hang from hanging CI
@@ -65,7 +65,7 @@ def test_the_rank_rule_reads_every_prefix_form(raw, rank):
 
 
 def test_continuation_lines_take_the_rank_of_the_line_before_and_stamped_lines_end_them():
-    text = "\n".join([
+    text = "\n".join([  # noqa: FLY002 - one line per log line reads better
         "[2026-02-26 05:35:13 TP7] Scheduler hit an exception: Traceback (most recent call last):",
         '  File "/sgl-workspace/sglang/python/sglang/srt/managers/scheduler.py", line 3096, in run_scheduler_',
         "    scheduler = Scheduler(",
@@ -82,7 +82,7 @@ def test_continuation_lines_take_the_rank_of_the_line_before_and_stamped_lines_e
 
 def test_a_window_read_out_of_order_ranks_continuations_from_the_lines_before(tmp_path):
     path = tmp_path / "server.log"
-    body = ["[2026-11-01 10:00:00 TP%d] line %d" % (i % 8, i) for i in range(2000)]
+    body = [f"[2026-11-01 10:00:00 TP{i % 8}] line {i}" for i in range(2000)]
     body[1500:1500] = ["[2026-11-01 10:00:09 TP3] Traceback (most recent call last):", '  File "x.py", line 1']
     path.write_text("\n".join(body) + "\n")
     with LogFile(path) as log:
@@ -183,7 +183,7 @@ def test_a_session_whose_server_log_is_a_fifo_is_diagnosed_without_waiting(tmp_p
 
 # --- `logs PATH`: grep's exit codes --------------------------------------------------------------------------
 
-_LOG = "\n".join([
+_LOG = "\n".join([  # noqa: FLY002 - one line per log line reads better
     "[2026-11-01 10:00:01 TP0] Load weight begin. avail mem=80.00 GB",
     "[2026-11-01 10:00:01 TP1] Load weight begin. avail mem=80.00 GB",
     "[2026-11-01 10:00:09 TP1] Scheduler hit an exception: Traceback (most recent call last):",
@@ -256,8 +256,8 @@ def test_the_log_readers_open_logs_only_through_the_core():
                  "sessions/phases.py", "widgets/log_view.py"):
         text = (REPO_ROOT / name).read_text()
         assert not re.search(r"open\([^)]*log", text, re.IGNORECASE), name
-    import sessions.diagnosis as diagnosis
     import sessions.logs as core
+    from sessions import diagnosis
 
     assert diagnosis.read_tail is core.read_tail
 
