@@ -93,7 +93,7 @@ def test_a_huge_line_is_shown_cut_and_memory_stays_bounded(tmp_path):
 # --- display -------------------------------------------------------------------------------------------
 
 
-def test_display_text_strips_ansi_and_collapses_carriage_returns():
+def test_the_shown_text_strips_ansi_and_collapses_carriage_returns():
     raw = "\rCapturing batches (bs=8):  50%|#####     | 1/2\r\x1b[32mCapturing batches (bs=4): 100%|##########| 2/2\x1b[0m"
     assert clean(raw) == "Capturing batches (bs=4): 100%|##########| 2/2"
     assert tagged_rank("[2026-11-01 10:00:00 DP1 TP3 EP3] x") == 3
