@@ -27,6 +27,7 @@ from typing import Any
 from sessions import history, stacks, stall, start_facts
 from sessions.hints import HintEvidence
 from sessions.home import atomic_write_bytes
+from sessions.logs import LogFileError, read_tail
 from sessions.phases import StartupSummary
 from sessions.redaction import REDACTED, SECRET_FLAGS, is_secret_name, redact_text, secret_values
 
@@ -43,7 +44,6 @@ _RELEVANT_ENV = re.compile(
     r"|EAGLE3_)|^(http_proxy|https_proxy|all_proxy|no_proxy)$",
     re.IGNORECASE,
 )
-_ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 SPIN_CPU_PERCENT = 20.0  # a rank above this is busy
 IDLE_CPU_PERCENT = 1.0  # a rank below this does nothing
 
@@ -275,29 +275,15 @@ def _process_environ(pid: int | None) -> dict[str, str]:
         return {}
 
 
-def read_tail(path: Path, max_bytes: int) -> list[str]:
-    """The last lines of a log within ``max_bytes``: ANSI stripped, a tqdm ``\\r`` run reduced to its last
-    frame, a partial first line dropped."""
+def _tail_texts(path: Path, max_bytes: int, *, follow_symlinks: bool = True) -> list[str]:
+    """The shown text of the log's last lines within ``max_bytes``, read by the log core; a log that is
+    not a regular file (a FIFO, a device: never waited on) gives one line saying so."""
     try:
-        with open(path, "rb") as fh:
-            fh.seek(0, 2)
-            size = fh.tell()
-            start = max(0, size - max_bytes)
-            fh.seek(start)
-            data = fh.read()
+        return [line.text for line in read_tail(path, max_bytes, follow_symlinks=follow_symlinks)]
+    except LogFileError as exc:
+        return [f"(log not read: {exc})"]
     except OSError:
         return []
-    text = data.decode("utf-8", errors="replace")
-    lines = text.split("\n")
-    if start > 0 and lines:
-        lines = lines[1:]
-    if lines and lines[-1] == "":
-        lines.pop()
-    out = []
-    for line in lines:
-        frames = [f for f in line.split("\r") if f.strip()]
-        out.append(_ANSI.sub("", frames[-1] if frames else ""))
-    return out
 
 
 def _gpu_snapshot(session: Any, home: Any) -> Any:
@@ -569,7 +555,7 @@ def diagnose(
         if p.stack is not None and p.stack.ok and p.stack.collective_frame is not None
     }
 
-    last_lines_all = read_tail(status.log_path, HINT_LOG_BYTES)
+    last_lines_all = _tail_texts(status.log_path, HINT_LOG_BYTES)
     last_lines = tuple(redactor.text(line) for line in last_lines_all[-LAST_LINES:])
 
     baseline = history.last_good(session.home, status.profile, exclude_session_id=status.session_id)
@@ -808,7 +794,9 @@ def write_bundle(diagnosis: Diagnosis, session: Any, path: str | Path) -> Path:
     files: dict[str, str] = {
         "diagnosis.json": json.dumps(diagnosis.to_json(), indent=2, sort_keys=True) + "\n",
         "report.txt": format_report(diagnosis),
-        "server.log.tail": "\n".join(read_tail(Path(diagnosis.log_path), BUNDLE_LOG_BYTES)) + "\n",
+        "server.log.tail": "\n".join(
+            _tail_texts(Path(diagnosis.log_path), BUNDLE_LOG_BYTES, follow_symlinks=False)  # no symlink followed
+        ) + "\n",
         "env.txt": "".join(f"{k}={v}\n" for k, v in sorted(diagnosis.env.items())),
     }
     for name in ("profile.toml", "command.json", "state.json"):

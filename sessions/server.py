@@ -44,6 +44,7 @@ from sessions.home import (
     read_json,
     resolve_home,
 )
+from sessions.logs import LogFileError, read_increment
 from sessions.phases import StartupPhase, StartupSummary, StartupTracker
 from sessions.profiles import LaunchProfile, Problem, build_command, load_profile, validate_profile
 from sessions.redaction import redact_argv, redact_env
@@ -475,19 +476,21 @@ class ServerSession:
 
     def _read_log(self) -> StartupSummary:
         """Feed what the log gained since the last call into the tracker (a fresh object re-reads it)."""
-        try:
-            st = self.log_path.stat()
-        except FileNotFoundError:
+        try:  # the log core opens it: a FIFO or a device in its place is refused, never waited on
+            got = read_increment(self.log_path, self._log_offset, _LOG_READ_LIMIT_BYTES)
+        except LogFileError:
+            return self._tracker.summary()  # not a log file: nothing to learn from it (diagnose says why)
+        if got is None:
             return self._tracker.summary()
+        chunk, st = got
         if st.st_size < self._log_offset:  # truncated or replaced: start over
             self._tracker = StartupTracker()
             self._log_offset = 0
             self._log_tail = b""
             self._activity_at = None
-        if st.st_size > self._log_offset:
-            with open(self.log_path, "rb") as fh:
-                fh.seek(self._log_offset)
-                chunk = fh.read(min(st.st_size - self._log_offset, _LOG_READ_LIMIT_BYTES))
+            got = read_increment(self.log_path, 0, _LOG_READ_LIMIT_BYTES)
+            chunk, st = got if got is not None else (b"", st)
+        if chunk:
             first_read = self._log_offset == 0
             self._log_offset += len(chunk)
             self._tracker.feed_bytes(chunk)  # it keeps a partial last line until its newline comes
