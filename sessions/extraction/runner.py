@@ -274,6 +274,9 @@ class JobRun:
                 yield self.renderer.render(record)
             except RenderError as exc:
                 yield self._entry(record.index, record.line, exc.status, reason=str(exc))
+            except Exception as exc:  # noqa: BLE001 - a tokenizer or template error on one line: a bad line
+                yield self._entry(record.index, record.line, "error",
+                                  reason=f"cannot render: {type(exc).__name__}: {exc}")
 
     def _entry(self, index: int, line: int, status: str, **fields: Any) -> ManifestEntry:
         return ManifestEntry(index=index, line=line, sample_id=f"{self.job_id}-{index}", status=status, **fields)
