@@ -171,3 +171,60 @@ def test_no_eta_unless_running(tmp_path: Path) -> None:
     run.state, run.pause_reasons = "running", {"server": "server unreachable"}
     snap = run.snapshot()
     assert snap["state"] == "paused" and snap["eta_s"] is None
+
+
+@pytest.mark.slow
+def test_a_job_stays_paused_against_a_different_server_on_its_port_and_continues_on_a_relaunch(
+        home, cli_env, make_emulator_profile, launched, demo_model, tmp_path) -> None:
+    """Issue 14 item 4 / issue 12 item 8: another server (other capture dir) on the job's port never gets
+    the job's requests; the job is paused with the reason, no ETA; a relaunch of its profile continues it."""
+    from sessions import probes
+    from sessions.server import ServerSession
+
+    def serve(name: str, capture: Path, port: int | None = None):
+        capture.mkdir(mode=0o700, exist_ok=True)
+        overrides = {"port": port} if port else {}
+        profile = make_emulator_profile(name, tp=1, model_path=str(demo_model), chunked_prefill_size=24,
+                                        capture={"enabled": True, "dir": str(capture), "rid_prefix": "eagle3-"},
+                                        **overrides)
+        session = launched.launch(profile)
+        wait_for(lambda: session.status().state == "ready", f"{name} ready", 180)
+        launched.remember(session)
+        return session, profile
+
+    def kill(session) -> None:
+        pid, create_time = session.state_record["pid"], session.state_record["create_time"]
+        os.killpg(os.getpgid(pid), 9)
+        wait_for(lambda: not probes.process_alive(pid, create_time), "server gone", 30)
+        wait_for(lambda: probes.port_free("127.0.0.1", session.state_record["port"]), "port free", 30)
+
+    first, profile = serve("mine", tmp_path / "cap-mine")
+    port = first.status().port
+    rows = 30
+    dataset = write_dataset(tmp_path / "data.jsonl", chat_rows(rows))
+    out = tmp_path / "out"
+    spec = write_spec(tmp_path / "job.toml", name="id", session=first.session_id, dataset=dataset,
+                      output_dir=out, concurrency=2)
+    started = run_cli(["extract", "run", str(spec)], cli_env)
+    assert started.returncode == 0, started.stderr
+    job_id = started.stdout.strip()
+    try:
+        wait_for(lambda: job_status(job_id, home).done >= 2, "2 samples", 180, interval_s=0.01)
+        kill(first)
+        other, _ = serve("other", tmp_path / "cap-other", port=port)
+        paused = wait_for(lambda: (p := job_status(job_id, home)).state == "paused" and "different server"
+                          in (p.reason or "") and p, "paused naming the different server", 60)
+        assert "capture_dir" in paused.reason and "cap-other" in paused.reason and paused.eta_s is None
+        shown = run_cli(["extract", "status", job_id], cli_env).stdout
+        assert "paused" in shown and "different server" in shown and "ETA" not in shown
+        held = job_status(job_id, home).done
+        assert not list((tmp_path / "cap-other").iterdir())  # the other server never got a request
+        kill(other)
+        relaunched = launched.launch(ServerSession.load(first.session_id, home).profile)
+        wait_for(lambda: relaunched.status().state == "ready", "relaunch ready", 180)
+        launched.remember(relaunched)
+        done = wait_for(lambda: (p := job_status(job_id, home)).state in ("done", "failed") and p, "done", 240)
+    finally:
+        stop_job(job_id, home)
+    assert done.state == "done", done.reason
+    assert done.ok == rows and done.done > held

@@ -473,6 +473,31 @@ class JobRun:
             self.log(f"paused: {reason}")
         self.write_progress()
 
+    async def _identity_problem(self) -> str | None:
+        """None when the server at the job's URL is the one the job started with (recorded on first
+        contact), else the pause reason naming what differs."""
+        from sessions.extraction.identity import (
+            IdentityUnavailable,
+            identity_differences,
+            mismatch_reason,
+            server_identity,
+        )
+
+        spec = self.spec
+        assert spec is not None and spec.server_url is not None
+        try:
+            found = await asyncio.to_thread(server_identity, spec.server_url)
+        except IdentityUnavailable as exc:
+            return f"server unreachable at {spec.server_url}: {exc}"
+        expected = self.meta.get("server_identity")
+        if not isinstance(expected, dict):
+            self.meta["server_identity"] = found
+            atomic_write_json(self.job_dir / JOB_FILE, self.meta)
+            self.log("server identity: " + ", ".join(f"{k} {v}" for k, v in found.items()))
+            return None
+        differences = identity_differences(expected, found)
+        return mismatch_reason(spec.server_url, differences) if differences else None
+
     def _read_control(self) -> None:
         control = read_json(self.job_dir / CONTROL_FILE, default={}) or {}
         if control.get("cancel"):
@@ -523,6 +548,7 @@ class JobRun:
             retry=RetryPolicy(spec.max_retries, spec.retry_backoff_s, spec.retry_backoff_max_s),
             request_timeout_s=spec.request_timeout_s, max_consecutive_failures=spec.max_consecutive_failures,
             server_down_timeout_s=spec.server_down_timeout_s, on_server_state=self._on_server_state,
+            identity_check=self._identity_problem,
         )
         self.gate = CaptureSpaceGate(spec.capture_dir, spec.capture_fill_threshold, spec.capture_budget_bytes)
         self.pool = ThreadPoolExecutor(max_workers=max(2, min(8, spec.concurrency)),
@@ -531,6 +557,9 @@ class JobRun:
         self.pipeline_started_at = time.time()
         self.done_at_pipeline_start = self.done
         self.rates.start(self.done, self.tokens, self.bytes)  # this run's own window, not the resumed past
+        problem = await self._identity_problem()
+        if problem is not None:
+            self.client.hold(problem)  # a resume against another server waits: nothing is sent to it
         reporter = loop.create_task(self._report_loop())
         commit_stop = asyncio.Event()
         committer = loop.create_task(self._commit_loop(commit_stop))
