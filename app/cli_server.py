@@ -132,7 +132,11 @@ def _status(args: argparse.Namespace) -> int:
     sessions = [_find(args.session)] if args.session else list_sessions(include_ended=not args.live)
     statuses = [s.status(probe_http=not args.no_http) for s in sessions]
     if args.json:
-        print(json.dumps([st.to_json() for st in statuses], indent=2))
+        from sessions.redaction import Redactor
+
+        # Titles, error lines and the like come from the server: hide the session's secrets by value.
+        print(json.dumps([Redactor.for_session(se).json(st.to_json()) for se, st in zip(sessions, statuses)],
+                         indent=2))
         return 0
     if not statuses:
         print("no sessions", file=sys.stderr)
@@ -219,16 +223,13 @@ def _logs(args: argparse.Namespace) -> int:
     if args.lines is not None and args.lines < 0:
         raise CliError(f"-n must be 0 or more, got {args.lines}", EXIT_BAD_INPUT)
     session = _find(args.session)
-    from sessions.redaction import redact_text, secret_values
+    from sessions.redaction import Redactor
 
-    try:
-        known = secret_values(dict(session.profile.server.env))
-    except Exception:  # noqa: BLE001 - an unreadable snapshot: the shape-based redaction still applies
-        known = []
+    redactor = Redactor.for_session(session)  # by value (secrets file, profile) as well as by shape and name
     out = sys.stdout
 
     def emit(text: str) -> None:
-        out.write(redact_text(text, known))
+        out.write(redactor.text(text))
         out.flush()
 
     try:

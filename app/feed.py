@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from sessions.gpus import GpuSnapshot, GpuSource
-from sessions.redaction import SECRET_FLAGS, is_secret_name, redact_text, secret_values
+from sessions.redaction import redact_text
 from widgets.lists import ProfileEntry, SessionEntry
 from widgets.log_view import LogChunk, LogFilter, clean_line
 from widgets.state_line import rank_label
@@ -342,18 +342,11 @@ _BAR_TAIL = re.compile(r"\d+%|it/s|s/it")
 
 
 def known_secrets_of(profile: Any) -> list[str]:
-    """Secret values a profile brings: its secret env values and the values of secret flags."""
-    server = profile.server
-    found = list(secret_values(server.env))
-    args = list(server.extra_args)
-    for i, arg in enumerate(args):
-        flag, eq, value = arg.partition("=")
-        if flag in SECRET_FLAGS or (flag.startswith("--") and is_secret_name(flag)):
-            if eq:
-                found.append(value)
-            elif i + 1 < len(args):
-                found.append(args[i + 1])
-    return [v for v in found if v]
+    """Secret values a profile brings: secret env values, secret flag values (``--api-key V`` and
+    ``--api-key=V`` in extra_args too) and credential-shaped values under any name."""
+    from sessions.redaction import profile_secrets
+
+    return profile_secrets(profile)
 
 
 def attributed_rank(text: str, previous: int | None) -> int | None:

@@ -198,7 +198,7 @@ def test_a_job_stays_paused_against_a_different_server_on_its_port_and_continues
         wait_for(lambda: not probes.process_alive(pid, create_time), "server gone", 30)
         wait_for(lambda: probes.port_free("127.0.0.1", session.state_record["port"]), "port free", 30)
 
-    first, profile = serve("mine", tmp_path / "cap-mine")
+    first, _profile = serve("mine", tmp_path / "cap-mine")
     port = first.status().port
     rows = 30
     dataset = write_dataset(tmp_path / "data.jsonl", chat_rows(rows))
