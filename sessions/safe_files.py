@@ -51,7 +51,8 @@ def open_regular_fd(path: str | os.PathLike, what: str = "file", nofollow: bool 
         if nofollow and exc.errno == errno.ELOOP:
             raise SpecialFileError(errno.ELOOP, f"{what} {path} is a symlink; it is not followed") from None
         if exc.errno == errno.ENXIO:  # a socket file, or a FIFO opened for writing without a reader
-            raise SpecialFileError(errno.ENXIO, f"{what} {path} is a socket or device, not a file") from None
+            raise SpecialFileError(errno.ENXIO, f"{what} {path} is a socket (or a device with nothing behind it), "
+                                                "not a regular file") from None
         raise
     try:
         mode = os.fstat(fd).st_mode

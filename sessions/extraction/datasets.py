@@ -13,6 +13,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from sessions.safe_files import open_regular
+
 # ShareGPT speakers (`from`) and OpenAI roles, mapped to the roles chat templates understand.
 _ROLE_NAMES = {
     "human": "user", "user": "user",
@@ -218,7 +220,7 @@ def iter_dataset(path: Path, dataset_format: str = "auto", skip: frozenset[int] 
     ``limit`` counts non-blank lines, so a job with ``num_samples`` sees the same lines on every resume.
     """
     seen = 0
-    with open(path, "rb") as fh:
+    with open_regular(path, "dataset") as fh:
         for index, raw in enumerate(fh):
             raw = raw.rstrip(b"\r\n")
             if not raw.strip():
@@ -234,7 +236,7 @@ def iter_dataset(path: Path, dataset_format: str = "auto", skip: frozenset[int] 
 def count_lines(path: Path, limit: int | None = None) -> int:
     """Non-blank lines (the job's total), without parsing them."""
     n = 0
-    with open(path, "rb") as fh:
+    with open_regular(path, "dataset") as fh:
         for raw in fh:
             if raw.strip():
                 n += 1
@@ -249,7 +251,7 @@ def dataset_fingerprint(path: Path) -> dict[str, Any]:
 
     digest = hashlib.sha256()
     size = 0
-    with open(path, "rb") as fh:
+    with open_regular(path, "dataset") as fh:
         while chunk := fh.read(1 << 20):
             digest.update(chunk)
             size += len(chunk)
