@@ -106,3 +106,34 @@ def test_a_profile_that_is_a_fifo_or_a_device_is_refused_at_once(tmp_path: Path)
         with pytest.raises(ProfileError) as info:
             load_profile(path)
         assert "not a regular file" in str(info.value) or "not a file" in str(info.value)
+
+
+def test_capture_refuses_two_batch_overlap_on_deepseek_and_warns_when_one_forward_does_not_fit(
+        make_emulator_profile, tmp_path: Path) -> None:
+    """Issue 14 item 7, at launch (validate_profile) and at toggle (capture_problems)."""
+    import subprocess
+
+    from sessions.capture.toggle import capture_problems
+
+    small = tmp_path / "shm"
+    small.mkdir()
+    mounted = os.geteuid() == 0 and subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=1m,mode=0700", "tmpfs", str(small)], capture_output=True,
+        check=False).returncode == 0
+    try:
+        capture_dir = small / "cap" if mounted else tmp_path / "cap"
+        profile = make_emulator_profile("tbo", tp=1, chunked_prefill_size=8192,
+                                        extra_args=["--enable-two-batch-overlap"],
+                                        capture={"enabled": True, "dir": str(capture_dir)})
+        for found in (capture_problems(profile), validate_profile(profile, check_port=False, nvml_gpu_count=0)):
+            tbo = [p for p in found if "--enable-two-batch-overlap" in p.message]
+            assert tbo and tbo[0].is_error and "model_forward_stages" in tbo[0].message
+            assert "DeepseekV3ForCausalLM" in tbo[0].message
+            if mounted:  # 8192 x 4 x 7168 x 2 = 469.8 MB against a 1 MB filesystem
+                space = [p for p in found if p.field == "capture.dir" and "one forward dumps" in p.message]
+                assert space and "469.8 MB" in space[0].message and "--shm-size" in space[0].message
+        plain = make_emulator_profile("plain", tp=1, capture={"enabled": True, "dir": str(tmp_path / "c2")})
+        assert not [p for p in capture_problems(plain) if "two-batch" in p.message]
+    finally:
+        if mounted:
+            subprocess.run(["umount", "-l", str(small)], check=False)
