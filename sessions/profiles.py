@@ -743,7 +743,7 @@ def field_problems(profile: LaunchProfile) -> list[Problem]:
 
     def check(dotted: str, ok: Callable[[], bool], message: str, severity: str = "error") -> None:
         # ``ok`` runs only for a well-typed field: a range check never sees a string ("0.85" < 1.0).
-        if dotted in bad or any(dotted.startswith(f + "[") or dotted.startswith(f + ".") for f in bad):
+        if dotted in bad or any(dotted.startswith((f + "[", f + ".")) for f in bad):
             return
         try:
             passed = ok()

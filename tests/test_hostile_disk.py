@@ -99,6 +99,7 @@ def test_torch_save_runtime_error_on_a_nearly_full_disk_pauses_and_retries(tmp_p
 
     run = JobRun.__new__(JobRun)
     run.spec = SimpleNamespace(output_dir=tmp_path)
+    run.output = None
     run.pause_reasons, run.cancel_requested, run.abort_reason = {}, False, None
     run.job_id = "j"
     free = {"bytes": 1000}

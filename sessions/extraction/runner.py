@@ -722,22 +722,29 @@ class JobRun:
             if isinstance(seen, OSError) and seen.errno in _OUT_OF_SPACE:
                 return True
             seen = seen.__cause__ or seen.__context__
-        assert self.spec is not None
+        root = self._output_root()
+        if root is None:
+            return False
         try:
-            free = shutil.disk_usage(self.spec.output_dir).free
+            free = shutil.disk_usage(root).free
         except OSError:
             return False
         return free < needed + LOW_SPACE_MARGIN_BYTES
 
+    def _output_root(self) -> Path | None:
+        if self.output is not None:
+            return self.output.root
+        return self.spec.output_dir if self.spec is not None else None
+
     def _pause_for_space(self, exc: BaseException) -> None:
         if "output" not in self.pause_reasons:
-            assert self.spec is not None
+            root = self._output_root()
             try:
-                free = f"{shutil.disk_usage(self.spec.output_dir).free / 1e6:.1f} MB free"
+                free = f"{shutil.disk_usage(root).free / 1e6:.1f} MB free" if root else "free space unknown"
             except OSError:
                 free = "free space unknown"
             detail = getattr(exc, "strerror", None) or f"{type(exc).__name__}: {str(exc)[:240]}"
-            self.pause_reasons["output"] = (f"output filesystem full at {self.spec.output_dir} ({free}; {detail}); "
+            self.pause_reasons["output"] = (f"output filesystem full at {root} ({free}; {detail}); "
                                             "continues when there is room")
             self.log(f"paused: {self.pause_reasons['output']}")
 
