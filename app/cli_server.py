@@ -142,7 +142,11 @@ def _status(args: argparse.Namespace) -> int:
     sessions = [_find(args.session)] if args.session else list_sessions(include_ended=not args.live)
     statuses = [s.status(probe_http=not args.no_http) for s in sessions]
     if args.json:
-        print(json.dumps([st.to_json() for st in statuses], indent=2))
+        from sessions.redaction import Redactor
+
+        # Titles, error lines and the like come from the server: hide the session's secrets by value.
+        print(json.dumps([Redactor.for_session(se).json(st.to_json()) for se, st in zip(sessions, statuses)],
+                         indent=2))
         return 0
     if not statuses:
         print("no sessions", file=sys.stderr)
@@ -225,7 +229,7 @@ def _restart(args: argparse.Namespace) -> int:
 
 def _logs(args: argparse.Namespace) -> int:
     from app.cli import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_OK, CliError
-    from sessions.logs import MAIN_RANK, LogFileError, LogFilter, profile_secrets
+    from sessions.logs import MAIN_RANK, LogFileError, LogFilter
 
     if args.lines is not None and args.lines < 0:
         raise CliError(f"-n must be 0 or more, got {args.lines}", EXIT_BAD_INPUT)
@@ -237,7 +241,7 @@ def _logs(args: argparse.Namespace) -> int:
     source = _log_source(args.session)
     try:
         printed = _print_log(source, args.lines, args.follow, log_filter if log_filter.active else None,
-                             sys.stdout, profile_secrets(source.profile) if source.profile is not None else [])
+                             sys.stdout, source.secrets())
     except KeyboardInterrupt:
         return EXIT_OK
     except LogFileError as exc:
@@ -266,15 +270,15 @@ class _LogSource:
     def __init__(self, log_path, session=None) -> None:
         self.log_path = log_path
         self.session = session
-        self.profile = None
-        if session is not None:
-            try:
-                self.profile = session.profile
-            except Exception:  # noqa: BLE001 - an unreadable snapshot: shape-based redaction still applies
-                self.profile = None
 
     def is_alive(self) -> bool:
         return self.session.is_alive() if self.session is not None else True
+
+    def secrets(self) -> tuple[str, ...]:
+        """The session's secret values (its secrets file and profile), hidden by value; none for a file."""
+        from sessions.redaction import Redactor
+
+        return Redactor.for_session(self.session).known if self.session is not None else ()
 
 
 def _log_source(ref: str) -> _LogSource:

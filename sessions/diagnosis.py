@@ -29,7 +29,16 @@ from sessions.hints import HintEvidence
 from sessions.home import atomic_write_bytes
 from sessions.logs import LogFileError, read_tail
 from sessions.phases import StartupSummary
-from sessions.redaction import REDACTED, SECRET_FLAGS, is_secret_name, redact_text, secret_values
+from sessions.redaction import (
+    REDACTED,
+    SECRET_FLAGS,
+    Redactor,
+    collect_secrets,
+    is_secret_name,
+    redact_text,
+    secret_values,
+)
+from sessions.safe_files import SpecialFileError, read_regular_text
 
 DEFAULT_STACK_TIMEOUT_S = 10.0
 CPU_INTERVAL_S = 0.5
@@ -239,10 +248,12 @@ def _baseline_json(baseline: history.Baseline | None) -> dict | None:
 
 
 class _Redactor:
-    """Every string of a diagnosis passes through here: known secret values first, then secret shapes."""
+    """Every string of a diagnosis passes through here: known secret values first (the session's secrets
+    file and profile, the live environment, the argv), in every escaped form, then secret shapes."""
 
-    def __init__(self, known: Iterable[str]) -> None:
-        self.known = sorted({k for k in known if k and len(k) >= 4}, key=len, reverse=True)
+    def __init__(self, known: Iterable[str], session: Any = None) -> None:
+        base = Redactor.for_session(session) if session is not None else Redactor()
+        self.known = base.with_values(known).known
 
     def text(self, text: str) -> str:
         return redact_text(text, self.known)
@@ -501,7 +512,7 @@ def diagnose(
     profile_env = dict(getattr(server, "env", {}) or {})
     environ = _process_environ(status.pid if status.alive else None)
     redactor = _Redactor(
-        secret_values(profile_env) + secret_values(environ) + _secret_argv_values(argv)
+        secret_values(profile_env) + collect_secrets((), environ) + _secret_argv_values(argv), session
     )
 
     with ThreadPoolExecutor(max_workers=2, thread_name_prefix="diagnose") as pool:
@@ -555,7 +566,7 @@ def diagnose(
         if p.stack is not None and p.stack.ok and p.stack.collective_frame is not None
     }
 
-    last_lines_all = _tail_texts(status.log_path, HINT_LOG_BYTES)
+    last_lines_all = _tail_texts(status.log_path, HINT_LOG_BYTES, follow_symlinks=False)  # ours: never a link
     last_lines = tuple(redactor.text(line) for line in last_lines_all[-LAST_LINES:])
 
     baseline = history.last_good(session.home, status.profile, exclude_session_id=status.session_id)
@@ -788,7 +799,8 @@ def write_bundle(diagnosis: Diagnosis, session: Any, path: str | Path) -> Path:
     # Only a live, verified (pid, create_time) is read: a reused pid would leak a stranger's environment.
     environ = _process_environ(session.pid) if session.is_alive() else {}
     argv = _command_argv(session)
-    redactor = _Redactor(secret_values(profile_env) + secret_values(environ) + _secret_argv_values(argv))
+    redactor = _Redactor(secret_values(profile_env) + collect_secrets((), environ) + _secret_argv_values(argv),
+                         session)
     session_dir = Path(session.session_dir)
 
     files: dict[str, str] = {
@@ -800,8 +812,11 @@ def write_bundle(diagnosis: Diagnosis, session: Any, path: str | Path) -> Path:
         "env.txt": "".join(f"{k}={v}\n" for k, v in sorted(diagnosis.env.items())),
     }
     for name in ("profile.toml", "command.json", "state.json"):
+        # Regular files only, never through a link: a planted symlink must not carry /etc/shadow into the tar.
         try:
-            files[name] = (session_dir / name).read_text(encoding="utf-8", errors="replace")
+            files[name] = read_regular_text(session_dir / name, name, nofollow=True, errors="replace")
+        except SpecialFileError as exc:
+            files[f"{name}.refused"] = f"{exc.strerror}\n"
         except OSError:
             pass
     for p in diagnosis.processes:

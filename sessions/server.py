@@ -47,7 +47,7 @@ from sessions.home import (
 from sessions.logs import LogFileError, read_increment
 from sessions.phases import StartupPhase, StartupSummary, StartupTracker
 from sessions.profiles import LaunchProfile, Problem, build_command, load_profile, validate_profile
-from sessions.redaction import redact_argv, redact_env
+from sessions.redaction import Redactor, collect_secrets, redact_argv, redact_env, write_secrets_file
 from sessions.stall import is_compiler_name, stall_limit_s
 
 SESSION_ENV = "EAGLE3_TUI_SESSION"  # in the server's environment: finds strays that left the process group
@@ -263,14 +263,18 @@ class ServerSession:
         atomic_write_text(session_dir / PROFILE_FILE, profile.to_toml())
         added_env = {SESSION_ENV: session_id, "PYTHONUNBUFFERED": "1"}
         env_changes = dict(command.env_changes) | added_env
-        redacted_argv = redact_argv(command.argv)
+        # The exact secret values of this launch (0600, never shown): every later reader hides them by value.
+        secret_list = collect_secrets(command.argv, env_changes)
+        write_secrets_file(session_dir, secret_list)
+        redactor = Redactor(secret_list)
+        redacted_argv = [redactor.text(a) for a in redact_argv(command.argv)]
         atomic_write_json(
             session_dir / COMMAND_FILE,
             {
                 "argv": redacted_argv,
-                "env_changes": redact_env(env_changes),
+                "env_changes": {k: redactor.text(v) for k, v in redact_env(env_changes).items()},
                 "cwd": str(session_dir),
-                "shell_text": command.shell_text(redacted=True),
+                "shell_text": redactor.text(command.shell_text(redacted=True)),
             },
         )
         # What this start runs with, for the diff against the last good start if it fails (redacted).
