@@ -62,7 +62,8 @@ def _is_port(value: Any) -> bool:
     return _is_int(value) and 0 < value < 65536
 
 
-# field -> (check, what it should be); None is always allowed (a fact not known yet).
+# field -> (check, what it should be).  None is allowed for the scalar facts (not known yet), not for the
+# collections, which the engine always writes as such.
 FIELD_TYPES: dict[str, tuple[Callable[[Any], bool], str]] = {
     "version": (_is_int, "an integer"),
     "session_id": (_is_str, "a string"),
@@ -93,6 +94,9 @@ FIELD_TYPES: dict[str, tuple[Callable[[Any], bool], str]] = {
     "restart_diff": (_is_str_list, "a list of strings"),
     "launch_state": (_is_str, "a string"),
 }
+
+
+_NOT_NULL = frozenset({"phase_entered_at", "descendants", "stop", "model_info", "restart_diff"})
 
 
 @dataclass(frozen=True)
@@ -152,7 +156,7 @@ def check_fields(obj: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
     problems: list[str] = []
     for key, value in obj.items():
         spec = FIELD_TYPES.get(key)
-        if spec is None or value is None or spec[0](value):
+        if spec is None or (value is None and key not in _NOT_NULL) or (value is not None and spec[0](value)):
             record[key] = value
         else:
             problems.append(f"'{key}' should be {spec[1]}, not {_shown(value)}")

@@ -68,7 +68,7 @@ def test_a_poll_that_sees_the_main_gone_mid_stop_records_stopped(launched, make_
     """The race behind "stopped ... in 0.9s", then "crashed": a second reader of the same session (the
     TUI's poll, another CLI) looks after SIGTERM killed the main process and before stop() has finished.
     Here that poll runs exactly there, inside stop()'s first wait, on its own ServerSession object."""
-    import sessions.server as server
+    from sessions import server
 
     session = launched.launch(hang_profile(make_emulator_profile))
     wait_weights_done(session, 8)
@@ -104,7 +104,7 @@ def test_stops_of_stalled_tp8_sessions_under_a_busy_poller_record_stopped(launch
         states: list[str] = []
         done = threading.Event()
 
-        def poll(reader: ServerSession = poller, out: list[str] = states) -> None:
+        def poll(reader: ServerSession = poller, out: list[str] = states, done: threading.Event = done) -> None:
             while not done.is_set():
                 out.append(reader.status(probe_http=False).state)
 
