@@ -137,10 +137,11 @@ def _status(args: argparse.Namespace) -> int:
     from sessions.server import list_sessions
 
     sessions = [_find(args.session)] if args.session else list_sessions(include_ended=not args.live)
+    gpu = _gpu_snapshot() if any(s.is_alive() for s in sessions) else None
     statuses, failures = [], []
     for session in sessions:
         try:
-            statuses.append(session.status(probe_http=not args.no_http))
+            statuses.append(session.status(probe_http=not args.no_http, gpu_snapshot=gpu))
         except Exception as exc:  # noqa: BLE001 - one session's failure must not hide the others
             failures.append((session, f"status failed: {type(exc).__name__}: {exc}"))
     if args.json:
@@ -157,6 +158,20 @@ def _status(args: argparse.Namespace) -> int:
     for session_id, problem in problems:
         print(f"{session_id}: {problem}", file=sys.stderr)
     return 0
+
+
+def _gpu_snapshot():
+    """The GPU panel's reading (NVML, else emulated GPUs), so each rank's GPU comes from NVML's pids."""
+    from sessions.gpus import default_gpu_source, first_reading
+    from sessions.home import resolve_home
+
+    home = resolve_home()
+    source = default_gpu_source(home, demo=home.demo)
+    try:
+        snapshot = first_reading(source)
+    finally:
+        source.close()
+    return snapshot if snapshot.available else None
 
 
 def _failed_row(session, why: str) -> dict:
