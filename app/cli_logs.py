@@ -29,7 +29,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "of known causes.",
     )
     p.add_argument("file", metavar="FILE", help="the log file")
-    p.add_argument("--json", action="store_true", help="print one JSON object (the DESIGN §3 contract)")
+    p.add_argument("--json", action="store_true", help="print one JSON object: outcome, last phase, error line, ranks and hints")
     p.set_defaults(func=_inspect_log)
 
 

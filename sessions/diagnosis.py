@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from sessions import history, stacks, stall
+from sessions import history, stacks, stall, start_facts
 from sessions.hints import HintEvidence
 from sessions.home import atomic_write_bytes
 from sessions.phases import StartupSummary
@@ -168,6 +168,11 @@ class Diagnosis:
     env: dict[str, str] = field(default_factory=dict)
     taken_at: float = 0.0
     collect_s: float = 0.0
+    # What changed since the last good start of the profile (flags, env, versions, GPUs, ...), marked with
+    # the known causes that name each change; None when that cannot be told (no good start, or one of the
+    # two starts was recorded before their settings were kept).
+    changes_since_last_good: tuple[start_facts.Change, ...] | None = None
+    changes_note: str | None = None  # why there is no list, in words
     progress_lines: tuple[str, ...] = ()  # the last frame of each progress bar (tqdm), apart from log lines
     problem: str | None = None  # what is wrong with the session's own files (damaged state.json, ...)
     host: str = "127.0.0.1"
@@ -241,6 +246,11 @@ class Diagnosis:
             "argv": list(self.argv),
             "taken_at": self.taken_at,
             "collect_s": round(self.collect_s, 3),
+            "changes_since_last_good": (
+                None if self.changes_since_last_good is None
+                else start_facts.to_json_list(self.changes_since_last_good)
+            ),
+            "changes_note": self.changes_note,
         }
 
 
@@ -636,6 +646,7 @@ def diagnose(
                 HintView(hint.id, redactor.text(hint.title), redactor.text(hint.detail), hint.evidence)
             )
 
+    changes, changes_note = _changes_since_last_good(session, baseline, unique_hints, redactor)
     env_shown = redactor.env({k: v for k, v in ({**environ, **profile_env}).items() if
                               k in profile_env or _RELEVANT_ENV.search(k)})
     return Diagnosis(
@@ -677,6 +688,8 @@ def diagnose(
         problem="; ".join(problems) if problems else None,
         host=status.host,
         port=status.port,
+        changes_since_last_good=changes,
+        changes_note=changes_note,
     )
 
 
@@ -715,6 +728,34 @@ def split_progress(lines: Sequence[str]) -> tuple[list[str], list[str]]:
         bars.pop(line[: match.start()].strip(), None)
         bars[line[: match.start()].strip()] = line
     return log_lines, list(bars.values())
+
+
+def _changes_since_last_good(
+    session: Any, baseline: history.Baseline | None, hints: Sequence[HintView], redactor: _Redactor
+) -> tuple[tuple[start_facts.Change, ...] | None, str | None]:
+    """The changes from the last good start to this one, each marked with the known causes naming it."""
+    if baseline is None:
+        return None, "no earlier start of this profile reached ready: nothing to compare with"
+    facts = start_facts.read(Path(getattr(session, "session_dir", "") or "."))
+    if facts is None:
+        return None, "this start's settings were not recorded (launched by an older eagle3-tui)"
+    if not baseline.facts:
+        return None, (f"the last good start ({baseline.session_id}) was recorded before settings were kept: "
+                      "its flags and environment are not known")
+    from sessions.hints import KnownCausesError, implications
+
+    try:
+        rules = implications()
+    except KnownCausesError:
+        rules = []  # the broken catalogue is a hint already; the changes are still worth showing
+    changes = history.changes_since(baseline, facts, rules, [h.id for h in hints])
+    cleaned = tuple(
+        start_facts.Change(c.what, redactor.text(c.before) if c.before is not None else None,
+                           redactor.text(c.after) if c.after is not None else None, c.kind, c.name,
+                           c.implicated_by, c.hinted_by)
+        for c in changes
+    )
+    return cleaned, None if cleaned else f"nothing changed since the last good start ({baseline.session_id})"
 
 
 def _redact_argv_values(argv: Sequence[str]) -> list[str]:
@@ -760,6 +801,7 @@ def format_report(d: Diagnosis) -> str:
         + {True: "200", False: "not ready", None: "not asked (port closed)"}[d.ready],
         d.compare,
     ]
+    out.extend(format_changes(d))
     if d.error:
         out.append(f"first error (line {d.error_line}): {d.error}")
     if d.silent_ranks:
@@ -827,6 +869,24 @@ def _at(at_s: float | None, line: int | None) -> str:
         return "-"
     when = history.format_duration_s(at_s) if at_s is not None else "?"
     return f"{when} (line {line})" if line is not None else when
+
+
+def format_changes(d: Diagnosis) -> list[str]:
+    """The "what changed since the last good start" lines: implicated changes first, each with the known
+    causes that name it (``*`` marks a cause that matches this start now)."""
+    if d.changes_since_last_good is None or not d.changes_since_last_good:
+        return [f"changes since the last good start: {d.changes_note}"] if d.changes_note else []
+    base = d.baseline.session_id if d.baseline else "?"
+    out = [f"changes since the last good start ({base}):"]
+    for c in d.changes_since_last_good:
+        line = f"  {'!' if c.implicated_by else '-'} {c.describe()}"
+        if c.implicated_by:
+            causes = ", ".join(f"{i}*" if i in c.hinted_by else i for i in c.implicated_by)
+            line += f"   [known causes: {causes}]"
+        out.append(line)
+    if any(c.implicated_by for c in d.changes_since_last_good):
+        out.append("  (! = a known cause points at this change; * = that cause matches this start now)")
+    return out
 
 
 def _stack_file_name(p: ProcessReport) -> str:

@@ -64,6 +64,9 @@ _EMULATOR_FLAGS = {
     "--emulate-fault": "emulator.fault",
     "--emulate-gpu-memory-gb": "emulator.gpu_memory_gb",
     "--emulate-gpus": "emulator.gpus",
+    "--emulate-spec-accept-length": "emulator.spec_accept_length",
+    "--emulate-spec-draft-cost": "emulator.spec_draft_cost",
+    "--emulate-spec-verify-cost": "emulator.spec_verify_cost",
 }
 _PER_PHASE_GRAPH_FLAGS = ("--disable-decode-cuda-graph", "--disable-prefill-cuda-graph")
 # argparse's test for a negative number that is a value, not an option (Lib/argparse.py).
@@ -154,6 +157,12 @@ class EmulatorSection:
     fault: str = "none"
     gpu_memory_gb: float | None = None  # real GPU memory each emulated rank holds (needs torch + a GPU)
     gpus: int = 8  # emulated GPU count
+    # Speculative decoding (EAGLE3 with a draft): mean accepted tokens per verify step, the bonus token
+    # included (1 .. num-draft-tokens); one draft forward's cost as a fraction of a decode step (default:
+    # from the draft's config); a verify step's cost in decode steps (>= 1).
+    spec_accept_length: float | None = None
+    spec_draft_cost: float | None = None
+    spec_verify_cost: float | None = None
 
 
 _SECTION_TYPES: dict[str, type] = {
@@ -182,7 +191,8 @@ _KINDS: dict[str, dict[str, str]] = {
     },
     "capture": {"enabled": "bool", "layers": "list[int]", "dir": "str", "rid_prefix": "str"},
     "watch": {"stall_after_s": "float"},
-    "emulator": {"time_scale": "float", "fault": "str", "gpu_memory_gb": "float", "gpus": "int"},
+    "emulator": {"time_scale": "float", "fault": "str", "gpu_memory_gb": "float", "gpus": "int",
+                 "spec_accept_length": "float", "spec_draft_cost": "float", "spec_verify_cost": "float"},
 }
 # Keys that `to_toml` always writes (the rest only when set, changed from the default, or explicit).
 _ALWAYS_WRITTEN = {
@@ -770,10 +780,43 @@ def field_problems(profile: LaunchProfile) -> list[Problem]:
     if e.gpu_memory_gb is not None:
         check("emulator.gpu_memory_gb", _positive(e.gpu_memory_gb), f"must be > 0, not {e.gpu_memory_gb}")
     check("emulator.gpus", isinstance(e.gpus, int) and e.gpus >= 1, f"must be at least 1, not {e.gpus}")
+    if e.spec_accept_length is not None:
+        tokens = _num_draft_tokens(s.extra_args)
+        check("emulator.spec_accept_length", e.spec_accept_length >= 1 and (tokens is None
+              or e.spec_accept_length <= tokens),
+              f"must be between 1 and the number of draft tokens ({tokens if tokens else 'num-draft-tokens'}), "
+              f"not {e.spec_accept_length}: it counts the accepted drafts plus the bonus token of each step")
+    if e.spec_draft_cost is not None:
+        check("emulator.spec_draft_cost", 0 < e.spec_draft_cost <= 1,
+              f"must be a fraction of a decode step in (0, 1], not {e.spec_draft_cost}")
+    if e.spec_verify_cost is not None:
+        check("emulator.spec_verify_cost", e.spec_verify_cost >= 1,
+              f"must be at least 1 (a verify step costs at least a decode step), not {e.spec_verify_cost}")
     if s.launcher == "emulator" and "emulator.gpus" not in bad and "server.tp_size" not in bad:
         check("server.tp_size", s.tp_size <= e.gpus,
               f"TP {s.tp_size} needs {_gpus(s.tp_size)} but the emulator has {e.gpus} (emulator.gpus)")
     return problems
+
+
+def _num_draft_tokens(extra_args: tuple[str, ...] | list[str]) -> int | None:
+    """Tokens per verify step that SGLang will use for these flags (topk 1: steps + 1), None if unknown."""
+
+    def value(flag: str) -> int | None:
+        found = None
+        for i, token in enumerate(extra_args):
+            text = extra_args[i + 1] if token == flag and i + 1 < len(extra_args) else (
+                token[len(flag) + 1:] if token.startswith(flag + "=") else None)
+            if text is not None:
+                try:
+                    found = int(text)
+                except ValueError:
+                    found = None
+        return found
+
+    steps, topk = value("--speculative-num-steps"), value("--speculative-eagle-topk")
+    if steps is not None and topk == 1:
+        return steps + 1
+    return value("--speculative-num-draft-tokens")
 
 
 def _gpus(n: int) -> str:
@@ -918,6 +961,11 @@ def build_command(profile: LaunchProfile, *, sglang: Any = LOOKUP) -> LaunchComm
             argv += ["--emulate-gpu-memory-gb", _number(e.gpu_memory_gb)]
         if e.gpus != EmulatorSection().gpus or profile.is_explicit("emulator.gpus"):
             argv += ["--emulate-gpus", str(e.gpus)]
+        for flag, value in (("--emulate-spec-accept-length", e.spec_accept_length),
+                            ("--emulate-spec-draft-cost", e.spec_draft_cost),
+                            ("--emulate-spec-verify-cost", e.spec_verify_cost)):
+            if value is not None:
+                argv += [flag, _number(value)]
     return LaunchCommand(argv=argv, env_changes=env)
 
 
@@ -1246,6 +1294,9 @@ def _emitted_value(profile: LaunchProfile, field_name: str) -> str | bool | None
         "emulator.fault": e.fault,
         "emulator.gpu_memory_gb": e.gpu_memory_gb,
         "emulator.gpus": e.gpus,
+        "emulator.spec_accept_length": e.spec_accept_length,
+        "emulator.spec_draft_cost": e.spec_draft_cost,
+        "emulator.spec_verify_cost": e.spec_verify_cost,
     }[field_name]
     if value is None:
         return None

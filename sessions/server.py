@@ -34,7 +34,7 @@ from typing import Any
 
 import psutil
 
-from sessions import probes
+from sessions import probes, start_facts
 from sessions.history import last_good, record_start
 from sessions.home import (
     Home,
@@ -332,6 +332,8 @@ class ServerSession:
                 "shell_text": command.shell_text(redacted=True),
             },
         )
+        # What this start runs with, for the diff against the last good start if it fails (redacted).
+        start_facts.write(session_dir, start_facts.collect(profile, command.argv, command.env_changes))
         server = profile.server
         started_at = time.time()
         atomic_write_json(
@@ -768,6 +770,7 @@ class ServerSession:
                 rec.get("phase_entered_at", {}),
                 outcome,
                 started_at=rec.get("started_at"),
+                facts=start_facts.read(self.session_dir),
             )
 
     # -- stop ------------------------------------------------------------------------------------------

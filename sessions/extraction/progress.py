@@ -56,6 +56,7 @@ class JobProgress:
     capture_fill: float | None = None
     paused_by_user: bool = False
     job_dir: str = ""
+    python: str | None = None  # the interpreter running the job
 
     @property
     def fraction(self) -> float:

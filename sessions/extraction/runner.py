@@ -159,6 +159,7 @@ class JobRun:
             "name": spec.name if spec else "",
             "pid": os.getpid(),
             "create_time": _own_create_time(),
+            "python": str(spec.python) if spec and spec.python else sys.executable,
             "state": state,
             "reason": reason,
             "total": self.total,

@@ -53,6 +53,9 @@ class JobSpec:
     output_dir: Path
     server_url: str | None = None
     session: str | None = None
+    # The interpreter that runs the job (it needs torch): by default the session profile's `python`, which
+    # on a GPU host is SGLang's own, so one torch serves the server, the capture plugin and the job.
+    python: Path | None = None
     model_path: Path | None = None
     capture_dir: Path | None = None
     rid_prefix: str | None = None
@@ -149,6 +152,7 @@ _FIELDS: dict[str, _Field] = {
     "name": _Field("name", "str", _name),
     "server_url": _Field("server_url", "str", _url),
     "session": _Field("session", "str", _session_id),
+    "python": _Field("python", "path"),
     "dataset": _Field("dataset", "path"),
     "dataset_format": _Field("dataset_format", "choice", choices=DATASET_FORMATS),
     "output_dir": _Field("output_dir", "path"),
