@@ -667,7 +667,7 @@ class ServerSession:
             profile: Any = self.profile
         except Exception:  # noqa: BLE001 - an unreadable snapshot must not break status; the recorded limit will do
             profile = SimpleNamespace(watch=SimpleNamespace(stall_after_s=rec.get("stall_after_s")))
-        baseline = last_good(self.home, rec.get("profile", ""), exclude_session_id=self.session_id)
+        baseline = last_good(self.home, self.profile_name, exclude_session_id=self.session_id)
         has_compile_child = any(is_compiler_name(p.name) for p in tree[1:])
         return stall_limit_s(profile, summary, baseline, has_compile_child, last_lines=self._last_lines())
 
@@ -764,7 +764,7 @@ class ServerSession:
         if claimed.get("ok"):
             record_start(
                 self.home,
-                rec.get("profile", ""),
+                self.profile_name,
                 self.session_id,
                 summary,
                 rec.get("phase_entered_at", {}),
