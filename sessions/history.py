@@ -366,11 +366,14 @@ def compare_rows(
         g, t = good.get(phase.value), this.get(phase.value)
         if g is None and t is None:
             continue
+        good_line = g.line if g else None
+        if phase is StartupPhase.READY and baseline is not None:
+            good_line = baseline.ready_line  # ready seen over HTTP before the log said so: its line count
         rows.append(
             PhaseComparison(
                 phase.value,
                 g.at_s if g else None,
-                g.line if g else None,
+                good_line,
                 t.at_s if t else None,
                 t.line if t else None,
             )
