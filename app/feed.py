@@ -17,7 +17,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from sessions.gpus import GpuSnapshot, GpuSource
-from sessions.logs import LogFile, LogFilter, LogLine, profile_secrets, shown
+from sessions.logs import LogFile, LogFilter, LogLine, shown
+from sessions.redaction import Redactor
 from sessions.snapshots import LogChunk, ProfileEntry, SessionEntry
 from widgets.state_line import rank_label
 
@@ -138,13 +139,9 @@ class DashboardFeed:
         with self._lock:
             feed = self._feeds.get(path)
             if feed is None:
-                secrets: list[str] = []
                 session = self._sessions.get(getattr(status, "session_id", None))
-                if session is not None:
-                    try:
-                        secrets = profile_secrets(session.profile)
-                    except Exception:  # noqa: BLE001 - a broken snapshot must not stop the log
-                        secrets = []
+                # By value: the launch's secrets file and the profile's secrets (an unreadable one adds none).
+                secrets = Redactor.for_session(session).known if session is not None else ()
                 feed = LogFeed(Path(path), secrets)
                 self._feeds[path] = feed
             return feed

@@ -258,6 +258,7 @@ _SGLANG_FLAGS: list[tuple[tuple[str, ...], dict[str, Any]]] = [
     (("--enable-metrics",), {"default": False}),
     (("--decode-log-interval",), {"type": int, "default": 40}),
     (("--api-key",), {"type": str, "default": None}),
+    (("--admin-api-key",), {"type": str, "default": None}),  # SGLang 0.5.23: admin-only endpoints' key
     (("--served-model-name",), {"type": str, "default": None}),
     (("--chat-template",), {"type": str, "default": None}),
     (("--reasoning-parser",), {"type": str, "default": None}),

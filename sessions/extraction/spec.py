@@ -295,17 +295,25 @@ def _similar(a: str, b: str) -> bool:
 
 def load_job_spec(path: Path | str) -> JobSpec:
     """Read a spec file; raises ``JobSpecError`` (problems name key and line) or ``OSError``."""
+    from sessions.safe_files import read_regular_text
+
     path = Path(path).expanduser()
-    text = path.read_text(encoding="utf-8")
+    text = read_regular_text(path, "job spec")  # a FIFO or device is refused at once (SpecialFileError)
     spec = parse_job_spec(text, source=str(path), base_dir=path.parent.resolve())
     return replace(spec, source_path=path.resolve())
 
 
 def check_paths(spec: JobSpec) -> list[SpecProblem]:
     """What exists on disk: the dataset file, the model dir (tokenizer), and an output dir we may use."""
+    from sessions.safe_files import SpecialFileError, check_regular
+
     problems: list[SpecProblem] = []
-    if not spec.dataset.is_file():
-        problems.append(SpecProblem("job.dataset", f"{spec.dataset} is not a file"))
+    try:
+        check_regular(spec.dataset, "dataset")
+    except SpecialFileError as exc:
+        problems.append(SpecProblem("job.dataset", exc.strerror))
+    except OSError as exc:
+        problems.append(SpecProblem("job.dataset", f"{spec.dataset} cannot be read: {exc.strerror or exc}"))
     if spec.model_path is not None and not (spec.model_path / "config.json").is_file():
         problems.append(SpecProblem("job.model_path", f"{spec.model_path} has no config.json"))
     out = spec.output_dir
