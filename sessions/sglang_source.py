@@ -19,7 +19,6 @@ from __future__ import annotations
 import ast
 import json
 import os
-import re
 import shutil
 import subprocess
 import threading
@@ -87,9 +86,6 @@ class SglangSource:
     def exists(self, relpath: str) -> bool:
         return self.path(relpath).exists()
 
-    def read_source(self, relpath: str) -> str:
-        return self.path(relpath).read_text(encoding="utf-8")
-
     def parse(self, relpath: str) -> ast.Module:
         """The ``ast`` of one file, cached by (path, mtime)."""
         return _parse_cached(self.path(relpath))
@@ -120,14 +116,6 @@ class SglangSource:
 
     def has_flag(self, name: str) -> bool:
         return name in self.flags()
-
-    def resolve_flag(self, prefix: str) -> tuple[str | None, list[str]]:
-        """Match one argv option the way argparse (``allow_abbrev=True``) does.
-
-        Returns ``(flag, [])`` for an exact spelling or a unique prefix, ``(None, candidates)`` when the
-        prefix is ambiguous, and ``(None, [])`` when nothing matches.  ``--name=value`` is accepted.
-        """
-        return resolve_option(prefix, self.flags())
 
     def _flag_sources_signature(self) -> tuple:
         paths = [self.path(_SERVER_ARGS_FILE), self.path(_CHOICES_FILE), self.path(_ACTIONS_FILE)]
@@ -612,18 +600,3 @@ def _specs_from_add_argument_calls(
         )
     return specs
 
-
-_VERSION_RE = re.compile(r"(\d+)")
-
-
-def version_tuple(version: str | None) -> tuple[int, ...]:
-    """``"0.5.23"`` → ``(0, 5, 23)``; unknown parts stop the tuple (``"0.4.6.post1"`` → ``(0, 4, 6)``)."""
-    out: list[int] = []
-    for part in (version or "").split("."):
-        m = _VERSION_RE.match(part)
-        if not m:
-            break
-        out.append(int(m.group(1)))
-        if m.group(1) != part:
-            break
-    return tuple(out)

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -55,10 +55,6 @@ def is_compiler_name(name: str) -> bool:
     """True for a compiler/build-tool process name or argv[0] (a path is reduced to its file name)."""
     base = name.strip().split()[0].rsplit("/", 1)[-1] if name.strip() else ""
     return base in COMPILER_NAMES
-
-
-def compiler_children(names: Iterable[str]) -> list[str]:
-    return [n for n in names if is_compiler_name(n)]
 
 
 def deepgemm_active(summary: StartupSummary | None, last_lines: Sequence[str] = ()) -> bool:
@@ -139,18 +135,3 @@ def stall_verdict(
         return StallVerdict(False, math.inf, silent_for_s, "the start is over (ready or crashed)")
     limit, reason = _verdict_limit(profile, summary, baseline, has_compile_child, last_lines)
     return StallVerdict(silent_for_s > limit, limit, silent_for_s, reason)
-
-
-def stall_notice(previous_state: str | None, status: Any) -> str | None:
-    """The notification text when a session has just become stalled, else None.
-
-    For the TUI: call it with the state it last showed and the new `SessionStatus`; it fires once per
-    transition into ``stalled``.
-    """
-    if getattr(status, "state", None) != "stalled" or previous_state == "stalled":
-        return None
-    name = getattr(status, "profile", None) or getattr(status, "session_id", "session")
-    return (
-        f"{name} stalled in {getattr(status, 'phase', '?')}: log silent for "
-        f"{format_duration_s(getattr(status, 'silent_for_s', None))}. Press d to diagnose."
-    )

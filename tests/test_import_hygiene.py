@@ -5,6 +5,7 @@ Each check runs in a fresh interpreter, so what the test process imported itself
 
 from __future__ import annotations
 
+import ast
 import json
 import os
 import pkgutil
@@ -92,3 +93,145 @@ print(json.dumps({{"textual": any(m == "textual" or m.startswith("textual.") for
 """
     result = _run(code, tmp_path)
     assert result["textual"] is False, f"{module} imports textual"
+
+
+# --- the import graph, read from the source (every import at any depth) ---------------------------------
+
+LAYERS = ("sessions", "widgets", "app")  # each may import only those before it
+PLUGIN = "sessions.capture.plugin.eagle3_capture"  # runs inside the SGLang server: imports nothing of ours
+
+
+def _module_name(path: Path) -> str:
+    parts = list(path.relative_to(REPO_ROOT).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def _project_modules() -> dict[str, Path]:
+    return {_module_name(p): p for top in LAYERS for p in sorted((REPO_ROOT / top).rglob("*.py"))}
+
+
+def _imports(name: str, path: Path, modules: dict[str, Path]) -> list[tuple[str, int]]:
+    """(imported module, line) for every import statement in the file, module- or function-level, relative
+    or absolute; ``from pkg import mod`` counts as an import of ``pkg.mod`` when that is a module."""
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found: list[tuple[str, int]] = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path))):
+        if isinstance(node, ast.Import):
+            found.extend((alias.name, node.lineno) for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base_parts = package.split(".")[: len(package.split(".")) - (node.level - 1)]
+                base = ".".join(base_parts + ([node.module] if node.module else []))
+            else:
+                base = node.module or ""
+            for alias in node.names:
+                sub = f"{base}.{alias.name}"
+                found.append((sub if sub in modules else base, node.lineno))
+    return found
+
+
+def _graph() -> tuple[dict[str, Path], list[tuple[str, str, int]]]:
+    modules = _project_modules()
+    edges = [(name, target, line) for name, path in modules.items()
+             for target, line in _imports(name, path, modules)]
+    return modules, edges
+
+
+def _where(modules: dict[str, Path], name: str, line: int) -> str:
+    return f"{modules[name].relative_to(REPO_ROOT)}:{line}"
+
+
+def _layer(name: str) -> str:
+    return name.split(".", 1)[0]
+
+
+def test_the_graph_reader_sees_function_level_and_relative_imports(tmp_path):
+    # The reader itself must be able to fail: a hidden import inside a function and a relative one count.
+    pkg = tmp_path / "sessions"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    source = pkg / "a.py"
+    source.write_text("def f():\n    import widgets.x\n    from . import b\n    from .b import thing\n")
+    modules = {"sessions": pkg / "__init__.py", "sessions.a": source, "sessions.b": pkg / "b.py"}
+    found = _imports("sessions.a", source, modules)
+    assert found == [("widgets.x", 2), ("sessions.b", 3), ("sessions.b", 4)]
+
+
+def test_imports_only_point_down_sessions_widgets_app():
+    modules, edges = _graph()
+    bad = [f"{_where(modules, src, line)}: {src} imports {dst}" for src, dst, line in edges
+           if _layer(dst) in LAYERS and LAYERS.index(_layer(dst)) > LAYERS.index(_layer(src))]
+    assert not bad, "imports that point up:\n" + "\n".join(bad)
+
+
+def test_sessions_never_imports_textual_at_any_depth():
+    modules, edges = _graph()
+    bad = [f"{_where(modules, src, line)}: {src} imports {dst}" for src, dst, line in edges
+           if _layer(src) == "sessions" and (dst == "textual" or dst.startswith("textual."))]
+    assert not bad, "\n".join(bad)
+
+
+def test_the_sglang_side_plugin_imports_nothing_of_the_project():
+    modules, edges = _graph()
+    bad = [f"{_where(modules, src, line)}: {src} imports {dst}" for src, dst, line in edges
+           if (src == PLUGIN or src.startswith(PLUGIN + ".")) and _layer(dst) in LAYERS
+           and not (dst == PLUGIN or dst.startswith(PLUGIN + "."))]
+    assert not bad, "\n".join(bad)
+
+
+def _cycles(nodes: list[str], graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components with more than one module, or a module importing itself (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    out: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(graph.get(v, ())):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1 or v in graph.get(v, ()):
+                out.append(sorted(component))
+
+    for node in nodes:
+        if node not in index:
+            visit(node)
+    return out
+
+
+def test_the_cycle_finder_finds_a_cycle():
+    assert _cycles(["a", "b", "c"], {"a": {"b"}, "b": {"c"}, "c": {"a"}}) == [["a", "b", "c"]]
+    assert _cycles(["a", "b"], {"a": {"b"}}) == []
+
+
+def test_no_import_cycle_between_project_modules_counting_function_level_imports():
+    modules, edges = _graph()
+    graph: dict[str, set[str]] = {}
+    for src, dst, _ in edges:
+        if dst in modules and dst != src:
+            graph.setdefault(src, set()).add(dst)
+    cycles = _cycles(sorted(modules), graph)
+    report = []
+    for component in cycles:
+        members = set(component)
+        report.append(" <-> ".join(component))
+        report.extend(sorted({f"    {_where(modules, src, line)}: {src} -> {dst}" for src, dst, line in edges
+                              if src in members and dst in members and src != dst}))
+    assert not cycles, "import cycles:\n" + "\n".join(report)

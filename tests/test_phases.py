@@ -11,6 +11,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from sessions.logs.lines import lines_of_text
 from sessions.phases import (
     StartupPhase,
     StartupTracker,
@@ -338,6 +339,45 @@ def test_a_line_without_a_rank_prefix_counts_as_rank_0():
     text = "[2026-04-05 16:48:12] Load weight end. elapsed=0.75 s, type=Qwen2ForCausalLM, avail mem=1.0 GB, " \
            "mem usage=0.99 GB.\n"
     assert summarize_text(text).ranks_loaded == (0,)
+
+
+_NOISE = ("[2026-11-01 10:00:09 TP5] Decode batch, #running-req: 3, #token: 9, token usage: 0.01, cuda graph: "
+          "True, gen throughput (token/s): 1.00, #queue-req: 0, ")
+
+
+@pytest.mark.parametrize(
+    "lines, rank",
+    [
+        # a bare traceback takes the rank of the line before it, header or not (the core's continuation rule)
+        (["[2026-11-01 10:00:08 TP3] Load weight begin. avail mem=1.00 GB", "Traceback (most recent call last):",
+          '  File "/sgl/x.py", line 1, in f', "RuntimeError: boom"], 3),
+        # ... also when that line is runtime noise the tracker skips unread
+        ([_NOISE, "Traceback (most recent call last):", '  File "/sgl/x.py", line 1, in f', "RuntimeError: boom"], 5),
+        # a lone `Exception: ...` line is a continuation too
+        (["[2026-11-01 10:00:08 TP2] Capture cuda graph begin. This can take up to several minutes.",
+          "Exception: Capture cuda graph failed: CUDA out of memory. Tried to allocate 448.00 MiB."], 2),
+        # torch's `[rankN]:` is the line's own tag
+        (["[2026-11-01 10:00:08 TP1] Load weight begin. avail mem=1.00 GB",
+          "[rank6]:[E207 08:21:43.123 ProcessGroupNCCL.cpp:616] [Rank 6] Watchdog caught collective operation timeout"],
+         6),
+        # a stamped line without ranks is the main process, never a continuation
+        (["[2026-11-01 10:00:08 TP1] Load weight begin. avail mem=1.00 GB",
+          "[2026-11-01 10:00:09] Received sigquit from a child process. It usually means the child failed."], None),
+    ],
+)
+def test_an_errors_rank_is_the_log_cores_rank_of_its_line(lines, rank):
+    text = "\n".join(lines) + "\n"
+    error = next(e for e in summarize_text(text).errors if e.fatal)
+    assert error.rank == rank
+    assert lines_of_text(text)[error.line_no - 1].rank == rank  # the one rank rule, not a second copy
+    # the same wherever a chunk ends (the line before may sit in the previous chunk, skipped unread)
+    data = text.encode()
+    for cut in range(1, len(data)):
+        tracker = StartupTracker()
+        tracker.feed_bytes(data[:cut])
+        tracker.feed_bytes(data[cut:])
+        tracker.flush()
+        assert next(e for e in tracker.summary().errors if e.fatal).rank == rank, cut
 
 
 def test_the_capture_plugin_line_gives_the_capture_layers():

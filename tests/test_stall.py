@@ -11,7 +11,6 @@ from sessions.stall import (
     DEEPGEMM_LIMIT_S,
     is_compiler_name,
     stall_limit_s,
-    stall_notice,
     stall_verdict,
 )
 
@@ -112,17 +111,6 @@ def test_limits_are_wall_clock_whatever_the_emulator_time_scale():
         '[emulator]\ntime_scale = 0.003\n', "fast",
     )
     assert stall_limit_s(fast, summary_of(HEAD + LOADED), None, False) == 2
-
-
-def test_stall_notice_fires_once_on_the_transition_into_stalled():
-    class Status:
-        state, phase, profile, session_id, silent_for_s = "stalled", "weights_loaded", "kimi", "s1", 720.0
-
-    text = stall_notice("starting", Status())
-    assert text is not None and "weights_loaded" in text and "12m" in text and "d" in text
-    assert stall_notice("stalled", Status()) is None
-    Status.state = "starting"
-    assert stall_notice(None, Status()) is None
 
 
 def test_stall_detection_off_is_an_infinite_limit():

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from sessions.extraction.output import OutputDir, file_crc32
+from sessions.extraction.output import ManifestEntry, OutputDir, file_crc32
 
 _CHECKSUM_RE = re.compile(r"^crc32:([0-9a-f]{8})$")
 _LM_HEAD_KEYS = ("lm_head.weight", "language_model.lm_head.weight", "model.lm_head.weight")
@@ -164,23 +164,42 @@ def check_sample_file(path: Path, hidden_size: int | None, aux_width: int | None
 def verify_output(out_dir: Path, *, against_http: int = 0, server_url: str | None = None,
                   lm_head_check: bool = False, model_path: Path | None = None, min_top1: float = 0.5,
                   lm_head_samples: int = 32, log: Callable[[str], None] | None = None) -> VerifyReport:
+    """Check ``out_dir`` step by step: dataset.json, the manifest, manifest against disk, every sample file,
+    the counts, then (when asked) samples against the server and the final states against the lm_head."""
     out = OutputDir(Path(out_dir))
     problems: list[VerifyProblem] = []
     warnings: list[str] = []
+    info = _read_dataset_json(out, problems)
+    entries = _read_manifest(out, problems)
+    ok_entries = {e.path: e for e in entries.values() if e.status == "ok" and e.path}
+    present = _match_manifest_to_disk(out, ok_entries, problems, warnings)
+    checked = _check_files(out, ok_entries, present, info, problems, log)
+    _check_counts(info, ok_entries, problems)
+    by_index = sorted(ok_entries.values(), key=lambda e: e.index)
+    http = _check_against_http(out, info, by_index, against_http, server_url, problems)
+    lm_head = None
+    if lm_head_check:
+        lm_head = _check_lm_head(out, info, by_index, model_path, min_top1, lm_head_samples, problems)
+    return VerifyReport(str(out.root), checked, len(entries), tuple(problems), tuple(warnings), http, lm_head)
+
+
+def _read_dataset_json(out: OutputDir, problems: list[VerifyProblem]) -> dict[str, Any]:
     info = out.read_dataset_json()
     if info is None:
         problems.append(VerifyProblem("dataset.json", "missing or not JSON"))
-        info = {}
-    hidden_size, aux_width = info.get("hidden_size"), info.get("aux_width")
-    entries: dict[int, Any] = {}
-    seen_ids: dict[str, int] = {}
+        return {}
+    return info
+
+
+def _read_manifest(out: OutputDir, problems: list[VerifyProblem]) -> dict[int, ManifestEntry]:
+    """The manifest's entries by line index; unreadable lines and repeated indexes or sample ids are problems."""
     try:
         raw_lines = out.manifest_path.read_text(encoding="utf-8").splitlines()
     except FileNotFoundError:
-        raw_lines = []
         problems.append(VerifyProblem("manifest.jsonl", "missing"))
-    from sessions.extraction.output import ManifestEntry
-
+        return {}
+    entries: dict[int, ManifestEntry] = {}
+    seen_ids: dict[str, int] = {}
     for no, raw in enumerate(raw_lines, start=1):
         if not raw.strip():
             continue
@@ -195,7 +214,12 @@ def verify_output(out_dir: Path, *, against_http: int = 0, server_url: str | Non
             problems.append(VerifyProblem(f"manifest.jsonl:{no}", f"sample id {entry.sample_id} appears twice"))
         entries[entry.index] = entry
         seen_ids[entry.sample_id] = entry.index
-    ok_entries = {e.path: e for e in entries.values() if e.status == "ok" and e.path}
+    return entries
+
+
+def _match_manifest_to_disk(out: OutputDir, ok_entries: dict[str, ManifestEntry], problems: list[VerifyProblem],
+                            warnings: list[str]) -> set[str]:
+    """The sample files on disk (relative paths); a file without an ``ok`` line, or the reverse, is a problem."""
     on_disk = sorted(p for p in out.root.rglob("*") if p.is_file() and p.name.endswith((".ckpt", ".ckpt.gz")))
     rels = {str(p.relative_to(out.root)) for p in on_disk}
     for rel in sorted(rels - set(ok_entries)):
@@ -203,50 +227,69 @@ def verify_output(out_dir: Path, *, against_http: int = 0, server_url: str | Non
     for rel in sorted(set(ok_entries) - rels):
         problems.append(VerifyProblem(rel, f"listed in manifest.jsonl (sample {ok_entries[rel].sample_id}) "
                                            "but missing"))
-    tmp_left = [p for p in out.root.rglob("*.tmp")]
+    tmp_left = list(out.root.rglob("*.tmp"))
     if tmp_left:
         warnings.append(f"{len(tmp_left)} leftover .tmp files (an interrupted write; SpecForge ignores them)")
+    return rels
+
+
+def _check_files(out: OutputDir, ok_entries: dict[str, ManifestEntry], present: set[str], info: dict[str, Any],
+                 problems: list[VerifyProblem], log: Callable[[str], None] | None) -> int:
+    """Every sample file that is both listed and present, in manifest order; returns how many were checked."""
     checked = 0
-    for rel in sorted(rels & set(ok_entries), key=lambda r: ok_entries[r].index):
-        entry = ok_entries[rel]
-        path = out.root / rel
+    for rel in sorted(present & set(ok_entries), key=lambda r: ok_entries[r].index):
         checked += 1
-        found, data = check_sample_file(path, hidden_size, aux_width)
-        actual = file_crc32(path) if entry.checksum and _CHECKSUM_RE.match(entry.checksum) else None
-        if actual is not None and actual != entry.checksum:
-            found.append(f"checksum {actual} != manifest {entry.checksum} (the file changed after writing)")
-        if data and not found:
-            if data["input_ids"].shape[0] != entry.tokens:
-                found.append(f"T = {data['input_ids'].shape[0]} but the manifest says {entry.tokens}")
-            if data.get("sample_id") != entry.sample_id:
-                found.append(f"sample_id {data.get('sample_id')!r} != manifest {entry.sample_id!r}")
+        found = _check_one_file(out.root / rel, ok_entries[rel], info.get("hidden_size"), info.get("aux_width"))
         problems.extend(VerifyProblem(rel, message) for message in found)
         if log and checked % 1000 == 0:
             log(f"verified {checked}/{len(ok_entries)} files")
+    return checked
+
+
+def _check_one_file(path: Path, entry: ManifestEntry, hidden_size: Any, aux_width: Any) -> list[str]:
+    """The file's own checks, then what its manifest line says of it (checksum, T, sample id)."""
+    found, data = check_sample_file(path, hidden_size, aux_width)
+    actual = file_crc32(path) if entry.checksum and _CHECKSUM_RE.match(entry.checksum) else None
+    if actual is not None and actual != entry.checksum:
+        found.append(f"checksum {actual} != manifest {entry.checksum} (the file changed after writing)")
+    if data and not found:
+        if data["input_ids"].shape[0] != entry.tokens:
+            found.append(f"T = {data['input_ids'].shape[0]} but the manifest says {entry.tokens}")
+        if data.get("sample_id") != entry.sample_id:
+            found.append(f"sample_id {data.get('sample_id')!r} != manifest {entry.sample_id!r}")
+    return found
+
+
+def _check_counts(info: dict[str, Any], ok_entries: dict[str, ManifestEntry], problems: list[VerifyProblem]) -> None:
     counts = info.get("counts") or {}
     if info.get("complete") and counts.get("ok") is not None and counts["ok"] != len(ok_entries):
         problems.append(VerifyProblem("dataset.json", f"counts.ok = {counts['ok']} but the manifest lists "
                                                       f"{len(ok_entries)} ok samples"))
-    http: tuple[HttpComparison, ...] = ()
-    if against_http > 0:
-        url = server_url or info.get("server_url")
-        if not url:
-            problems.append(VerifyProblem("dataset.json", "no server_url recorded; pass --server-url"))
-        else:
-            chosen = _spread(sorted(ok_entries.values(), key=lambda e: e.index), against_http)
-            http = tuple(_compare_http(out.root, e, url, info.get("rid_prefix") or "") for e in chosen)
-    lm_head = None
-    if lm_head_check:
-        model = model_path or (Path(info["model"]["path"]) if info.get("model", {}).get("path") else None)
-        if model is None:
-            problems.append(VerifyProblem("dataset.json", "no model path recorded; pass --model-path"))
-        else:
-            try:
-                chosen = _spread(sorted(ok_entries.values(), key=lambda e: e.index), lm_head_samples)
-                lm_head = _lm_head_agreement(out.root, chosen, model, min_top1)
-            except LookupError as exc:
-                problems.append(VerifyProblem(str(model), str(exc)))
-    return VerifyReport(str(out.root), checked, len(entries), tuple(problems), tuple(warnings), http, lm_head)
+
+
+def _check_against_http(out: OutputDir, info: dict[str, Any], by_index: list[ManifestEntry], n: int,
+                        server_url: str | None, problems: list[VerifyProblem]) -> tuple[HttpComparison, ...]:
+    if n <= 0:
+        return ()
+    url = server_url or info.get("server_url")
+    if not url:
+        problems.append(VerifyProblem("dataset.json", "no server_url recorded; pass --server-url"))
+        return ()
+    rid_prefix = info.get("rid_prefix") or ""
+    return tuple(_compare_http(out.root, e, url, rid_prefix) for e in _spread(by_index, n))
+
+
+def _check_lm_head(out: OutputDir, info: dict[str, Any], by_index: list[ManifestEntry], model_path: Path | None,
+                   min_top1: float, samples: int, problems: list[VerifyProblem]) -> LmHeadReport | None:
+    model = model_path or (Path(info["model"]["path"]) if info.get("model", {}).get("path") else None)
+    if model is None:
+        problems.append(VerifyProblem("dataset.json", "no model path recorded; pass --model-path"))
+        return None
+    try:
+        return _lm_head_agreement(out.root, _spread(by_index, samples), model, min_top1)
+    except LookupError as exc:
+        problems.append(VerifyProblem(str(model), str(exc)))
+        return None
 
 
 def _spread(items: list[Any], n: int) -> list[Any]:

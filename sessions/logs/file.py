@@ -59,9 +59,6 @@ class PollResult:
     more: bool = False  # more bytes are waiting beyond this poll's budget
     exists: bool = True  # False while the path does not exist (the server has not created it yet)
 
-    @property
-    def new_lines(self) -> tuple[LogLine, ...]:
-        return self.lines
 
 
 def _cut(data: bytes) -> bytes:

@@ -15,10 +15,14 @@ Rank (which TP rank printed the line), in this order:
 3. a continuation line (a traceback frame, ``During handling …``, ``SomeError: …``, a blank line): the
    rank of the line before it;
 4. anything else (the main process, uvicorn, untagged library output): None, "main".
+
+`own_tag` gives the rule's answer as the line's tag (its prefix's tokens, ``(("PP", 1), ("TP", 2))``) so
+that the startup tracker can place it in the server's layout (a global rank); `rank_of` gives the TP rank.
 """
 
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import dataclass
 
@@ -86,19 +90,6 @@ def clean(raw: str) -> str:
     return text
 
 
-def parse_prefix(text: str) -> tuple[str, str, str] | None:
-    """(timestamp, rank tokens, message) of an SGLang log line, or None when it has no such prefix."""
-    m = PREFIX_RE.match(text)
-    if m is None:
-        return None
-    return m.group("ts"), m.group("ranks"), text[m.end():]
-
-
-def rank_tokens(ranks: str) -> dict[str, int]:
-    """``" DP0 TP3 EP3"`` -> {"DP": 0, "TP": 3, "EP": 3}."""
-    return {name: int(num) for name, num in RANK_TOKEN_RE.findall(ranks)}
-
-
 def strip_container_prefix(text: str) -> tuple[str, str]:
     """(prefix, rest): the docker-compose ``name  | `` or ``docker logs -t`` prefix split off, if any."""
     m = CONTAINER_RE.match(text)
@@ -107,21 +98,48 @@ def strip_container_prefix(text: str) -> tuple[str, str]:
     return text[: m.end()], text[m.end():]
 
 
-def tagged_rank(text: str) -> int | None:
-    """The rank a cleaned line names itself (rule 1), else None."""
+Tag = tuple[tuple[str, int], ...]
+"""A line's explicit rank tag: its prefix's tokens in order (``(("DP", 1), ("TP", 3))``), or
+``((TORCH_RANK, n),)`` for torch's ``[rankN]:``.  A bar's tag is ``()``: TP0 of the main group."""
+TORCH_RANK = "rank"  # torch's `[rankN]:` names a global rank, not a TP rank
+
+
+@functools.lru_cache(maxsize=1024)
+def _tag_of(ranks: str) -> Tag:
+    return tuple((name, int(num)) for name, num in RANK_TOKEN_RE.findall(ranks))
+
+
+def _tag_and_stamp(text: str) -> tuple[Tag | None, bool]:
+    """(the explicit tag of a cleaned line or None, whether the line has SGLang's ``[<time>]`` prefix)."""
     if not text.startswith("["):
         _, text = strip_container_prefix(text)
         if not text.startswith("["):
-            return None
+            return None, False
     m = PREFIX_RE.match(text)
     if m is not None:
         ranks = m.group("ranks")
-        if not ranks:
-            return None
-        tp = re.search(r" TP(\d+)", ranks)
-        return int(tp.group(1)) if tp else 0
+        return (_tag_of(ranks) if ranks else None), True
     t = TORCH_RANK_RE.match(text)
-    return int(t.group("rank")) if t else None
+    return (((TORCH_RANK, int(t.group("rank"))),) if t else None), False
+
+
+def rank_tag(text: str) -> Tag | None:
+    """The explicit tag a cleaned line names itself by (rule 1), else None (no tag, or a prefix without ranks)."""
+    return _tag_and_stamp(text)[0]
+
+
+def tp_rank(tag: Tag) -> int:
+    """The TP rank a tag names: torch's rank, else its ``TPn``, else TP0 (a scheduler with ranks but no TPn)."""
+    for name, num in tag:
+        if name == "TP" or name == TORCH_RANK:
+            return num
+    return 0
+
+
+def tagged_rank(text: str) -> int | None:
+    """The rank a cleaned line names itself (rule 1), else None."""
+    tag = rank_tag(text)
+    return None if tag is None else tp_rank(tag)
 
 
 def is_bar(text: str) -> bool:
@@ -138,18 +156,28 @@ def is_continuation(text: str) -> bool:
 
 
 INHERIT = -2  # `own_rank`: the line takes the rank of the line before it
+BAR_TAG: Tag = ()
+
+
+def own_tag(text: str) -> tuple[Tag | None, bool]:
+    """(tag, continues): the tag a cleaned line has by itself (rules 1, 2 and 4), and whether it is a
+    continuation line that takes the rank of the line before it instead (rule 3)."""
+    tag, stamped = _tag_and_stamp(text)
+    if tag is not None:
+        return tag, False
+    if is_bar(text):
+        return BAR_TAG, False
+    if stamped:
+        return None, False  # stamped but untagged: the main process, never a continuation
+    return None, is_continuation(text)
 
 
 def own_rank(text: str) -> int | None:
     """The rank a line has by itself (rules 1, 2 and 4), or `INHERIT` for a continuation line."""
-    tagged = tagged_rank(text)
-    if tagged is not None:
-        return tagged
-    if is_bar(text):
-        return 0
-    if text.startswith("[") and PREFIX_RE.match(text) is not None:
-        return None  # stamped but untagged: the main process, never a continuation
-    return INHERIT if is_continuation(text) else None
+    tag, continues = own_tag(text)
+    if continues:
+        return INHERIT
+    return None if tag is None else tp_rank(tag)
 
 
 def rank_of(text: str, previous: int | None) -> int | None:
