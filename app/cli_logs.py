@@ -1,7 +1,7 @@
 """`eagle3-tui inspect-log FILE [--json]`: where a static SGLang log stopped, and why (DESIGN §3 contract).
 
 `--json` prints exactly one JSON object: phase, outcome, error, error_line, ranks_loaded, ranks_expected,
-hints.  Without it, a short summary for people.  Any file content is accepted (binary junk, invalid
+hints, and ``serving`` (the figures of the last Decode/Prefill batch lines, or null).  Without it, a short summary for people.  Any file content is accepted (binary junk, invalid
 UTF-8, one huge line, an empty file); a missing or unreadable file is bad input (exit 2).
 Only argparse is imported here; the engine is imported inside the handler (fast `--help`).
 """
@@ -124,18 +124,23 @@ def _inspect_log(args: argparse.Namespace) -> int:
     from app.cli import EXIT_FAILED, CliError
     from sessions.hints import KnownCausesError, hints_for_log
     from sessions.phases import READ_CHUNK_BYTES, StartupTracker
+    from sessions.serving import ServingTracker
 
     path = args.file
     with _open_checked(path) as fh:
         try:
             size = os.fstat(fh.fileno()).st_size
             tracker = StartupTracker()
+            serving = ServingTracker()
             while True:
                 chunk = fh.read(READ_CHUNK_BYTES)
                 if not chunk:
                     break
                 tracker.feed_bytes(chunk)
+                serving.feed_bytes(chunk)
             tracker.flush()
+            serving.feed_bytes(b"\n")
+            served = serving.snapshot()
             summary = tracker.summary()
             lines = _hint_lines(fh, size)
         except OSError as exc:
@@ -153,8 +158,22 @@ def _inspect_log(args: argparse.Namespace) -> int:
             "ranks_loaded": list(summary.ranks_loaded),
             "ranks_expected": summary.ranks_expected,
             "hints": [h.to_json() for h in hints],
+            "serving": served.to_json() if served is not None else None,
         }
         _write(json.dumps(result) + "\n")
     else:
-        _write(_human(path, summary, hints))
+        _write(_human(path, summary, hints) + _human_serving(served))
     return 0
+
+
+def _human_serving(served) -> str:
+    if served is None:
+        return ""
+    def num(value, fmt: str) -> str:
+        return "?" if value is None else format(value, fmt)
+
+    line = (f"  serving:  gen {num(served.gen_throughput, '.1f')} tok/s, running {num(served.running_reqs, 'd')}, "
+            f"queued {num(served.queue_reqs, 'd')}, token usage {num(served.token_usage, '.2f')}")
+    if served.accept_length is not None:
+        line += f", accept len {served.accept_length:.2f}"
+    return line + " (last stats lines of the log)\n"

@@ -64,6 +64,7 @@ _EMULATOR_FLAGS = {
     "--emulate-fault": "emulator.fault",
     "--emulate-gpu-memory-gb": "emulator.gpu_memory_gb",
     "--emulate-gpus": "emulator.gpus",
+    "--emulate-decode-tokens-per-s": "emulator.decode_tokens_per_s",
 }
 _PER_PHASE_GRAPH_FLAGS = ("--disable-decode-cuda-graph", "--disable-prefill-cuda-graph")
 # argparse's test for a negative number that is a value, not an option (Lib/argparse.py).
@@ -154,6 +155,7 @@ class EmulatorSection:
     fault: str = "none"
     gpu_memory_gb: float | None = None  # real GPU memory each emulated rank holds (needs torch + a GPU)
     gpus: int = 8  # emulated GPU count
+    decode_tokens_per_s: float = 90.0  # single-stream decode rate (a batch-1 step lasts 1/this seconds)
 
 
 _SECTION_TYPES: dict[str, type] = {
@@ -182,7 +184,8 @@ _KINDS: dict[str, dict[str, str]] = {
     },
     "capture": {"enabled": "bool", "layers": "list[int]", "dir": "str", "rid_prefix": "str"},
     "watch": {"stall_after_s": "float"},
-    "emulator": {"time_scale": "float", "fault": "str", "gpu_memory_gb": "float", "gpus": "int"},
+    "emulator": {"time_scale": "float", "fault": "str", "gpu_memory_gb": "float", "gpus": "int",
+                 "decode_tokens_per_s": "float"},
 }
 # Keys that `to_toml` always writes (the rest only when set, changed from the default, or explicit).
 _ALWAYS_WRITTEN = {
@@ -770,6 +773,8 @@ def field_problems(profile: LaunchProfile) -> list[Problem]:
     if e.gpu_memory_gb is not None:
         check("emulator.gpu_memory_gb", _positive(e.gpu_memory_gb), f"must be > 0, not {e.gpu_memory_gb}")
     check("emulator.gpus", isinstance(e.gpus, int) and e.gpus >= 1, f"must be at least 1, not {e.gpus}")
+    check("emulator.decode_tokens_per_s", _positive(e.decode_tokens_per_s),
+          f"must be a rate in tokens per second > 0, not {e.decode_tokens_per_s}")
     if s.launcher == "emulator" and "emulator.gpus" not in bad and "server.tp_size" not in bad:
         check("server.tp_size", s.tp_size <= e.gpus,
               f"TP {s.tp_size} needs {_gpus(s.tp_size)} but the emulator has {e.gpus} (emulator.gpus)")
@@ -918,6 +923,10 @@ def build_command(profile: LaunchProfile, *, sglang: Any = LOOKUP) -> LaunchComm
             argv += ["--emulate-gpu-memory-gb", _number(e.gpu_memory_gb)]
         if e.gpus != EmulatorSection().gpus or profile.is_explicit("emulator.gpus"):
             argv += ["--emulate-gpus", str(e.gpus)]
+        if e.decode_tokens_per_s != EmulatorSection().decode_tokens_per_s or profile.is_explicit(
+            "emulator.decode_tokens_per_s"
+        ):
+            argv += ["--emulate-decode-tokens-per-s", _number(e.decode_tokens_per_s)]
     return LaunchCommand(argv=argv, env_changes=env)
 
 
@@ -1246,6 +1255,7 @@ def _emitted_value(profile: LaunchProfile, field_name: str) -> str | bool | None
         "emulator.fault": e.fault,
         "emulator.gpu_memory_gb": e.gpu_memory_gb,
         "emulator.gpus": e.gpus,
+        "emulator.decode_tokens_per_s": e.decode_tokens_per_s,
     }[field_name]
     if value is None:
         return None

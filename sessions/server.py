@@ -47,6 +47,7 @@ from sessions.home import (
 from sessions.phases import StartupPhase, StartupSummary, StartupTracker
 from sessions.profiles import LaunchProfile, Problem, build_command, load_profile, validate_profile
 from sessions.redaction import redact_argv, redact_env
+from sessions.serving import SessionServing
 from sessions.stall import is_compiler_name, stall_limit_s
 
 SESSION_ENV = "EAGLE3_TUI_SESSION"  # in the server's environment: finds strays that left the process group
@@ -147,6 +148,7 @@ class SessionStatus:
     http_error: str | None = None
     session_dir: Path | None = None
     taken_at: float = field(default_factory=time.time)
+    serving: Any = None  # sessions.serving.ServingSnapshot once a stats line was logged
 
     @property
     def has_compile_child(self) -> bool:
@@ -187,6 +189,7 @@ class SessionStatus:
             "line_count": s.line_count,
             "http_error": self.http_error,
             "session_dir": str(self.session_dir) if self.session_dir else None,
+            "serving": self.serving.to_json() if self.serving is not None else None,
         }
 
 
@@ -220,6 +223,7 @@ class ServerSession:
         self._profile: LaunchProfile | None = None
         self._popen: subprocess.Popen | None = None  # set when this process launched it (to reap it)
         self._tracker = StartupTracker()
+        self._serving = SessionServing()  # Decode/Prefill batch lines (+ /metrics) once it serves
         self._log_offset = 0
         self._log_tail = b""
         self._activity_at: float | None = None  # wall clock of the last log write that was not a probe
@@ -227,6 +231,7 @@ class ServerSession:
         self._tree_watch: probes.ProcessTreeWatch | None = None  # the main process's tree, between polls
         self._last_lines_cache: tuple[tuple[int, int], tuple[str, ...]] | None = None
         self.restart_diff: list[str] = []
+        self._has_metrics: bool | None = None
 
     def __repr__(self) -> str:
         return f"ServerSession({self.session_id!r})"
@@ -463,7 +468,19 @@ class ServerSession:
             processes=tuple(tree),
             http_error=http_error,
             session_dir=self.session_dir,
+            serving=self._serving_snapshot(host, port, listening and probe_http and ready_now),
         )
+
+    def _serving_snapshot(self, host: str, port: int | None, live: bool) -> Any:
+        """The serving figures (sessions.serving); ``/metrics`` too when the server exports it."""
+        url = f"http://{_url_host(host)}:{port}" if live and port and self._metrics_enabled() else None
+        return self._serving.snapshot(url)
+
+    def _metrics_enabled(self) -> bool:
+        if self._has_metrics is None:
+            argv = (read_json(self.session_dir / COMMAND_FILE) or {}).get("argv") or []
+            self._has_metrics = "--enable-metrics" in argv
+        return self._has_metrics
 
     def _process_tree(self, pid: int, create_time: float | None, full_scan: bool) -> list[probes.ProcInfo]:
         watch = self._tree_watch
@@ -479,6 +496,7 @@ class ServerSession:
             return self._tracker.summary()
         if st.st_size < self._log_offset:  # truncated or replaced: start over
             self._tracker = StartupTracker()
+            self._serving.reset()
             self._log_offset = 0
             self._log_tail = b""
             self._activity_at = None
@@ -489,6 +507,7 @@ class ServerSession:
             first_read = self._log_offset == 0
             self._log_offset += len(chunk)
             self._tracker.feed_bytes(chunk)  # it keeps a partial last line until its newline comes
+            self._serving.feed_bytes(chunk)
             self._log_tail = (self._log_tail + chunk[-_TAIL_KEEP_BYTES:])[-_TAIL_KEEP_BYTES:]
             activity_at = _last_activity_at(chunk, st.st_mtime, exact=not first_read)
             if activity_at is not None:

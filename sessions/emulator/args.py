@@ -7,7 +7,9 @@ message.  `resolve_server_args` then fills the ``None`` defaults the way SGLang'
 an H200 and checks the capture-only flags (sglang-facts §4.1); its errors are raised as exceptions, which
 SGLang prints as a traceback before exiting 1.
 
-Our own flags: ``--time-scale``, ``--emulate-fault``, ``--emulate-gpu-memory-gb``, ``--emulate-gpus``.
+Our own flags: ``--time-scale``, ``--emulate-fault``, ``--emulate-gpu-memory-gb``, ``--emulate-gpus``, and
+the serving cost model's ``--emulate-decode-tokens-per-s``, ``--emulate-prefill-tokens-per-s`` and
+``--emulate-batch-cost`` (`cost_model`).
 """
 
 from __future__ import annotations
@@ -21,6 +23,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from sessions.emulator.cost_model import (
+    DEFAULT_BATCH_COST_PER_REQ,
+    DEFAULT_DECODE_TOKENS_PER_S,
+    DEFAULT_PREFILL_TOKENS_PER_S,
+    DecodeCostModel,
+)
 from sessions.emulator.faults import FAULT_IDS, Fault
 from sessions.emulator.model_config import ModelConfig
 
@@ -349,6 +357,26 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="Emulated GPUs to publish in emulated_gpus.json (default max(8, tp)).",
     )
+    emulator.add_argument(
+        "--emulate-decode-tokens-per-s",
+        type=_positive_float,
+        default=DEFAULT_DECODE_TOKENS_PER_S,
+        help="Single-stream decode rate: a decode step at batch 1 lasts 1/this seconds "
+        f"(default {DEFAULT_DECODE_TOKENS_PER_S:g}; not time-scaled).",
+    )
+    emulator.add_argument(
+        "--emulate-prefill-tokens-per-s",
+        type=_positive_float,
+        default=DEFAULT_PREFILL_TOKENS_PER_S,
+        help=f"Prefill rate over new prompt tokens (default {DEFAULT_PREFILL_TOKENS_PER_S:g}).",
+    )
+    emulator.add_argument(
+        "--emulate-batch-cost",
+        type=_non_negative_float,
+        default=DEFAULT_BATCH_COST_PER_REQ,
+        help="Each extra request in a decode batch adds this fraction of a batch-1 step "
+        f"(default {DEFAULT_BATCH_COST_PER_REQ:g}).",
+    )
     return parser
 
 
@@ -358,9 +386,18 @@ class EmulatorOptions:
     fault: Fault
     gpu_memory_gb: float | None
     gpus: int
+    cost: DecodeCostModel = DecodeCostModel()
 
 
-_EMULATOR_DESTS = ("time_scale", "emulate_fault", "emulate_gpu_memory_gb", "emulate_gpus")
+_EMULATOR_DESTS = (
+    "time_scale",
+    "emulate_fault",
+    "emulate_gpu_memory_gb",
+    "emulate_gpus",
+    "emulate_decode_tokens_per_s",
+    "emulate_prefill_tokens_per_s",
+    "emulate_batch_cost",
+)
 
 
 def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, EmulatorOptions]:
@@ -371,6 +408,11 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, Emula
         fault=Fault(ns.emulate_fault),
         gpu_memory_gb=ns.emulate_gpu_memory_gb,
         gpus=ns.emulate_gpus or max(8, ns.tp_size),
+        cost=DecodeCostModel(
+            decode_tokens_per_s=ns.emulate_decode_tokens_per_s,
+            prefill_tokens_per_s=ns.emulate_prefill_tokens_per_s,
+            batch_cost_per_req=ns.emulate_batch_cost,
+        ),
     )
     for dest in _EMULATOR_DESTS:
         delattr(ns, dest)
