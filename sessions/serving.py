@@ -116,7 +116,7 @@ def parse_batch_line(text: str) -> BatchLine | None:
         bracket = _BRACKET_RE.search(prefix)
         if bracket is not None:
             log_time = bracket.group("ts")
-            ranks = dict((name, int(num)) for name, num in RANK_TOKEN_RE.findall(bracket.group("ranks") or ""))
+            ranks = {name: int(num) for name, num in RANK_TOKEN_RE.findall(bracket.group("ranks") or "")}
             dp_rank = ranks.get("DP")
         elif not (stripped.endswith(_OUTER_END) or _ISO_TS_RE.search(stripped)):
             return None  # the words are inside some other message

@@ -17,31 +17,31 @@ V0523_DECODE = (
     [
         (V0523_DECODE, 3, 2, 250.5, 0.05),
         # 0.4: a full stop after "batch", a trailing comma, no graph field
-        ("[2025-03-08 12:29:31 TP0] Decode batch. #running-req: 1, #token: 262, token usage: 0.00, "
-         "gen throughput (token/s): 64.27, #queue-req: 0, ", 1, 0, 64.27, 0.0),
+        (("[2025-03-08 12:29:31 TP0] Decode batch. #running-req: 1, #token: 262, token usage: 0.00, "
+         "gen throughput (token/s): 64.27, #queue-req: 0, "), 1, 0, 64.27, 0.0),
         # DP attention prefix, speculative fields
-        ("[2026-05-01 10:00:00 DP1 TP4 EP4] Decode batch, #running-req: 8, #token: 9000, token usage: 0.30, "
+        (("[2026-05-01 10:00:00 DP1 TP4 EP4] Decode batch, #running-req: 8, #token: 9000, token usage: 0.30, "
          "accept len: 2.41, accept rate: 0.47, cuda graph: True, gen throughput (token/s): 812.00, "
-         "#queue-req: 1", 8, 1, 812.0, 0.30),
+         "#queue-req: 1"), 8, 1, 812.0, 0.30),
         # time-only and no prefix at all
-        ("[2026-04-05 16:48:21] Decode batch, #running-req: 2, #token: 50, token usage: 0.01, "
-         "cuda graph: False, gen throughput (token/s): 180.00, #queue-req: 0", 2, 0, 180.0, 0.01),
-        ("Decode batch, #running-req: 4, #token: 50, token usage: 0.02, npu graph: True, "
-         "gen throughput (token/s): 99.90, #queue-req: 5", 4, 5, 99.9, 0.02),
+        (("[2026-04-05 16:48:21] Decode batch, #running-req: 2, #token: 50, token usage: 0.01, "
+         "cuda graph: False, gen throughput (token/s): 180.00, #queue-req: 0"), 2, 0, 180.0, 0.01),
+        (("Decode batch, #running-req: 4, #token: 50, token usage: 0.02, npu graph: True, "
+         "gen throughput (token/s): 99.90, #queue-req: 5"), 4, 5, 99.9, 0.02),
         # outer container and Ray actor prefixes
-        ("sglang-1  | [2025-06-01 09:00:00 TP0] Decode batch, #running-req: 6, #token: 50, "
-         "token usage: 0.04, cuda graph: True, gen throughput (token/s): 500.00, #queue-req: 0", 6, 0, 500.0, 0.04),
-        ("(SGLangEngine pid=4242) [2025-06-01 09:00:00 TP0] Decode batch, #running-req: 7, #token: 5, "
-         "token usage: 0.03, cuda graph: True, gen throughput (token/s): 70.00, #queue-req: 0", 7, 0, 70.0, 0.03),
+        (("sglang-1  | [2025-06-01 09:00:00 TP0] Decode batch, #running-req: 6, #token: 50, "
+         "token usage: 0.04, cuda graph: True, gen throughput (token/s): 500.00, #queue-req: 0"), 6, 0, 500.0, 0.04),
+        (("(SGLangEngine pid=4242) [2025-06-01 09:00:00 TP0] Decode batch, #running-req: 7, #token: 5, "
+         "token usage: 0.03, cuda graph: True, gen throughput (token/s): 70.00, #queue-req: 0"), 7, 0, 70.0, 0.03),
         # renamed/extra fields: largest-len, hybrid pools, PD pre-allocation
-        ("[2025-01-01 00:00:00 TP0] Decode batch. #running-req: 5, #token: 700, token usage: 0.10, "
-         "largest-len: 0, gen throughput (token/s): 300.00, #queue-req: 0, ", 5, 0, 300.0, 0.10),
-        ("[2026-01-01 00:00:00 TP0] Decode batch, #running-req: 5, #full token: 700, full token usage: 0.20, "
+        (("[2025-01-01 00:00:00 TP0] Decode batch. #running-req: 5, #token: 700, token usage: 0.10, "
+         "largest-len: 0, gen throughput (token/s): 300.00, #queue-req: 0, "), 5, 0, 300.0, 0.10),
+        (("[2026-01-01 00:00:00 TP0] Decode batch, #running-req: 5, #full token: 700, full token usage: 0.20, "
          "#swa token: 300, swa token usage: 0.10, cuda graph: True, gen throughput (token/s): 310.00, "
-         "#queue-req: 0", 5, 0, 310.0, 0.20),
-        ("[2026-01-01 00:00:00 TP0] Decode batch, #running-req: 5, #token: 700, token usage: 0.20, "
+         "#queue-req: 0"), 5, 0, 310.0, 0.20),
+        (("[2026-01-01 00:00:00 TP0] Decode batch, #running-req: 5, #token: 700, token usage: 0.20, "
          "pre-allocated usage: 0.05, #prealloc-req: 1, #transfer-req: 0, #retracted-req: 0, cuda graph: True, "
-         "gen throughput (token/s): 320.00, #queue-req: 0", 5, 0, 320.0, 0.20),
+         "gen throughput (token/s): 320.00, #queue-req: 0"), 5, 0, 320.0, 0.20),
     ],
 )
 def test_decode_lines_of_every_version(line, running, queued, gen, usage):

@@ -20,7 +20,7 @@ import math
 import random
 import re
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from sessions.emulator.cost_model import (
@@ -386,7 +386,7 @@ class EmulatorOptions:
     fault: Fault
     gpu_memory_gb: float | None
     gpus: int
-    cost: DecodeCostModel = DecodeCostModel()
+    cost: DecodeCostModel = field(default_factory=DecodeCostModel)
 
 
 _EMULATOR_DESTS = (

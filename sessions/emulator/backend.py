@@ -18,7 +18,6 @@ scheduler can batch requests and time each step (``cost_model``); ``generate`` r
 from __future__ import annotations
 
 import collections
-import time
 import uuid
 import zlib
 from collections.abc import Generator
@@ -194,8 +193,7 @@ class FixedBackend:
     ) -> Generator[int, None, dict[str, Any]]:
         output_ids = self._continuation(input_ids, max_new)
         self.prefix_cache.insert(input_ids)
-        for token in output_ids:
-            yield token
+        yield from output_ids
         meta: dict[str, Any] = {
             "id": rid,
             "finish_reason": {"type": "length", "length": max_new},
