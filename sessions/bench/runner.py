@@ -11,6 +11,7 @@ it sends all of them every time.
 from __future__ import annotations
 
 import asyncio
+import socket
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -75,7 +76,11 @@ async def run_bench_async(plan: BenchPlan, progress: Progress | None = None) -> 
     limits = httpx.Limits(max_connections=max(plan.concurrencies) + 4,
                           max_keepalive_connections=max(plan.concurrencies) + 4)
     timeout = httpx.Timeout(6 * 3600.0, connect=10.0)
-    async with httpx.AsyncClient(timeout=timeout, limits=limits, trust_env=False) as client:
+    # TCP_NODELAY, as aiohttp (bench_serving's client) sets by default: a small request body must not wait
+    # for the server's delayed ACK of the headers.
+    transport = httpx.AsyncHTTPTransport(limits=limits, socket_options=[
+        (socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)])
+    async with httpx.AsyncClient(timeout=timeout, transport=transport, trust_env=False) as client:
         await _wait_ready(client, plan)
         warm = await send_request(client, plan.base_url, plan.prompts[0],
                                   output_len=min(plan.prompts[0].output_len, 32), headers=_headers(plan))

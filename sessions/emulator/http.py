@@ -85,6 +85,13 @@ class _Handler(BaseHTTPRequestHandler):
 
     # -- plumbing -------------------------------------------------------------------------------------
 
+    def setup(self) -> None:
+        super().setup()
+        # uvicorn sets TCP_NODELAY on every connection: without it the first SSE chunk waits for the
+        # client's delayed ACK of the headers (Nagle), adding tens of ms to TTFT.
+        with contextlib.suppress(OSError):
+            self.connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
     def log_message(self, format: str, *args: Any) -> None:
         pass  # the access log is written in uvicorn's format by _finish
 
