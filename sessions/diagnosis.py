@@ -24,11 +24,21 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from sessions import history, stacks, stall
+from sessions import history, stacks, stall, start_facts
 from sessions.hints import HintEvidence
 from sessions.home import atomic_write_bytes
+from sessions.logs import LogFileError, read_tail
 from sessions.phases import StartupSummary
-from sessions.redaction import REDACTED, SECRET_FLAGS, is_secret_name, redact_text, secret_values
+from sessions.redaction import (
+    REDACTED,
+    SECRET_FLAGS,
+    Redactor,
+    collect_secrets,
+    is_secret_name,
+    redact_text,
+    secret_values,
+)
+from sessions.safe_files import SpecialFileError, read_regular_text
 
 DEFAULT_STACK_TIMEOUT_S = 10.0
 CPU_INTERVAL_S = 0.5
@@ -43,7 +53,6 @@ _RELEVANT_ENV = re.compile(
     r"|EAGLE3_)|^(http_proxy|https_proxy|all_proxy|no_proxy)$",
     re.IGNORECASE,
 )
-_ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 SPIN_CPU_PERCENT = 20.0  # a rank above this is busy
 IDLE_CPU_PERCENT = 1.0  # a rank below this does nothing
 
@@ -165,6 +174,11 @@ class Diagnosis:
     env: dict[str, str] = field(default_factory=dict)
     taken_at: float = 0.0
     collect_s: float = 0.0
+    # What changed since the last good start of the profile (flags, env, versions, GPUs, ...), marked with
+    # the known causes that name each change; None when that cannot be told (no good start, or one of the
+    # two starts was recorded before their settings were kept).
+    changes_since_last_good: tuple[start_facts.Change, ...] | None = None
+    changes_note: str | None = None  # why there is no list, in words
 
     def rank_process(self, rank: int) -> ProcessReport | None:
         for proc in self.processes:
@@ -209,6 +223,11 @@ class Diagnosis:
             "argv": list(self.argv),
             "taken_at": self.taken_at,
             "collect_s": round(self.collect_s, 3),
+            "changes_since_last_good": (
+                None if self.changes_since_last_good is None
+                else start_facts.to_json_list(self.changes_since_last_good)
+            ),
+            "changes_note": self.changes_note,
         }
 
 
@@ -229,10 +248,12 @@ def _baseline_json(baseline: history.Baseline | None) -> dict | None:
 
 
 class _Redactor:
-    """Every string of a diagnosis passes through here: known secret values first, then secret shapes."""
+    """Every string of a diagnosis passes through here: known secret values first (the session's secrets
+    file and profile, the live environment, the argv), in every escaped form, then secret shapes."""
 
-    def __init__(self, known: Iterable[str]) -> None:
-        self.known = sorted({k for k in known if k and len(k) >= 4}, key=len, reverse=True)
+    def __init__(self, known: Iterable[str], session: Any = None) -> None:
+        base = Redactor.for_session(session) if session is not None else Redactor()
+        self.known = base.with_values(known).known
 
     def text(self, text: str) -> str:
         return redact_text(text, self.known)
@@ -265,29 +286,15 @@ def _process_environ(pid: int | None) -> dict[str, str]:
         return {}
 
 
-def read_tail(path: Path, max_bytes: int) -> list[str]:
-    """The last lines of a log within ``max_bytes``: ANSI stripped, a tqdm ``\\r`` run reduced to its last
-    frame, a partial first line dropped."""
+def _tail_texts(path: Path, max_bytes: int, *, follow_symlinks: bool = True) -> list[str]:
+    """The shown text of the log's last lines within ``max_bytes``, read by the log core; a log that is
+    not a regular file (a FIFO, a device: never waited on) gives one line saying so."""
     try:
-        with open(path, "rb") as fh:
-            fh.seek(0, 2)
-            size = fh.tell()
-            start = max(0, size - max_bytes)
-            fh.seek(start)
-            data = fh.read()
+        return [line.text for line in read_tail(path, max_bytes, follow_symlinks=follow_symlinks)]
+    except LogFileError as exc:
+        return [f"(log not read: {exc})"]
     except OSError:
         return []
-    text = data.decode("utf-8", errors="replace")
-    lines = text.split("\n")
-    if start > 0 and lines:
-        lines = lines[1:]
-    if lines and lines[-1] == "":
-        lines.pop()
-    out = []
-    for line in lines:
-        frames = [f for f in line.split("\r") if f.strip()]
-        out.append(_ANSI.sub("", frames[-1] if frames else ""))
-    return out
 
 
 def _gpu_snapshot(session: Any, home: Any) -> Any:
@@ -505,7 +512,7 @@ def diagnose(
     profile_env = dict(getattr(server, "env", {}) or {})
     environ = _process_environ(status.pid if status.alive else None)
     redactor = _Redactor(
-        secret_values(profile_env) + secret_values(environ) + _secret_argv_values(argv)
+        secret_values(profile_env) + collect_secrets((), environ) + _secret_argv_values(argv), session
     )
 
     with ThreadPoolExecutor(max_workers=2, thread_name_prefix="diagnose") as pool:
@@ -559,7 +566,7 @@ def diagnose(
         if p.stack is not None and p.stack.ok and p.stack.collective_frame is not None
     }
 
-    last_lines_all = read_tail(status.log_path, HINT_LOG_BYTES)
+    last_lines_all = _tail_texts(status.log_path, HINT_LOG_BYTES, follow_symlinks=False)  # ours: never a link
     last_lines = tuple(redactor.text(line) for line in last_lines_all[-LAST_LINES:])
 
     baseline = history.last_good(session.home, status.profile, exclude_session_id=status.session_id)
@@ -592,6 +599,7 @@ def diagnose(
             seen.add(hint.id)
             unique_hints.append(HintView(hint.id, redactor.text(hint.title), redactor.text(hint.detail)))
 
+    changes, changes_note = _changes_since_last_good(session, baseline, unique_hints, redactor)
     env_shown = redactor.env({k: v for k, v in ({**environ, **profile_env}).items() if
                               k in profile_env or _RELEVANT_ENV.search(k)})
     return Diagnosis(
@@ -629,7 +637,37 @@ def diagnose(
         env=dict(sorted(env_shown.items())),
         taken_at=taken_at,
         collect_s=time.monotonic() - start,
+        changes_since_last_good=changes,
+        changes_note=changes_note,
     )
+
+
+def _changes_since_last_good(
+    session: Any, baseline: history.Baseline | None, hints: Sequence[HintView], redactor: _Redactor
+) -> tuple[tuple[start_facts.Change, ...] | None, str | None]:
+    """The changes from the last good start to this one, each marked with the known causes naming it."""
+    if baseline is None:
+        return None, "no earlier start of this profile reached ready: nothing to compare with"
+    facts = start_facts.read(Path(getattr(session, "session_dir", "") or "."))
+    if facts is None:
+        return None, "this start's settings were not recorded (launched by an older eagle3-tui)"
+    if not baseline.facts:
+        return None, (f"the last good start ({baseline.session_id}) was recorded before settings were kept: "
+                      "its flags and environment are not known")
+    from sessions.hints import KnownCausesError, implications
+
+    try:
+        rules = implications()
+    except KnownCausesError:
+        rules = []  # the broken catalogue is a hint already; the changes are still worth showing
+    changes = history.changes_since(baseline, facts, rules, [h.id for h in hints])
+    cleaned = tuple(
+        start_facts.Change(c.what, redactor.text(c.before) if c.before is not None else None,
+                           redactor.text(c.after) if c.after is not None else None, c.kind, c.name,
+                           c.implicated_by, c.hinted_by)
+        for c in changes
+    )
+    return cleaned, None if cleaned else f"nothing changed since the last good start ({baseline.session_id})"
 
 
 def _redact_argv_values(argv: Sequence[str]) -> list[str]:
@@ -676,6 +714,7 @@ def format_report(d: Diagnosis) -> str:
         + {True: "200", False: "not ready", None: "not asked (port closed)"}[d.ready],
         d.compare,
     ]
+    out.extend(format_changes(d))
     if d.error:
         out.append(f"first error (line {d.error_line}): {d.error}")
     if d.silent_ranks:
@@ -724,6 +763,24 @@ def format_report(d: Diagnosis) -> str:
     return "\n".join(out) + "\n"
 
 
+def format_changes(d: Diagnosis) -> list[str]:
+    """The "what changed since the last good start" lines: implicated changes first, each with the known
+    causes that name it (``*`` marks a cause that matches this start now)."""
+    if d.changes_since_last_good is None or not d.changes_since_last_good:
+        return [f"changes since the last good start: {d.changes_note}"] if d.changes_note else []
+    base = d.baseline.session_id if d.baseline else "?"
+    out = [f"changes since the last good start ({base}):"]
+    for c in d.changes_since_last_good:
+        line = f"  {'!' if c.implicated_by else '-'} {c.describe()}"
+        if c.implicated_by:
+            causes = ", ".join(f"{i}*" if i in c.hinted_by else i for i in c.implicated_by)
+            line += f"   [known causes: {causes}]"
+        out.append(line)
+    if any(c.implicated_by for c in d.changes_since_last_good):
+        out.append("  (! = a known cause points at this change; * = that cause matches this start now)")
+    return out
+
+
 def _stack_file_name(p: ProcessReport) -> str:
     return f"stacks/{p.label}-{p.pid}.txt"
 
@@ -742,18 +799,24 @@ def write_bundle(diagnosis: Diagnosis, session: Any, path: str | Path) -> Path:
     # Only a live, verified (pid, create_time) is read: a reused pid would leak a stranger's environment.
     environ = _process_environ(session.pid) if session.is_alive() else {}
     argv = _command_argv(session)
-    redactor = _Redactor(secret_values(profile_env) + secret_values(environ) + _secret_argv_values(argv))
+    redactor = _Redactor(secret_values(profile_env) + collect_secrets((), environ) + _secret_argv_values(argv),
+                         session)
     session_dir = Path(session.session_dir)
 
     files: dict[str, str] = {
         "diagnosis.json": json.dumps(diagnosis.to_json(), indent=2, sort_keys=True) + "\n",
         "report.txt": format_report(diagnosis),
-        "server.log.tail": "\n".join(read_tail(Path(diagnosis.log_path), BUNDLE_LOG_BYTES)) + "\n",
+        "server.log.tail": "\n".join(
+            _tail_texts(Path(diagnosis.log_path), BUNDLE_LOG_BYTES, follow_symlinks=False)  # no symlink followed
+        ) + "\n",
         "env.txt": "".join(f"{k}={v}\n" for k, v in sorted(diagnosis.env.items())),
     }
     for name in ("profile.toml", "command.json", "state.json"):
+        # Regular files only, never through a link: a planted symlink must not carry /etc/shadow into the tar.
         try:
-            files[name] = (session_dir / name).read_text(encoding="utf-8", errors="replace")
+            files[name] = read_regular_text(session_dir / name, name, nofollow=True, errors="replace")
+        except SpecialFileError as exc:
+            files[f"{name}.refused"] = f"{exc.strerror}\n"
         except OSError:
             pass
     for p in diagnosis.processes:

@@ -34,7 +34,7 @@ from typing import Any
 
 import psutil
 
-from sessions import probes
+from sessions import probes, start_facts
 from sessions.history import last_good, record_start
 from sessions.home import (
     Home,
@@ -44,9 +44,10 @@ from sessions.home import (
     read_json,
     resolve_home,
 )
+from sessions.logs import LogFileError, read_increment
 from sessions.phases import StartupPhase, StartupSummary, StartupTracker
 from sessions.profiles import LaunchProfile, Problem, build_command, load_profile, validate_profile
-from sessions.redaction import redact_argv, redact_env
+from sessions.redaction import Redactor, collect_secrets, redact_argv, redact_env, write_secrets_file
 from sessions.serving import SessionServing
 from sessions.stall import is_compiler_name, stall_limit_s
 
@@ -267,16 +268,22 @@ class ServerSession:
         atomic_write_text(session_dir / PROFILE_FILE, profile.to_toml())
         added_env = {SESSION_ENV: session_id, "PYTHONUNBUFFERED": "1"}
         env_changes = dict(command.env_changes) | added_env
-        redacted_argv = redact_argv(command.argv)
+        # The exact secret values of this launch (0600, never shown): every later reader hides them by value.
+        secret_list = collect_secrets(command.argv, env_changes)
+        write_secrets_file(session_dir, secret_list)
+        redactor = Redactor(secret_list)
+        redacted_argv = [redactor.text(a) for a in redact_argv(command.argv)]
         atomic_write_json(
             session_dir / COMMAND_FILE,
             {
                 "argv": redacted_argv,
-                "env_changes": redact_env(env_changes),
+                "env_changes": {k: redactor.text(v) for k, v in redact_env(env_changes).items()},
                 "cwd": str(session_dir),
-                "shell_text": command.shell_text(redacted=True),
+                "shell_text": redactor.text(command.shell_text(redacted=True)),
             },
         )
+        # What this start runs with, for the diff against the last good start if it fails (redacted).
+        start_facts.write(session_dir, start_facts.collect(profile, command.argv, command.env_changes))
         log_path = session_dir / LOG_FILE
         started_at = time.time()
         log_fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
@@ -490,20 +497,22 @@ class ServerSession:
 
     def _read_log(self) -> StartupSummary:
         """Feed what the log gained since the last call into the tracker (a fresh object re-reads it)."""
-        try:
-            st = self.log_path.stat()
-        except FileNotFoundError:
+        try:  # the log core opens it: a FIFO or a device in its place is refused, never waited on
+            got = read_increment(self.log_path, self._log_offset, _LOG_READ_LIMIT_BYTES)
+        except LogFileError:
+            return self._tracker.summary()  # not a log file: nothing to learn from it (diagnose says why)
+        if got is None:
             return self._tracker.summary()
+        chunk, st = got
         if st.st_size < self._log_offset:  # truncated or replaced: start over
             self._tracker = StartupTracker()
             self._serving.reset()
             self._log_offset = 0
             self._log_tail = b""
             self._activity_at = None
-        if st.st_size > self._log_offset:
-            with open(self.log_path, "rb") as fh:
-                fh.seek(self._log_offset)
-                chunk = fh.read(min(st.st_size - self._log_offset, _LOG_READ_LIMIT_BYTES))
+            got = read_increment(self.log_path, 0, _LOG_READ_LIMIT_BYTES)
+            chunk, st = got if got is not None else (b"", st)
+        if chunk:
             first_read = self._log_offset == 0
             self._log_offset += len(chunk)
             self._tracker.feed_bytes(chunk)  # it keeps a partial last line until its newline comes
@@ -621,6 +630,7 @@ class ServerSession:
                 rec.get("phase_entered_at", {}),
                 outcome,
                 started_at=rec.get("started_at"),
+                facts=start_facts.read(self.session_dir),
             )
 
     # -- stop ------------------------------------------------------------------------------------------

@@ -393,18 +393,12 @@ class SessionServing:
 
 
 def summarize_serving(path: str | Path, max_bytes: int | None = None) -> ServingSnapshot | None:
-    """The serving figures at the end of a log file (``inspect-log``); reads at most ``max_bytes``."""
+    """The serving figures at the end of a log file (``inspect-log``), read in blocks by the log core (a
+    FIFO or a device is a `sessions.logs.LogFileError` at once)."""
+    from sessions.logs.source import iter_blocks
+
     tracker = ServingTracker()
-    with open(path, "rb") as fh:
-        left = max_bytes
-        while True:
-            chunk = fh.read(1 << 20 if left is None else min(1 << 20, left))
-            if not chunk:
-                break
-            tracker.feed_bytes(chunk)
-            if left is not None:
-                left -= len(chunk)
-                if left <= 0:
-                    break
-        tracker.feed_bytes(b"\n")
+    for block in iter_blocks(path, max_bytes):
+        tracker.feed_bytes(block)
+    tracker.feed_bytes(b"\n")
     return tracker.snapshot()

@@ -13,10 +13,9 @@ from pathlib import Path
 import pytest
 
 from sessions.phases import StartupTracker, summarize_file
+from tests._logs_support import SGLANG_LOGS
 
-FIXTURES = Path(__file__).resolve().parents[2] / "shared" / "fixtures" / "sglang-logs"
-if not FIXTURES.is_dir():
-    FIXTURES = Path("/work/shared/fixtures/sglang-logs")
+FIXTURES = SGLANG_LOGS
 
 
 def _labels() -> list[dict[str, str]]:

@@ -26,10 +26,11 @@ from textual.worker import Worker, WorkerState, get_current_worker
 
 from app.feed import DashboardFeed, DashboardSnapshot, PollRequest
 from app.keymap import DASHBOARD_KEYS, KEYS_BY_ID, bindings
+from sessions.logs import MAIN_RANK, LogFilter
 from widgets.confirm_modal import ConfirmModal
 from widgets.gpu_panel import GpuPanel
 from widgets.lists import ProfileList, SessionList
-from widgets.log_view import MAIN_RANK, LogFilter, LogView
+from widgets.log_view import LogView
 from widgets.phase_timeline import PhaseTimeline
 from widgets.serving_line import ServingLine
 from widgets.state_line import StateLine
