@@ -52,7 +52,7 @@ def _or_na(value: Any) -> Any:
 class ServingLine(TextLines):
     """One line (two on a narrow pane) under the session's state; hidden unless the session is ready."""
 
-    DEFAULT_CSS = "ServingLine { height: auto; }"
+    DEFAULT_CSS = "ServingLine { height: auto; display: none; }"
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
