@@ -22,6 +22,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("profile", metavar="PROFILE", help="a profile name (<config>/profiles/NAME.toml) or a path")
     p.add_argument("--wait-ready", action="store_true", help="wait until the server is ready; exit 1 if it fails")
     p.add_argument("--timeout", type=float, default=None, metavar="S", help="with --wait-ready: give up after S s")
+    p.add_argument(
+        "--force",
+        action="store_true",
+        help="launch even when other processes hold memory on the GPUs it would use (else: exit 2)",
+    )
     p.set_defaults(func=_launch)
 
     p = subparsers.add_parser("status", help="show sessions (state, phase, ranks, port)")
@@ -91,7 +96,7 @@ def _launch(args: argparse.Namespace) -> int:
     except ProfileError as exc:
         raise CliError(_profile_error_text(args.profile, exc), EXIT_BAD_INPUT) from None
     try:
-        session = ServerSession.launch(profile)
+        session = ServerSession.launch(profile, force=args.force)
     except LaunchError as exc:
         raise CliError(str(exc), exc.code) from None
     print(session.session_id, flush=True)
@@ -135,27 +140,60 @@ def _wait_ready(session, timeout_s: float | None) -> int:
 
 
 def _status(args: argparse.Namespace) -> int:
+    """Every session, each read on its own: a damaged one is listed with its problem, never a traceback
+    that hides the others."""
     import json
 
     from sessions.server import list_sessions
 
     sessions = [_find(args.session)] if args.session else list_sessions(include_ended=not args.live)
-    statuses = [s.status(probe_http=not args.no_http) for s in sessions]
+    gpu = _gpu_snapshot() if any(s.is_alive() for s in sessions) else None
+    statuses, read, failures = [], [], []
+    for session in sessions:
+        try:
+            statuses.append(session.status(probe_http=not args.no_http, gpu_snapshot=gpu))
+            read.append(session)
+        except Exception as exc:  # noqa: BLE001 - one session's failure must not hide the others
+            failures.append((session, f"status failed: {type(exc).__name__}: {exc}"))
     if args.json:
         from sessions.redaction import Redactor
 
-        # Titles, error lines and the like come from the server: hide the session's secrets by value.
-        print(json.dumps([Redactor.for_session(se).json(st.to_json()) for se, st in zip(sessions, statuses)],
-                         indent=2))
+        # Titles, error lines and the like come from the server: hide each session's secrets by value.
+        rows = [Redactor.for_session(se).json(st.to_json()) for se, st in zip(read, statuses)]
+        rows += [Redactor.for_session(se).json(_failed_row(se, why)) for se, why in failures]
+        print(json.dumps(rows, indent=2))
         return 0
-    if not statuses:
+    if not statuses and not failures:
         print("no sessions", file=sys.stderr)
         return 0
-    print(_status_table(statuses))
+    print(_status_table(statuses, failures))
+    problems = [(st.session_id, st.problem) for st in statuses if st.problem]
+    problems += [(session.session_id, why) for session, why in failures]
+    for session_id, problem in problems:
+        print(f"{session_id}: {problem}", file=sys.stderr)
     return 0
 
 
-def _status_table(statuses) -> str:
+def _gpu_snapshot():
+    """The GPU panel's reading (NVML, else emulated GPUs), so each rank's GPU comes from NVML's pids."""
+    from sessions.gpus import default_gpu_source, first_reading
+    from sessions.home import resolve_home
+
+    home = resolve_home()
+    source = default_gpu_source(home, demo=home.demo)
+    try:
+        snapshot = first_reading(source)
+    finally:
+        source.close()
+    return snapshot if snapshot.available else None
+
+
+def _failed_row(session, why: str) -> dict:
+    return {"session_id": session.session_id, "profile": session.profile_name, "state": "unknown",
+            "problem": why, "session_dir": str(session.session_dir)}
+
+
+def _status_table(statuses, failures=()) -> str:
     import time
 
     rows = [("SESSION", "PROFILE", "STATE", "PHASE", "PID", "PORT", "RANKS", "AGE", "SILENT")]
@@ -165,11 +203,15 @@ def _status_table(statuses) -> str:
         expected = st.summary.ranks_expected
         ranks = f"{len(schedulers)}/{expected}" if expected else str(len(schedulers))
         age = _duration(now - st.started_at) if st.started_at else "?"
-        silent = _duration(st.silent_for_s) if st.alive else "-"
+        # Silence means something only while a server starts: a ready server is quiet when idle.
+        silent = _duration(st.silent_for_s) if st.alive and st.state in ("starting", "stalled") else "-"
+        state = f"{st.state} (!)" if st.problem else st.state
         rows.append(
-            (st.session_id, st.profile, st.state, st.phase, str(st.pid or "-"), str(st.port or "-"), ranks,
+            (st.session_id, st.profile, state, st.phase, str(st.pid or "-"), str(st.port or "-"), ranks,
              age, silent)
         )
+    for session, _why in failures:
+        rows.append((session.session_id, session.profile_name, "unknown (!)", "-", "-", "-", "-", "?", "-"))
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows)
 

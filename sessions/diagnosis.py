@@ -64,9 +64,12 @@ class HintView:
     id: str
     title: str
     detail: str
+    # Matched on this session's own evidence (a log line, a stack, a child process, a flag, a check),
+    # not only on its phase or state: such hints come first.
+    evidence: bool = True
 
     def to_json(self) -> dict:
-        return {"id": self.id, "title": self.title, "detail": self.detail}
+        return {"id": self.id, "title": self.title, "detail": self.detail, "evidence": self.evidence}
 
 
 @dataclass(frozen=True)
@@ -179,6 +182,31 @@ class Diagnosis:
     # two starts was recorded before their settings were kept).
     changes_since_last_good: tuple[start_facts.Change, ...] | None = None
     changes_note: str | None = None  # why there is no list, in words
+    progress_lines: tuple[str, ...] = ()  # the last frame of each progress bar (tqdm), apart from log lines
+    problem: str | None = None  # what is wrong with the session's own files (damaged state.json, ...)
+    host: str = "127.0.0.1"
+    port: int | None = None
+
+    @property
+    def has_baseline(self) -> bool:
+        """A good start of this profile exists to compare with (else there is no baseline table)."""
+        return self.baseline is not None and self.baseline.reached_ready
+
+    @property
+    def headline(self) -> str:
+        """The verdict in one plain sentence."""
+        if self.state == "ready":
+            where = f" on {self.host}:{self.port}" if self.port else ""
+            return f"{self.session_id} is ready: the server answers{where} (/ready 200)" if self.ready else (
+                f"{self.session_id} is ready{where}: its log says it is fired up and ready to roll"
+            )
+        fmt = history.format_duration_s
+        text = f"{self.session_id} (profile {self.profile}) is {self.state} in phase {self.phase}"
+        if self.state in ("starting", "stalled"):
+            text += f", log silent for {fmt(self.silent_for_s)}"
+            if self.stall_limit_s not in (None, float("inf")):
+                text += f" (limit {fmt(self.stall_limit_s)})"
+        return text
 
     def rank_process(self, rank: int) -> ProcessReport | None:
         for proc in self.processes:
@@ -201,6 +229,10 @@ class Diagnosis:
             "baseline": _baseline_json(self.baseline),
             "hints": [h.to_json() for h in self.hints],
             # extras
+            "headline": self.headline,
+            "problem": self.problem,
+            "progress_lines": list(self.progress_lines),
+            "has_baseline": self.has_baseline,
             "session_id": self.session_id,
             "profile": self.profile,
             "stall_limit_s": limit if limit is not None and limit != float("inf") else None,
@@ -505,7 +537,12 @@ def diagnose(
     start = time.monotonic()
     taken_at = time.time()
     status = session.status(probe_http=True)
-    profile = session.profile
+    problems = [status.problem] if status.problem else []
+    try:
+        profile = session.profile
+    except Exception as exc:  # noqa: BLE001 - a damaged snapshot is reported, the rest is still diagnosed
+        profile = None
+        problems.append(f"the profile snapshot {Path(session.session_dir) / 'profile.toml'} cannot be read: {exc}")
     server = getattr(profile, "server", None)
     rec = session.state_record
     argv = list(rec.get("argv") or _command_argv(session))
@@ -567,14 +604,19 @@ def diagnose(
     }
 
     last_lines_all = _tail_texts(status.log_path, HINT_LOG_BYTES, follow_symlinks=False)  # ours: never a link
-    last_lines = tuple(redactor.text(line) for line in last_lines_all[-LAST_LINES:])
+    log_only, progress = split_progress(last_lines_all)
+    last_lines = tuple(redactor.text(line) for line in log_only[-LAST_LINES:])
+    progress_lines = tuple(redactor.text(line) for line in progress)
 
     baseline = history.last_good(session.home, status.profile, exclude_session_id=status.session_id)
     compare_text = history.compare(
         baseline, summary, status.phase_entered_at, status.silent_for_s, started_at=status.started_at
     )
+    # The table compares with a good start; without one it would be a column of blanks.
     rows = tuple(
         history.compare_rows(baseline, summary, status.phase_entered_at, started_at=status.started_at)
+        if baseline is not None and baseline.reached_ready
+        else ()
     )
 
     hint_list = _match_hints(
@@ -594,10 +636,12 @@ def diagnose(
     )
     seen: set[str] = set()
     unique_hints = []
-    for hint in hint_list:
+    for hint in evidence_first(hint_list):
         if hint.id not in seen:
             seen.add(hint.id)
-            unique_hints.append(HintView(hint.id, redactor.text(hint.title), redactor.text(hint.detail)))
+            unique_hints.append(
+                HintView(hint.id, redactor.text(hint.title), redactor.text(hint.detail), hint.evidence)
+            )
 
     changes, changes_note = _changes_since_last_good(session, baseline, unique_hints, redactor)
     env_shown = redactor.env({k: v for k, v in ({**environ, **profile_env}).items() if
@@ -637,9 +681,50 @@ def diagnose(
         env=dict(sorted(env_shown.items())),
         taken_at=taken_at,
         collect_s=time.monotonic() - start,
+        progress_lines=progress_lines,
+        problem="; ".join(problems) if problems else None,
+        host=status.host,
+        port=status.port,
         changes_since_last_good=changes,
         changes_note=changes_note,
     )
+
+
+# Conditions that only say "this phase / state" (argv_none: "a flag is absent") fit every session there:
+# a hint matched on nothing else is generic advice, listed after the hints this session's evidence backs.
+_GENERIC_CONDITIONS = frozenset({"phase_in", "state_in", "argv_none"})
+_TQDM_FRAME = re.compile(r"\d{1,3}%\|[^|]*\|\s*\d+/\d+\s*\[")
+
+
+def evidence_first(hints: Sequence[HintView]) -> list[HintView]:
+    """``hints`` with those backed by this session's evidence first (each group in catalogue order)."""
+    from sessions.hints import KnownCausesError, load_causes
+
+    try:
+        present = {c.id: c.present for c in load_causes()}
+    except KnownCausesError:
+        present = {}
+    marked = []
+    for hint in hints:
+        keys = present.get(hint.id)
+        generic = keys is not None and bool(keys) and keys <= _GENERIC_CONDITIONS
+        marked.append(HintView(hint.id, hint.title, hint.detail, evidence=not generic))
+    return [h for h in marked if h.evidence] + [h for h in marked if not h.evidence]
+
+
+def split_progress(lines: Sequence[str]) -> tuple[list[str], list[str]]:
+    """(log lines, progress bars): a tqdm frame is not a log line; of each bar only its last frame is
+    kept (a bar is named by its description, the text before the percentage)."""
+    log_lines: list[str] = []
+    bars: dict[str, str] = {}
+    for line in lines:
+        match = _TQDM_FRAME.search(line)
+        if match is None:
+            log_lines.append(line)
+            continue
+        bars.pop(line[: match.start()].strip(), None)
+        bars[line[: match.start()].strip()] = line
+    return log_lines, list(bars.values())
 
 
 def _changes_since_last_good(
@@ -705,11 +790,10 @@ def _mib(value: int | None) -> str:
 
 def format_report(d: Diagnosis) -> str:
     """The human report (CLI default output, ``report.txt`` in the bundle)."""
-    fmt = history.format_duration_s
-    out = [
-        f"session {d.session_id} (profile {d.profile}): {d.state} in phase {d.phase}, "
-        f"log silent for {fmt(d.silent_for_s)}"
-        + (f" (limit {fmt(d.stall_limit_s)})" if d.stall_limit_s not in (None, float("inf")) else ""),
+    out = [d.headline]
+    if d.problem:
+        out.append(f"problem: {d.problem}")
+    out += [
         f"port {'listening' if d.port_listening else 'closed'}; /ready: "
         + {True: "200", False: "not ready", None: "not asked (port closed)"}[d.ready],
         d.compare,
@@ -749,18 +833,39 @@ def format_report(d: Diagnosis) -> str:
             out.append(f"  GPU{g.index} {_mib(g.memory_used_bytes)} / {_mib(g.memory_total_bytes)}  {procs}")
     else:
         out.append(f"GPUs: {d.gpu_message or 'no readings'}")
-    if d.hints:
+    if d.has_baseline and d.phase_rows:
         out.append("")
-        out.append("hints:")
-        for h in d.hints:
+        out.append(f"{'phase':<22} {'good start':>16} {'this start':>16}")
+        for row in d.phase_rows:
+            out.append(f"{row.phase:<22} {_at(row.good_at_s, row.good_line):>16} {_at(row.this_at_s, row.this_line):>16}")
+    for title, group in (
+        ("hints from this session's evidence:", [h for h in d.hints if h.evidence]),
+        ("other possible causes in this phase (generic):", [h for h in d.hints if not h.evidence]),
+    ):
+        if not group:
+            continue
+        out.append("")
+        out.append(title)
+        for h in group:
             out.append(f"  [{h.id}] {h.title}")
             if h.detail:
                 out.append(f"      {h.detail}")
+    if d.progress_lines:
+        out.append("")
+        out.append("progress bars (last frame of each):")
+        out.extend(f"  {line}" for line in d.progress_lines[-5:])
     if d.last_lines:
         out.append("")
         out.append("last log lines:")
         out.extend(f"  {line}" for line in d.last_lines[-10:])
     return "\n".join(out) + "\n"
+
+
+def _at(at_s: float | None, line: int | None) -> str:
+    if at_s is None and line is None:
+        return "-"
+    when = history.format_duration_s(at_s) if at_s is not None else "?"
+    return f"{when} (line {line})" if line is not None else when
 
 
 def format_changes(d: Diagnosis) -> list[str]:
@@ -795,7 +900,10 @@ def write_bundle(diagnosis: Diagnosis, session: Any, path: str | Path) -> Path:
     if target.is_dir():
         stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(diagnosis.taken_at or time.time()))
         target = target / f"eagle3-diagnosis-{diagnosis.session_id}-{stamp}.tar.gz"
-    profile_env = dict(getattr(getattr(session.profile, "server", None), "env", {}) or {})
+    try:
+        profile_env = dict(getattr(getattr(session.profile, "server", None), "env", {}) or {})
+    except Exception:  # noqa: BLE001 - a damaged snapshot: the diagnosis already says so
+        profile_env = {}
     # Only a live, verified (pid, create_time) is read: a reused pid would leak a stranger's environment.
     environ = _process_environ(session.pid) if session.is_alive() else {}
     argv = _command_argv(session)

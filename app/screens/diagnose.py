@@ -98,7 +98,7 @@ class DiagnoseScreen(Screen):
             yield DataTable(id="processes", cursor_type="row", zebra_stripes=True)
             yield Static("Stacks", classes="section-title")
             yield Vertical(id="stacks")
-            yield Static("Baseline (last good start of this profile)", classes="section-title")
+            yield Static("Baseline (last good start of this profile)", classes="section-title", id="baseline-title")
             yield DataTable(id="baseline", cursor_type="row")
             yield Static("GPUs", classes="section-title")
             yield Static("", id="gpus")
@@ -248,6 +248,8 @@ class DiagnoseScreen(Screen):
 
         baseline = self.query_one("#baseline", DataTable)
         baseline.clear()
+        # No good start of this profile: no table of blanks (the compare sentence says so).
+        baseline.display = self.query_one("#baseline-title").display = d.has_baseline
         for row in d.phase_rows:
             baseline.add_row(
                 row.phase, _secs(row.good_at_s), "" if row.good_line is None else str(row.good_line),

@@ -374,7 +374,7 @@ class ModelRunner:
         if gb is None:
             self.tp_group.send("gpu", self.tp_rank, "emulated", "no --emulate-gpu-memory-gb")
             return None
-        holder, note = GpuMemoryHolder.open(gb, self.tp_rank)
+        holder, note = GpuMemoryHolder.open(gb, self.scheduler.spec.gpu_id)
         self.tp_group.send("gpu", self.tp_rank, "real" if holder else "emulated", note)
         self.console.log(
             f"[emulator] GPU memory: {note}" + ("" if holder else "; publishing emulated numbers")
