@@ -8,12 +8,12 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 import torch
 from _extract_support import (
+    DownServerStandIn,
     assert_specforge_reads,
     chat_rows,
     run_cli,
@@ -194,12 +194,17 @@ def test_server_killed_mid_run_pauses_the_job_and_a_restarted_server_lets_it_fin
         paused = wait_state(job_id, home, ("paused", "failed"), 60)
         assert paused.state == "paused" and "server unreachable" in paused.reason
         recorded = len(manifest(out))
-        time.sleep(1.5)
-        assert len(manifest(out)) == recorded  # nothing is recorded while the server is gone
-        assert recorded < rows
         from sessions import probes
 
         wait_for(lambda: not probes.process_alive(pid, create_time), "the old server gone", 30)
+        # Nothing is recorded while the server is gone.  Proof that the job went on being paused rather
+        # than a pause in the test: a stand-in on the port answers 503, and the job's second /ready probe
+        # shows it read the first answer and still waits; meanwhile it sent no /generate.
+        with DownServerStandIn(port) as down:
+            wait_for(lambda: len(down.requests) >= 2, "two /ready probes of the paused job", 60)
+        assert all(r.startswith("GET /ready") for r in down.requests), down.requests
+        assert len(manifest(out)) == recorded and recorded < rows
+        assert job_status(job_id, home).state == "paused"
         start_server(make_emulator_profile, launched, demo_model, capture_dir, name="capture2", port=port)
         done = wait_state(job_id, home, ("done", "failed"))
     finally:
