@@ -25,6 +25,7 @@ _AREAS = (
     "app.cli_diagnose",  # diagnose
     "app.cli_capture",  # capture check, demo-model
     "app.cli_extract",  # extract run/status/resume/cancel/verify
+    "app.cli_bench",  # bench SESSION, bench history
 )
 
 

@@ -1,8 +1,9 @@
 """`eagle3-tui inspect-log FILE [--json]`: where a static SGLang log stopped, and why (DESIGN §3 contract).
 
 `--json` prints exactly one JSON object: phase, outcome, error, error_line, ranks_loaded, ranks_expected,
-hints.  Without it, a short summary for people.  Any file content is accepted (binary junk, invalid
-UTF-8, one huge line, an empty file); a missing or unreadable file, a directory, a FIFO, a device or a
+hints, and ``serving`` (the figures of the last Decode/Prefill batch lines, or null).  Without it, a short
+summary for people.  Any file content is accepted (binary junk, invalid UTF-8, one huge line, an empty
+file); a missing or unreadable file, a directory, a FIFO, a device or a
 socket is bad input (exit 2), answered at once (the log core never waits on a special file).
 Only argparse is imported here; the engine is imported inside the handler (fast `--help`).
 """
@@ -101,10 +102,12 @@ def _inspect_log(args: argparse.Namespace) -> int:
     from sessions.hints import KnownCausesError, hints_for_log
     from sessions.logs import read_head_and_tail
     from sessions.phases import summarize_file
+    from sessions.serving import summarize_serving
 
     path = args.file
     try:
         summary = summarize_file(path)  # through the log core: a FIFO or a device is refused at once
+        served = summarize_serving(path)
         lines = [line.text for line in read_head_and_tail(
             path, _HINT_WHOLE_FILE_BYTES, _HINT_HEAD_BYTES, _HINT_TAIL_BYTES
         )]
@@ -123,8 +126,22 @@ def _inspect_log(args: argparse.Namespace) -> int:
             "ranks_loaded": list(summary.ranks_loaded),
             "ranks_expected": summary.ranks_expected,
             "hints": [h.to_json() for h in hints],
+            "serving": served.to_json() if served is not None else None,
         }
         _write(json.dumps(result) + "\n")
     else:
-        _write(_human(path, summary, hints))
+        _write(_human(path, summary, hints) + _human_serving(served))
     return 0
+
+
+def _human_serving(served) -> str:
+    if served is None:
+        return ""
+    def num(value, fmt: str) -> str:
+        return "?" if value is None else format(value, fmt)
+
+    line = (f"  serving:  gen {num(served.gen_throughput, '.1f')} tok/s, running {num(served.running_reqs, 'd')}, "
+            f"queued {num(served.queue_reqs, 'd')}, token usage {num(served.token_usage, '.2f')}")
+    if served.accept_length is not None:
+        line += f", accept len {served.accept_length:.2f}"
+    return line + " (last stats lines of the log)\n"

@@ -125,6 +125,14 @@ DASHBOARD_KEYS: tuple[KeySpec, ...] = (
     ),
     KeySpec("dashboard.jobs", "x", "jobs", "Jobs", help="Extraction jobs."),
     KeySpec(
+        "dashboard.bench",
+        "b",
+        "bench",
+        "Bench",
+        help="Benchmark the selected ready session like SGLang's bench_serving (concurrency 1, 8, 32); "
+        "then the kept results of every profile side by side.",
+    ),
+    KeySpec(
         "dashboard.refresh",
         "ctrl+r",
         "refresh",

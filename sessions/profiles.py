@@ -66,6 +66,7 @@ _EMULATOR_FLAGS = {
     "--emulate-fault": "emulator.fault",
     "--emulate-gpu-memory-gb": "emulator.gpu_memory_gb",
     "--emulate-gpus": "emulator.gpus",
+    "--emulate-decode-tokens-per-s": "emulator.decode_tokens_per_s",
     "--emulate-spec-accept-length": "emulator.spec_accept_length",
     "--emulate-spec-draft-cost": "emulator.spec_draft_cost",
     "--emulate-spec-verify-cost": "emulator.spec_verify_cost",
@@ -159,6 +160,7 @@ class EmulatorSection:
     fault: str = "none"
     gpu_memory_gb: float | None = None  # real GPU memory each emulated rank holds (needs torch + a GPU)
     gpus: int = 8  # emulated GPU count
+    decode_tokens_per_s: float = 90.0  # single-stream decode rate (a batch-1 step lasts 1/this seconds)
     # Speculative decoding (EAGLE3 with a draft): mean accepted tokens per verify step, the bonus token
     # included (1 .. num-draft-tokens); one draft forward's cost as a fraction of a decode step (default:
     # from the draft's config); a verify step's cost in decode steps (>= 1).
@@ -194,7 +196,8 @@ _KINDS: dict[str, dict[str, str]] = {
     "capture": {"enabled": "bool", "layers": "list[int]", "dir": "str", "rid_prefix": "str"},
     "watch": {"stall_after_s": "float"},
     "emulator": {"time_scale": "float", "fault": "str", "gpu_memory_gb": "float", "gpus": "int",
-                 "spec_accept_length": "float", "spec_draft_cost": "float", "spec_verify_cost": "float"},
+                 "decode_tokens_per_s": "float", "spec_accept_length": "float", "spec_draft_cost": "float",
+                 "spec_verify_cost": "float"},
 }
 # Keys that `to_toml` always writes (the rest only when set, changed from the default, or explicit).
 _ALWAYS_WRITTEN = {
@@ -820,6 +823,8 @@ def field_problems(profile: LaunchProfile) -> list[Problem]:
     if e.spec_verify_cost is not None:
         check("emulator.spec_verify_cost", lambda: e.spec_verify_cost >= 1,
               f"must be at least 1 (a verify step costs at least a decode step), not {e.spec_verify_cost}")
+    check("emulator.decode_tokens_per_s", lambda: _positive(e.decode_tokens_per_s),
+          f"must be a rate in tokens per second > 0, not {e.decode_tokens_per_s}")
     if s.launcher == "emulator" and "emulator.gpus" not in bad and "server.tp_size" not in bad:
         check("server.tp_size", lambda: s.tp_size <= e.gpus,
               f"TP {s.tp_size} needs {_gpus(s.tp_size)} but the emulator has {e.gpus} (emulator.gpus)")
@@ -1047,6 +1052,10 @@ def build_command(profile: LaunchProfile, *, sglang: Any = LOOKUP) -> LaunchComm
             argv += ["--emulate-gpu-memory-gb", _number(e.gpu_memory_gb)]
         if e.gpus != EmulatorSection().gpus or profile.is_explicit("emulator.gpus"):
             argv += ["--emulate-gpus", str(e.gpus)]
+        if e.decode_tokens_per_s != EmulatorSection().decode_tokens_per_s or profile.is_explicit(
+            "emulator.decode_tokens_per_s"
+        ):
+            argv += ["--emulate-decode-tokens-per-s", _number(e.decode_tokens_per_s)]
         for flag, value in (("--emulate-spec-accept-length", e.spec_accept_length),
                             ("--emulate-spec-draft-cost", e.spec_draft_cost),
                             ("--emulate-spec-verify-cost", e.spec_verify_cost)):
@@ -1427,6 +1436,7 @@ def _emitted_value(profile: LaunchProfile, field_name: str) -> str | bool | None
         "emulator.fault": e.fault,
         "emulator.gpu_memory_gb": e.gpu_memory_gb,
         "emulator.gpus": e.gpus,
+        "emulator.decode_tokens_per_s": e.decode_tokens_per_s,
         "emulator.spec_accept_length": e.spec_accept_length,
         "emulator.spec_draft_cost": e.spec_draft_cost,
         "emulator.spec_verify_cost": e.spec_verify_cost,

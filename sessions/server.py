@@ -48,6 +48,7 @@ from sessions.logs import LogFileError, read_increment
 from sessions.phases import StartupPhase, StartupSummary, StartupTracker
 from sessions.profiles import LaunchProfile, Problem, build_command, load_profile, validate_profile
 from sessions.redaction import Redactor, collect_secrets, redact_argv, redact_env, write_secrets_file
+from sessions.serving import SessionServing
 from sessions.stall import is_compiler_name, stall_limit_s
 from sessions.state_file import StateRead, read_state
 
@@ -176,6 +177,7 @@ class SessionStatus:
     session_dir: Path | None = None
     problem: str | None = None  # what is wrong with the session's record (damaged state.json, ...)
     taken_at: float = field(default_factory=time.time)
+    serving: Any = None  # sessions.serving.ServingSnapshot once a stats line was logged
 
     @property
     def has_compile_child(self) -> bool:
@@ -217,6 +219,7 @@ class SessionStatus:
             "http_error": self.http_error,
             "session_dir": str(self.session_dir) if self.session_dir else None,
             "problem": self.problem,
+            "serving": self.serving.to_json() if self.serving is not None else None,
         }
 
 
@@ -250,6 +253,7 @@ class ServerSession:
         self._profile: LaunchProfile | None = None
         self._popen: subprocess.Popen | None = None  # set when this process launched it (to reap it)
         self._tracker = StartupTracker()
+        self._serving = SessionServing()  # Decode/Prefill batch lines (+ /metrics) once it serves
         self._log_offset = 0
         self._log_tail = b""
         self._activity_at: float | None = None  # wall clock of the last log write that was not a probe
@@ -258,6 +262,7 @@ class ServerSession:
         self._last_lines_cache: tuple[tuple[int, int], tuple[str, ...]] | None = None
         self._marked: tuple[int, float] | None = None  # the main found by its session marker
         self.restart_diff: list[str] = []
+        self._has_metrics: bool | None = None
 
     def __repr__(self) -> str:
         return f"ServerSession({self.session_id!r})"
@@ -604,7 +609,19 @@ class ServerSession:
             http_error=http_error,
             session_dir=self.session_dir,
             problem="; ".join(problems) if problems else None,
+            serving=self._serving_snapshot(host, port, listening and probe_http and ready_now),
         )
+
+    def _serving_snapshot(self, host: str, port: int | None, live: bool) -> Any:
+        """The serving figures (sessions.serving); ``/metrics`` too when the server exports it."""
+        url = f"http://{_url_host(host)}:{port}" if live and port and self._metrics_enabled() else None
+        return self._serving.snapshot(url)
+
+    def _metrics_enabled(self) -> bool:
+        if self._has_metrics is None:
+            argv = (read_json(self.session_dir / COMMAND_FILE) or {}).get("argv") or []
+            self._has_metrics = "--enable-metrics" in argv
+        return self._has_metrics
 
     def _adopt_marked(self, read: StateRead, ident: tuple[int, float], problems: list[str]) -> dict:
         """A server found by its marker that state.json does not name: record it when the record is
@@ -638,6 +655,7 @@ class ServerSession:
         chunk, st = got
         if st.st_size < self._log_offset:  # truncated or replaced: start over
             self._tracker = StartupTracker()
+            self._serving.reset()
             self._log_offset = 0
             self._log_tail = b""
             self._activity_at = None
@@ -647,6 +665,7 @@ class ServerSession:
             first_read = self._log_offset == 0
             self._log_offset += len(chunk)
             self._tracker.feed_bytes(chunk)  # it keeps a partial last line until its newline comes
+            self._serving.feed_bytes(chunk)
             self._log_tail = (self._log_tail + chunk[-_TAIL_KEEP_BYTES:])[-_TAIL_KEEP_BYTES:]
             activity_at = _last_activity_at(chunk, st.st_mtime, exact=not first_read)
             if activity_at is not None:

@@ -15,7 +15,8 @@ from tests._logs_support import SGLANG_LOGS, LogBuilder
 
 FIXTURES = SGLANG_LOGS
 REPO = Path(__file__).resolve().parents[1]
-CONTRACT_KEYS = {"phase", "outcome", "error", "error_line", "ranks_loaded", "ranks_expected", "hints"}
+# the DESIGN §3 contract, plus the serving figures of the log's last stats lines (issue 15)
+CONTRACT_KEYS = {"phase", "outcome", "error", "error_line", "ranks_loaded", "ranks_expected", "hints", "serving"}
 
 
 def _run(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
@@ -101,3 +102,20 @@ def test_one_50_mb_line_is_streamed_and_the_line_numbers_stay_right(tmp_path):
     out = _inspect(path)
     assert out["outcome"] == "crashed" and out["error_line"] == 3
     assert out["error"].startswith("[2026-11-01 10:01:00 TP0] Scheduler hit an exception")
+
+
+def test_serving_figures_come_from_the_end_of_the_log(tmp_path):
+    """Any log, not only ours: DP-attention lines of two ranks, the latest of each summed."""
+    path = tmp_path / "dp.log"
+    lines = []
+    for i, (dp, gen) in enumerate([(0, 100.0), (1, 40.0), (0, 110.0)]):
+        lines.append(f"[2026-05-01 10:00:0{i} DP{dp} TP{dp * 4}] Decode batch, #running-req: 3, #token: 10, "
+                     f"token usage: 0.10, cuda graph: True, gen throughput (token/s): {gen:.2f}, #queue-req: 1")
+    path.write_text("\n".join(lines) + "\n")
+    serving = _inspect(path)["serving"]
+    assert serving["gen_throughput"] == 150.0
+    assert (serving["running_reqs"], serving["queue_reqs"]) == (6, 2)
+    assert [r["dp_rank"] for r in serving["ranks"]] == [0, 1]
+    empty = tmp_path / "empty.log"
+    empty.write_text("")
+    assert _inspect(empty)["serving"] is None

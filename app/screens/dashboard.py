@@ -32,6 +32,7 @@ from widgets.gpu_panel import GpuPanel
 from widgets.lists import ProfileList, SessionList
 from widgets.log_view import LogView
 from widgets.phase_timeline import PhaseTimeline
+from widgets.serving_line import ServingLine
 from widgets.state_line import StateLine
 
 REFRESH_S = 1.0
@@ -171,6 +172,7 @@ class DashboardScreen(Screen):
             with Vertical(id="status-pane", classes="pane"):
                 yield StateLine(id="state")
                 yield PhaseTimeline(id="timeline")
+                yield ServingLine(id="serving")
                 yield Container(id="capture-slot")
         with VerticalScroll(id="gpu-pane", classes="pane"):
             yield GpuPanel(id="gpus")
@@ -266,6 +268,7 @@ class DashboardScreen(Screen):
         status = snapshot.status
         self.query_one(StateLine).update_status(status)
         self.query_one(PhaseTimeline).update_status(status)
+        self.query_one(ServingLine).update_status(status)
         status_pane = self.query_one("#status-pane")
         title = f"Session {status.session_id} · {status.profile}" if status is not None else "Session"
         self._set_title(status_pane, title)
@@ -587,6 +590,18 @@ class DashboardScreen(Screen):
         screen_class = self._optional("app.screens.jobs", "JobsScreen", "Jobs")
         if screen_class is not None:
             self.app.push_screen(screen_class(home=self.feed.home))
+
+    def action_bench(self) -> None:
+        """b: bench the selected session when it is ready; the kept results either way."""
+        screen_class = self._optional("app.screens.bench", "BenchScreen", "Bench")
+        if screen_class is None:
+            return
+        status = self.selected_status()
+        ready = status is not None and status.state == "ready"
+        if status is not None and not ready:
+            self.notify(f"{status.session_id} is {status.state}: showing kept bench results only",
+                        severity="warning")
+        self.app.push_screen(screen_class(self.feed.home, status.session_id if ready else None))
 
     def action_capture(self) -> None:
         name = self.selected_profile or self.query_one(ProfileList).highlighted_id

@@ -7,9 +7,10 @@ message.  `resolve_server_args` then fills the ``None`` defaults the way SGLang'
 an H200 and checks the capture-only flags (sglang-facts §4.1); its errors are raised as exceptions, which
 SGLang prints as a traceback before exiting 1.
 
-Our own flags: ``--time-scale``, ``--emulate-fault``, ``--emulate-gpu-memory-gb``, ``--emulate-gpus`` and
-the speculative-decoding model's ``--emulate-spec-accept-length``, ``--emulate-spec-draft-cost``,
-``--emulate-spec-verify-cost``.
+Our own flags: ``--time-scale``, ``--emulate-fault``, ``--emulate-gpu-memory-gb``, ``--emulate-gpus``, the
+serving cost model's ``--emulate-decode-tokens-per-s``, ``--emulate-prefill-tokens-per-s`` and
+``--emulate-batch-cost`` (`cost_model`), and the speculative-decoding model's
+``--emulate-spec-accept-length``, ``--emulate-spec-draft-cost``, ``--emulate-spec-verify-cost``.
 """
 
 from __future__ import annotations
@@ -20,9 +21,15 @@ import math
 import random
 import re
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
+from sessions.emulator.cost_model import (
+    DEFAULT_BATCH_COST_PER_REQ,
+    DEFAULT_DECODE_TOKENS_PER_S,
+    DEFAULT_PREFILL_TOKENS_PER_S,
+    DecodeCostModel,
+)
 from sessions.emulator.faults import FAULT_IDS, Fault
 from sessions.emulator.model_config import ModelConfig
 from sessions.emulator.speculative import resolve_speculative
@@ -373,6 +380,26 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="Emulated GPUs to publish in emulated_gpus.json (default max(8, tp)).",
     )
+    emulator.add_argument(
+        "--emulate-decode-tokens-per-s",
+        type=_positive_float,
+        default=DEFAULT_DECODE_TOKENS_PER_S,
+        help="Single-stream decode rate: a decode step at batch 1 lasts 1/this seconds "
+        f"(default {DEFAULT_DECODE_TOKENS_PER_S:g}; not time-scaled).",
+    )
+    emulator.add_argument(
+        "--emulate-prefill-tokens-per-s",
+        type=_positive_float,
+        default=DEFAULT_PREFILL_TOKENS_PER_S,
+        help=f"Prefill rate over new prompt tokens (default {DEFAULT_PREFILL_TOKENS_PER_S:g}).",
+    )
+    emulator.add_argument(
+        "--emulate-batch-cost",
+        type=_non_negative_float,
+        default=DEFAULT_BATCH_COST_PER_REQ,
+        help="Each extra request in a decode batch adds this fraction of a batch-1 step "
+        f"(default {DEFAULT_BATCH_COST_PER_REQ:g}).",
+    )
     return parser
 
 
@@ -382,6 +409,7 @@ class EmulatorOptions:
     fault: Fault
     gpu_memory_gb: float | None
     gpus: int
+    cost: DecodeCostModel = field(default_factory=DecodeCostModel)
     # Speculative decoding's modelled figures (`[emulator] spec_*`); None = the emulator's defaults.
     spec_accept_length: float | None = None
     spec_draft_cost: float | None = None
@@ -389,8 +417,18 @@ class EmulatorOptions:
 
 
 DEFAULT_SPEC_VERIFY_COST = 1.1  # a verify forward (num-draft-tokens positions) vs a one-token decode step
-_EMULATOR_DESTS = ("time_scale", "emulate_fault", "emulate_gpu_memory_gb", "emulate_gpus",
-                   "emulate_spec_accept_length", "emulate_spec_draft_cost", "emulate_spec_verify_cost")
+_EMULATOR_DESTS = (
+    "time_scale",
+    "emulate_fault",
+    "emulate_gpu_memory_gb",
+    "emulate_gpus",
+    "emulate_decode_tokens_per_s",
+    "emulate_prefill_tokens_per_s",
+    "emulate_batch_cost",
+    "emulate_spec_accept_length",
+    "emulate_spec_draft_cost",
+    "emulate_spec_verify_cost",
+)
 
 
 def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, EmulatorOptions]:
@@ -401,6 +439,11 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, Emula
         fault=Fault(ns.emulate_fault),
         gpu_memory_gb=ns.emulate_gpu_memory_gb,
         gpus=ns.emulate_gpus or max(8, ns.tp_size),
+        cost=DecodeCostModel(
+            decode_tokens_per_s=ns.emulate_decode_tokens_per_s,
+            prefill_tokens_per_s=ns.emulate_prefill_tokens_per_s,
+            batch_cost_per_req=ns.emulate_batch_cost,
+        ),
         spec_accept_length=ns.emulate_spec_accept_length,
         spec_draft_cost=ns.emulate_spec_draft_cost,
         spec_verify_cost=ns.emulate_spec_verify_cost,

@@ -11,19 +11,19 @@ The fixed backend tokenizes bytewise (one token per UTF-8 byte, id = byte + 3) a
 fixed phrase whose starting point is a hash of the prompt, so the output is a deterministic function of
 the input.  It keeps a radix-like prefix cache (``cached_tokens``), honours ``--disable-radix-cache``,
 and returns deterministic hidden states (hidden_size wide, or K x hidden_size with aux capture) in
-SGLang's layout when asked.  It spends the scaled time a real forward would take.
+SGLang's layout when asked.  ``generate_steps`` yields one token per forward so that the emulator's
+scheduler can batch requests and time each step (``cost_model``); ``generate`` runs one to its end.
 """
 
 from __future__ import annotations
 
 import collections
-import time
 import uuid
 import zlib
-from typing import Any
+from collections.abc import Generator
+from typing import Any, TypeVar
 
 from sessions.emulator.model_config import load_model_config
-from sessions.emulator.pacing import DECODE_S_PER_TOKEN, PREFILL_TOKENS_PER_S
 
 _CONTINUATION = (
     b" Paris. This answer comes from the eagle3-tui emulator, which stands in for SGLang and has no "
@@ -31,6 +31,18 @@ _CONTINUATION = (
 )
 _BYTE_TOKEN_OFFSET = 3  # ids 0-2 are the usual special tokens
 DEFAULT_MAX_NEW_TOKENS = 128  # sampling_params.py:149
+
+
+_T = TypeVar("_T")
+
+
+def drain(steps: Generator[int, None, _T]) -> _T:
+    """Run a ``generate_steps`` generator to its end and return its final response."""
+    while True:
+        try:
+            next(steps)
+        except StopIteration as stop:
+            return stop.value
 
 
 class RequestError(ValueError):
@@ -134,7 +146,12 @@ class FixedBackend:
     # -- the request ----------------------------------------------------------------------------------
 
     def generate(self, request: dict[str, Any]) -> dict[str, Any]:
-        started = time.monotonic()
+        """The whole request at once (no pacing: the emulator's scheduler times the steps)."""
+        return drain(self.generate_steps(request))
+
+    def generate_steps(self, request: dict[str, Any]) -> Generator[int, None, dict[str, Any]]:
+        """Check the request now (RequestError), then one output token per ``next()``: the first is the
+        prefill's, each later one a decode step's.  The generator returns SGLang's final response."""
         rid = request.get("rid") or uuid.uuid4().hex
         params = request.get("sampling_params") or {}
         if not isinstance(params, dict):
@@ -167,10 +184,16 @@ class FixedBackend:
                 "`--return-hidden-states-mode last`, `--return-hidden-states-mode full`, or the legacy "
                 "`--enable-return-hidden-states` flag."
             )
-        cached = self.prefix_cache.match(input_ids)
+        self.last_prompt_len = len(input_ids)
+        self.last_cached = self.prefix_cache.match(input_ids)
+        return self._steps(rid, input_ids, max_new, want_hidden, self.last_cached)
+
+    def _steps(
+        self, rid: str, input_ids: list[int], max_new: int, want_hidden: bool, cached: int
+    ) -> Generator[int, None, dict[str, Any]]:
         output_ids = self._continuation(input_ids, max_new)
-        self._spend_time(len(input_ids) - cached, len(output_ids), started)
         self.prefix_cache.insert(input_ids)
+        yield from output_ids
         meta: dict[str, Any] = {
             "id": rid,
             "finish_reason": {"type": "length", "length": max_new},
@@ -187,6 +210,10 @@ class FixedBackend:
             response = {"text": self.decode(output_ids), **response}
         return response
 
+    def detokenize(self, ids: list[int]) -> str | None:
+        """The text of ``ids`` as the detokenizer sends it (None with --skip-tokenizer-init)."""
+        return None if self.skip_tokenizer_init else self.decode(ids)
+
     def flush_cache(self) -> None:
         self.prefix_cache.clear()
 
@@ -197,12 +224,6 @@ class FixedBackend:
     def _continuation(self, input_ids: list[int], count: int) -> list[int]:
         start = zlib.crc32(",".join(map(str, input_ids)).encode()) % len(_CONTINUATION)
         return [self._byte_to_id(_CONTINUATION[(start + i) % len(_CONTINUATION)]) for i in range(count)]
-
-    def _spend_time(self, extend_tokens: int, decode_tokens: int, started: float) -> None:
-        budget = (extend_tokens / PREFILL_TOKENS_PER_S + decode_tokens * DECODE_S_PER_TOKEN) * self.time_scale
-        left = budget - (time.monotonic() - started)
-        if left > 0:
-            time.sleep(left)
 
     def _hidden_states(self, input_ids: list[int], cached: int, output_ids: list[int]) -> list[Any]:
         """SGLang's layout: [extend rows of the last prefill chunk] then one vector per decode step."""

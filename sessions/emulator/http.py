@@ -7,7 +7,9 @@ Bearer <key>``; ``/health*`` and ``/metrics`` are exempt).
 Endpoints: ``GET /health`` ``/health_generate`` (503 until warmup is done; otherwise a 1-token
 generation), ``GET /ready``, ``GET /model_info`` (``/get_model_info``: deprecated alias),
 ``GET /server_info`` (``/get_server_info``), ``GET /v1/models``, ``POST|PUT /generate``,
-``GET|POST /flush_cache``, ``POST /abort_request``, ``POST /freeze_gc``.
+``GET|POST /flush_cache``, ``POST /abort_request``, ``POST /freeze_gc``, ``GET /metrics`` (with
+``--enable-metrics``).  ``/generate`` with ``"stream": true`` answers in SGLang's SSE framing, one chunk per
+scheduler forward.
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ _ROUTES = {
     "/flush_cache": ("GET", "POST"),
     "/abort_request": ("POST",),
     "/freeze_gc": ("POST",),
+    "/metrics": ("GET",),
 }
 
 
@@ -82,6 +85,13 @@ class _Handler(BaseHTTPRequestHandler):
 
     # -- plumbing -------------------------------------------------------------------------------------
 
+    def setup(self) -> None:
+        super().setup()
+        # uvicorn sets TCP_NODELAY on every connection: without it the first SSE chunk waits for the
+        # client's delayed ACK of the headers (Nagle), adding tens of ms to TTFT.
+        with contextlib.suppress(OSError):
+            self.connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
     def log_message(self, format: str, *args: Any) -> None:
         pass  # the access log is written in uvicorn's format by _finish
 
@@ -101,8 +111,9 @@ class _Handler(BaseHTTPRequestHandler):
             self.wfile.write(body)
         self._finish(status)
 
-    def _json(self, status: int, obj: Any) -> None:
-        self._send(status, json.dumps(obj).encode(), "application/json")
+    def _json(self, status: int, obj: Any, compact: bool = False) -> None:
+        body = _compact(obj) if compact else json.dumps(obj).encode()
+        self._send(status, body, "application/json")
 
     def _text(self, status: int, text: str) -> None:
         self._send(status, text.encode(), "text/plain; charset=utf-8")
@@ -210,12 +221,26 @@ class _Handler(BaseHTTPRequestHandler):
         self._text(status, text)
 
     def _abort_request(self) -> None:
-        self._read_body()
+        raw = self._read_body()
+        try:
+            body = json.loads(raw or b"{}")
+        except json.JSONDecodeError:
+            body = {}
+        rid = body.get("rid") if isinstance(body, dict) else None
+        if isinstance(rid, str) and rid:
+            self.server.manager.abort(rid)
         self._empty(200)
 
     def _freeze_gc(self) -> None:
         self._read_body()
         self._empty(200)
+
+    def _metrics(self) -> None:
+        metrics = self.server.manager.metrics
+        if metrics is None:  # SGLang mounts /metrics only with --enable-metrics
+            self._json(404, {"detail": "Not Found"})
+            return
+        self._send(200, metrics.render().encode(), "text/plain; version=0.0.4; charset=utf-8")
 
     def _generate(self) -> None:
         manager = self.server.manager
@@ -228,6 +253,9 @@ class _Handler(BaseHTTPRequestHandler):
                     f"the request body is not valid JSON: {exc.msg} (line {exc.lineno})"
                 ) from None
             requests, batch = split_generate_request(body)
+            if body.get("stream"):
+                self._stream(requests, batch)
+                return
             responses = [manager.generate(request) for request in requests]
         except ContractError as exc:
             self._json(400, {"error": str(exc)})
@@ -235,10 +263,56 @@ class _Handler(BaseHTTPRequestHandler):
         except RequestError as exc:
             self._json(exc.status, {"error": {"message": str(exc)}})
             return
-        result: Any = responses if batch else responses[0]
-        if isinstance(body, dict) and body.get("stream"):
-            items = result if batch else [result]
-            chunks = "".join(f"data: {json.dumps(item)}\n\n" for item in items) + "data: [DONE]\n\n"
-            self._send(200, chunks.encode(), "text/event-stream", close=True)
-            return
-        self._json(200, result)
+        self._json(200, responses if batch else responses[0], compact=True)
+
+    def _stream(self, requests: list[dict[str, Any]], batch: bool) -> None:
+        """SSE as SGLang sends it (http_server.py:956-981): ``data: <compact json>\n\n`` per chunk, then
+        ``data: [DONE]\n\n``; a refusal after the headers is one error chunk.  Chunked transfer encoding
+        keeps the connection reusable, as uvicorn's does."""
+        manager = self.server.manager
+        self.send_response(200)
+        self.send_header("content-type", "text/event-stream; charset=utf-8")
+        self.send_header("transfer-encoding", "chunked")
+        self.end_headers()
+        streams = []
+        try:
+            try:
+                streams = [manager.open_stream(request) for request in requests]
+                for index, stream in enumerate(streams):
+                    # A batch's sub-requests are sent one after the other (SGLang interleaves them); each
+                    # chunk carries its "index".
+                    while not stream.finished:
+                        response = stream.next_response()
+                        if response is None:
+                            break
+                        if batch:
+                            response = {**response, "index": index}
+                        self._sse(response)
+            except RequestError as exc:
+                code = exc.status or 400
+                self._sse({"error": {"message": str(exc), "type": "invalid_request_error", "code": code,
+                                     "retryable": False}})
+            self._write_chunk(b"data: [DONE]\n\n")
+            self._write_chunk(b"")
+            self._finish(200)
+        except (BrokenPipeError, ConnectionResetError):
+            self.close_connection = True
+            for stream in streams:
+                if not stream.finished:
+                    manager.abort(stream.rid)
+                    stream.close()
+            self.server.console.log(
+                f"[http_server] Client disconnected: {self.client_address[0]}:{self.client_address[1]}"
+            )
+
+    def _sse(self, obj: Any) -> None:
+        self._write_chunk(b"data: " + _compact(obj) + b"\n\n")
+
+    def _write_chunk(self, data: bytes) -> None:
+        self.wfile.write(f"{len(data):x}\r\n".encode() + data + b"\r\n")
+        self.wfile.flush()
+
+
+def _compact(obj: Any) -> bytes:
+    """orjson's output as SGLang sends it: compact, insertion order kept."""
+    return json.dumps(obj, separators=(",", ":"), ensure_ascii=False).encode()

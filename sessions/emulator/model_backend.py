@@ -35,7 +35,7 @@ import os
 import threading
 import time
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Generator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -345,36 +345,82 @@ class ModelBackend:
             raise ModelBackendError("text encodes to no tokens")
         return prompts, batched
 
+    def generate_steps(self, request: Mapping[str, Any]) -> Generator[int, None, dict]:
+        """One (non-batch) request, checked now; then one output token per ``next()`` (the first from the
+        prefill, each later one from a decode forward).  The generator returns the final response.  The
+        emulator's scheduler drives several of these, one step each per decode batch."""
+        prompts, batched = self._prompts(request)
+        if batched:
+            raise ModelBackendError("generate_steps takes one prompt; split the batch first")
+        rid = request.get("rid")
+        rid = rid if rid is not None else uuid.uuid4().hex
+        if not isinstance(rid, str):
+            raise ModelBackendError(f"rid must be a string, not {type(rid).__name__}")
+        hidden = request.get("return_hidden_states")
+        if hidden not in (None, False, True):
+            raise ModelBackendError(f"return_hidden_states must be a boolean, not {hidden!r}")
+        if hidden and self.config.hidden_states_mode != "full":
+            if self.config.hidden_states_mode is None:
+                raise ModelBackendError(_HIDDEN_NOT_CONFIGURED)
+            raise ModelBackendError(_HIDDEN_EXCEEDS.format(mode=self.config.hidden_states_mode))
+        params = request.get("sampling_params") or {}
+        _check_max_new(params)
+        self.last_prompt_len, self.last_cached = len(prompts[0]), 0
+        return self._steps_one(rid, prompts[0], params, bool(hidden))
+
+    def detokenize(self, ids: list[int]) -> str | None:
+        """The text so far (None without a tokenizer), as SGLang's detokenizer sends it."""
+        if self.tokenizer is None:
+            return None
+        return self.tokenizer.decode(ids, skip_special_tokens=True)
+
     def _run_one(self, rid: str, prompt: list[int], params: Mapping[str, Any], want_hidden: bool) -> dict:
+        _check_max_new(params)
+        steps = self._steps_one(rid, prompt, params, want_hidden)
+        while True:
+            try:
+                next(steps)
+            except StopIteration as stop:
+                return stop.value
+
+    def _steps_one(self, rid: str, prompt: list[int], params: Mapping[str, Any],
+                   want_hidden: bool) -> Generator[int, None, dict]:
         import torch
 
         started = time.monotonic()
         max_new = params.get("max_new_tokens", 128)
-        if not isinstance(max_new, int) or isinstance(max_new, bool) or max_new < 0:
-            raise ModelBackendError(f"max_new_tokens must be an integer >= 0, not {max_new!r}")
         ignore_eos = bool(params.get("ignore_eos", False))
         stop_ids = set(params.get("stop_token_ids") or [])
-        with torch.inference_mode():
-            cache, last_row, chunk_rows = self._prefill(rid, prompt)
-            hidden_out: list = [chunk_rows.tolist()] if want_hidden else []
-            output: list[int] = []
-            finish: dict = {"type": "length", "length": max_new}
-            if max_new > 0:
+        output: list[int] = []
+        finish: dict = {"type": "length", "length": max_new}
+        hidden_out: list = []
+        if max_new > 0:
+            with torch.inference_mode():
+                cache, last_row, chunk_rows = self._prefill(rid, prompt)
+                if want_hidden:
+                    hidden_out.append(chunk_rows.tolist())
                 token = self._next_token(last_row)
-                position = len(prompt)
-                while True:
-                    output.append(token)
-                    if (token in self.eos_token_ids and not ignore_eos) or token in stop_ids:
-                        finish = {"type": "stop", "matched": token}
-                        break
-                    if len(output) >= max_new:
-                        break
+            position = len(prompt)
+            while True:
+                output.append(token)
+                yield token
+                if (token in self.eos_token_ids and not ignore_eos) or token in stop_ids:
+                    finish = {"type": "stop", "matched": token}
+                    break
+                if len(output) >= max_new:
+                    break
+                with torch.inference_mode():
                     out = self._forward(torch.tensor([[token]], device=self.device), cache, position)
                     position += 1
                     rows = self._hidden_rows(out)
                     if want_hidden:
                         hidden_out.append(rows[0].tolist())
                     token = self._next_token(out.last_hidden_state[0, -1])
+        else:
+            with torch.inference_mode():
+                _cache, _last_row, chunk_rows = self._prefill(rid, prompt)
+            if want_hidden:
+                hidden_out.append(chunk_rows.tolist())
         meta: dict[str, Any] = {
             "id": rid,
             "finish_reason": finish,
@@ -459,6 +505,12 @@ class ModelBackend:
             last = last if keep_last else None
         self.writer.submit([rid], [prefix_len], [int(chunk.shape[0])], aux, last, chunk.cpu(), meta,
                            ready=ready)
+
+
+def _check_max_new(params: Mapping[str, Any]) -> None:
+    max_new = params.get("max_new_tokens", 128)
+    if not isinstance(max_new, int) or isinstance(max_new, bool) or max_new < 0:
+        raise ModelBackendError(f"max_new_tokens must be an integer >= 0, not {max_new!r}")
 
 
 def _pinned_copy(tensor: Any) -> Any:

@@ -30,9 +30,7 @@ PREFILL_GRAPH_S = 15.0
 DECODE_GRAPH_S = 60.0
 UVICORN_START_S = 1.0
 WARMUP_S = 2.0
-# Serving cost of the fixed backend: prefill tokens per second and seconds per decoded token (~90 tok/s).
-PREFILL_TOKENS_PER_S = 20000.0
-DECODE_S_PER_TOKEN = 0.011
+# Serving (prefill and decode forwards) is not time-scaled: see `cost_model.DecodeCostModel`.
 # SGLang's own waits (sglang-facts §6, §7).
 INIT_DEATH_POLL_S = 5.0  # engine.py: scheduler death during init is checked every 5 s
 WATCHDOG_POLL_S = 1.0  # SubprocessWatchdog

@@ -38,7 +38,8 @@ from typing import Any, NoReturn
 
 from sessions.emulator import pacing
 from sessions.emulator.args import EmulatorOptions, context_len, log_level_number, log_prefix, scheduler_title
-from sessions.emulator.backend import FixedBackend, RequestError
+from sessions.emulator.backend import FixedBackend
+from sessions.emulator.batcher import Batcher
 from sessions.emulator.console import WEIGHT_BAR_FORMAT, Console, ConsoleLogHandler, ProgressBar
 from sessions.emulator.faults import (
     CUDA_ILLEGAL_ADDRESS,
@@ -177,8 +178,20 @@ class Scheduler:
             else None
         )
         self.serving_since: float | None = None
-        self.last_gen_throughput = 0.0
+        self.batcher: Batcher | None = None
+        self._busy = False
         self.init_model_worker()
+        if self.tp_rank == 0:
+            self.batcher = Batcher(
+                self.model_runner.backend,
+                self.args,
+                spec.options.cost,
+                console,
+                self.model_runner.plan.kv_tokens,
+                self.model_runner.max_running_requests,
+                self.tp_group.send,
+                self.tp_rank,
+            )
         self.report_ready()
 
     # -- startup --------------------------------------------------------------------------------------
@@ -218,26 +231,49 @@ class Scheduler:
     # -- serving --------------------------------------------------------------------------------------
 
     def event_loop_normal(self) -> None:
+        """Handle what arrived, then run one forward while there is work (TP0's batcher)."""
         while True:
-            message = self.recv_requests()
-            kind = message[0]
-            if kind == "shutdown":
-                return
-            if kind == "generate":
-                self.handle_generate_request(message[1], message[2], message[3])
-            elif kind == "internal_state":
-                self.tp_group.send("reply", message[1], self.tp_rank, self.get_internal_state())
-            elif kind == "flush_cache":
-                self.tp_group.send("reply", message[1], self.tp_rank, self.flush_cache())
+            batcher = self.batcher
+            message = self.recv_requests(block=batcher is None or not batcher.busy)
+            while message is not None:
+                if message[0] == "shutdown":
+                    return
+                self.handle_message(message)
+                message = self.recv_requests(block=False)
+            if batcher is not None and batcher.busy:
+                if not self._busy:
+                    self._busy = True
+                    self.model_runner.report_memory("decode_graph", 1.0, 85.0)
+                batcher.step()
+                if not batcher.busy:
+                    self._busy = False
+                    self.model_runner.report_memory("decode_graph", 1.0, 0.0)
+                    batcher.idle_metrics()
 
-    def recv_requests(self) -> tuple[Any, ...]:
+    def handle_message(self, message: tuple[Any, ...]) -> None:
+        kind = message[0]
+        if kind == "generate":
+            self.handle_generate_request(message[1], message[2], message[3])
+        elif kind == "abort_request":
+            if self.batcher is not None:
+                self.batcher.abort(message[2])
+            self.tp_group.send("reply", message[1], self.tp_rank, {"success": True})
+        elif kind == "internal_state":
+            self.tp_group.send("reply", message[1], self.tp_rank, self.get_internal_state())
+        elif kind == "flush_cache":
+            self.tp_group.send("reply", message[1], self.tp_rank, self.flush_cache())
+
+    def recv_requests(self, block: bool = True) -> tuple[Any, ...] | None:
+        """The next message; None at once when ``block`` is False and nothing is waiting."""
         if self.tp_group.pending:
             return self.tp_group.pending.popleft()
         conn = self.tp_group.conn
         while True:
-            timeout = self._idle_crash_in_s()
+            timeout = self._idle_crash_in_s() if block else 0.0
             if conn.poll(timeout):
                 return conn.recv()
+            if not block:
+                return None
             self.self_check_during_idle()
 
     def _idle_crash_in_s(self) -> float | None:
@@ -257,62 +293,16 @@ class Scheduler:
             self.run_batch(request)
         if self.tp_size > 1:
             self.tp_group.all_reduce(f"forward:{msg_id}")  # every rank takes part in every forward
-        if self.tp_rank != 0:
-            return
-        self.model_runner.report_memory("decode_graph", 1.0, 85.0)
-        began = time.monotonic()
-        try:
-            response = self.model_runner.backend.generate(request)
-        except RequestError as exc:
-            self.tp_group.send("reply", msg_id, self.tp_rank, {"error": str(exc), "status": exc.status})
-            return
-        finally:
-            self.model_runner.report_memory("decode_graph", 1.0, 0.0)
-        self.log_batches(response, time.monotonic() - began)
-        self.tp_group.send("reply", msg_id, self.tp_rank, {"response": response})
+        if self.batcher is not None:
+            self.batcher.add(msg_id, request)
 
     def run_batch(self, request: dict[str, Any] | None) -> NoReturn:
         self.model_runner.forward_batch_generation(request)
         raise AssertionError("unreachable")
 
-    def log_batches(self, response: dict[str, Any], elapsed_s: float) -> None:
-        """The TP0 stats lines (metrics_reporter.py:753-762) for one finished request."""
-        meta = response.get("meta_info", {})
-        prompt, cached = int(meta.get("prompt_tokens", 0)), int(meta.get("cached_tokens", 0))
-        completion = int(meta.get("completion_tokens", 0))
-        capacity = max(1, self.model_runner.plan.kv_tokens)
-        chunk = self.args["chunked_prefill_size"]
-        extend = max(prompt - cached, 0)
-        chunks = (
-            [extend]
-            if chunk is None or chunk <= 0
-            else [min(chunk, extend - start) for start in range(0, extend, chunk)] or [0]
-        )
-        # Split the measured time between prefill and decode the way the fixed backend spends it.
-        prefill_s = extend / pacing.PREFILL_TOKENS_PER_S
-        decode_s = completion * pacing.DECODE_S_PER_TOKEN
-        share = prefill_s / (prefill_s + decode_s) if prefill_s + decode_s > 0 else 1.0
-        prefill_elapsed = max(elapsed_s * share, 1e-6)
-        decode_elapsed = max(elapsed_s - prefill_elapsed, 1e-6)
-        prefill_graph_max = max(self.args["cuda_graph_bs_prefill"] or [0])
-        for i, size in enumerate(chunks):
-            graph = self.args["cuda_graph_backend_prefill"] != "disabled" and size <= prefill_graph_max
-            self.console.log(
-                f"Prefill batch, #new-seq: 1, #new-token: {size}, #cached-token: {cached if i == 0 else 0}, "
-                f"token usage: {min(prompt, capacity) / capacity:.2f}, #running-req: 0, #queue-req: "
-                f"{len(self.tp_group.pending)}, cuda graph: {graph}, input throughput (token/s): "
-                f"{extend / prefill_elapsed:.2f}"
-            )
-        interval = max(1, self.args["decode_log_interval"])
-        decode_graph = self.args["cuda_graph_backend_decode"] != "disabled"
-        self.last_gen_throughput = completion / decode_elapsed if completion > 1 else 0.0
-        for step in range(interval, completion, interval):
-            self.console.log(
-                f"Decode batch, #running-req: 1, #token: {prompt + step}, token usage: "
-                f"{min(prompt + step, capacity) / capacity:.2f}, cuda graph: {decode_graph}, "
-                f"gen throughput (token/s): {self.last_gen_throughput:.2f}, "
-                f"#queue-req: {len(self.tp_group.pending)}"
-            )
+    @property
+    def last_gen_throughput(self) -> float:
+        return self.batcher.stats.last_gen_throughput if self.batcher is not None else 0.0
 
     def get_internal_state(self) -> dict[str, Any]:
         plan = self.model_runner.plan
@@ -330,6 +320,8 @@ class Scheduler:
         }
 
     def flush_cache(self) -> dict[str, Any]:
+        if self.batcher is not None:
+            self.batcher.flush_stats()
         if self.tp_rank == 0:
             flush = getattr(self.model_runner.backend, "flush_cache", None)
             if callable(flush):

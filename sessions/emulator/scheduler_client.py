@@ -2,13 +2,14 @@
 
 While the ranks start, the main thread reads their pipes itself (`SchedulerClient.dispatch`); once every
 rank is ready, one reader thread per rank takes over (`start_readers`) so that HTTP threads can make
-round trips (`call`).  Calls have no timeout unless one is given: SGLang's ``/server_info`` waits on every
+round trips (`call`) and follow a request's streamed chunks (`stream`).  Calls have no timeout unless one is given: SGLang's ``/server_info`` waits on every
 scheduler without one (sglang-facts §2), and a request whose forward lost a rank hangs, as in SGLang.
 """
 
 from __future__ import annotations
 
 import itertools
+import queue
 import threading
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -45,6 +46,34 @@ class _Call:
     expected: frozenset[int]
     results: dict[int, Any] = field(default_factory=dict)
     done: threading.Event = field(default_factory=threading.Event)
+    events: queue.SimpleQueue | None = None  # a streaming call: ("chunk", chunk) and ("reply", payload)
+
+
+class StreamCall:
+    """A request whose output comes as chunks: ``get()`` returns ``("chunk", chunk)`` or
+    ``("reply", payload)`` (a refusal) in arrival order; ``close()`` forgets the call."""
+
+    def __init__(self, client: SchedulerClient, msg_id: int, call: _Call) -> None:
+        self._client = client
+        self.msg_id = msg_id
+        self._events = call.events
+        assert self._events is not None
+
+    def get(self, timeout_s: float | None = None) -> tuple[str, Any] | None:
+        try:
+            return self._events.get(timeout=timeout_s)
+        except queue.Empty:
+            return None
+
+    def get_nowait(self) -> tuple[str, Any] | None:
+        try:
+            return self._events.get_nowait()
+        except queue.Empty:
+            return None
+
+    def close(self) -> None:
+        with self._client._calls_lock:
+            self._client._calls.pop(self.msg_id, None)
 
 
 class SchedulerClient:
@@ -65,6 +94,8 @@ class SchedulerClient:
         self._calls_lock = threading.Lock()
         self._ids = itertools.count(1)
         self._readers: list[threading.Thread] = []
+        # TP0's gauges, sent with every stats line (the main process serves them on /metrics)
+        self.on_metrics: Callable[[int, dict[str, Any]], None] | None = None
 
     def send(self, rank: int, *message: Any) -> bool:
         """Send to one rank; False when its pipe is gone (the rank died)."""
@@ -97,9 +128,23 @@ class SchedulerClient:
             with self._calls_lock:
                 call = self._calls.get(msg_id)
             if call is not None:
+                if call.events is not None:
+                    call.events.put(("reply", payload))
                 call.results[rank] = payload
                 if call.expected <= call.results.keys():
                     call.done.set()
+            return True
+        if kind == "chunks":
+            _, rank, items = message
+            with self._calls_lock:
+                calls = [(self._calls.get(msg_id), chunk) for msg_id, chunk in items]
+            for call, chunk in calls:
+                if call is not None and call.events is not None:
+                    call.events.put(("chunk", chunk))
+            return True
+        if kind == "metrics":
+            if self.on_metrics is not None:
+                self.on_metrics(message[1], message[2])
             return True
         return False
 
@@ -118,6 +163,16 @@ class SchedulerClient:
             except (EOFError, OSError):
                 return  # the rank is gone; the main process's watchdog deals with that
             self.dispatch(message)
+
+    def stream(self, kind: str, *payload: Any) -> StreamCall:
+        """Send ``(kind, msg_id, *payload)`` to every rank; TP0's chunks and replies come through the
+        returned call."""
+        msg_id = next(self._ids)
+        call = _Call(frozenset({0}), events=queue.SimpleQueue())
+        with self._calls_lock:
+            self._calls[msg_id] = call
+        self.broadcast(kind, msg_id, *payload)
+        return StreamCall(self, msg_id, call)
 
     def call(
         self,

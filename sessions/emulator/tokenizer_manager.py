@@ -22,6 +22,7 @@ from typing import Any
 from sessions.emulator.args import SGLANG_VERSION, context_len
 from sessions.emulator.backend import RequestError
 from sessions.emulator.console import Console
+from sessions.emulator.metrics import ServingMetrics
 from sessions.emulator.model_config import ModelConfig
 from sessions.emulator.scheduler_client import SchedulerClient
 
@@ -103,6 +104,93 @@ def _per_item(value: Any, n: int, batch: bool, name: str, ok) -> list[Any]:
     return [value] * n
 
 
+class RequestStream:
+    """One request's output on the main process: cumulative responses, coalesced as SGLang does.
+
+    ``next_response()`` blocks for the next chunk, then takes every chunk already waiting and returns only
+    the latest state (cumulative ``text``/``output_ids``; tokenizer_manager.py:1977-1994).  The first
+    response sent gets ``response_sent_to_client_ts``; the final one ``e2e_latency``.  A refusal raises
+    `RequestError`.
+    """
+
+    def __init__(self, manager: TokenizerManager, call: Any, rid: str, started: float, streaming: bool) -> None:
+        self.manager = manager
+        self.call = call
+        self.rid = rid
+        self.started = started
+        self.streaming = streaming
+        self.finished = False
+        self.output_ids: list[int] = []
+        self._sent_any = False
+        self._first_token_at: float | None = None
+        self._last_token_at: float | None = None
+        self._closed = False
+
+    def next_response(self) -> dict[str, Any] | None:
+        if self.finished:
+            return None
+        event = self.call.get()
+        latest = None
+        while event is not None:
+            kind, payload = event
+            if kind == "reply":
+                if "error" in payload:
+                    self.close()
+                    raise RequestError(payload["error"], payload.get("status", 400))
+            else:
+                latest = self._take(payload)
+                if self.finished:
+                    break
+            if latest is not None and not self.streaming and not self.finished:
+                latest = None  # a non-streaming request waits for its final response
+            event = self.call.get_nowait()
+            if event is None and latest is None and not self.finished:
+                event = self.call.get()
+        return latest
+
+    def _take(self, chunk: dict[str, Any]) -> dict[str, Any]:
+        now = time.monotonic()
+        metrics = self.manager.metrics
+        new = chunk["ids"]
+        if chunk.get("all_ids") is not None:
+            self.output_ids = list(chunk["all_ids"])
+        else:
+            self.output_ids.extend(new)
+        if new:
+            if self._first_token_at is None:
+                self._first_token_at = now
+                if metrics is not None:
+                    metrics.on_first_token(self.streaming, now - self.started)
+            elif metrics is not None and self._last_token_at is not None:
+                metrics.on_tokens(now - self._last_token_at, len(new))
+            self._last_token_at = now
+        meta = dict(chunk["meta"])
+        response: dict[str, Any] = {}
+        if chunk["text"] is not None:
+            response["text"] = chunk["text"]
+        response["output_ids"] = list(self.output_ids)
+        response["meta_info"] = meta
+        if not self._sent_any:
+            meta["response_sent_to_client_ts"] = time.time()
+            self._sent_any = True
+        if chunk["final"]:
+            self.finished = True
+            e2e = now - self.started
+            meta["e2e_latency"] = e2e
+            if metrics is not None:
+                decode_s = now - (self._first_token_at or now)
+                metrics.on_finish(self.streaming, int(meta.get("prompt_tokens", 0)), len(self.output_ids),
+                                  e2e, decode_s)
+            self.close()
+        return response
+
+    def close(self) -> None:
+        if not self._closed:
+            self._closed = True
+            self.call.close()
+            self.manager._forget(self.rid)
+
+
 class TokenizerManager:
     """Serving state shared by the HTTP threads, the warmup thread and the main thread."""
 
@@ -128,6 +216,10 @@ class TokenizerManager:
         self.loop_started = threading.Event()
         self._in_flight: dict[str, float] = {}
         self._lock = threading.Lock()
+        self.metrics: ServingMetrics | None = None
+        if args.get("enable_metrics"):
+            self.metrics = ServingMetrics(args["served_model_name"])
+            client.on_metrics = self.metrics.on_scheduler
         self.health_timeout_s = float(os.environ.get("SGLANG_HEALTH_CHECK_TIMEOUT", "20"))
         self.health_generates = os.environ.get("SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION", "1") not in (
             "0",
@@ -146,7 +238,18 @@ class TokenizerManager:
     # -- requests -------------------------------------------------------------------------------------
 
     def generate(self, request: dict[str, Any]) -> dict[str, Any]:
-        """One request through TP0's backend; RequestError for what SGLang refuses."""
+        """One request, answered whole (non-streaming); RequestError for what SGLang refuses."""
+        stream = self.open_stream(request)
+        try:
+            while True:
+                response = stream.next_response()
+                if response is None or stream.finished:
+                    return response or {}
+        finally:
+            stream.close()
+
+    def open_stream(self, request: dict[str, Any]) -> RequestStream:
+        """Queue one request with the schedulers; its output comes through the returned stream."""
         is_warmup = self.status is ServerStatus.STARTING  # only the warmup request comes before "Up"
         if self.gracefully_exit:
             raise RequestError("The server is shutting down and does not accept new requests.", 503)
@@ -159,16 +262,19 @@ class TokenizerManager:
             self._in_flight[rid] = started
         self.loop_started.set()
         try:
-            replies = self.client.call("generate", request, is_warmup, reply_from=(0,))
-            payload = (replies or {}).get(0) or {}
-            if "error" in payload:
-                raise RequestError(payload["error"], payload.get("status", 400))
-            response = payload["response"]
-            response.setdefault("meta_info", {})["e2e_latency"] = time.monotonic() - started
-            return response
-        finally:
-            with self._lock:
-                self._in_flight.pop(rid, None)
+            call = self.client.stream("generate", request, is_warmup)
+        except BaseException:
+            self._forget(rid)
+            raise
+        return RequestStream(self, call, rid, started, bool(request.get("stream")))
+
+    def _forget(self, rid: str) -> None:
+        with self._lock:
+            self._in_flight.pop(rid, None)
+
+    def abort(self, rid: str) -> None:
+        """/abort_request, or a streaming client that went away."""
+        self.client.call("abort_request", rid, reply_from=(0,), timeout_s=10.0)
 
     def health(self) -> int:
         """The /health status code (sglang-facts §2): 503 unless Up; by default a 1-token generation."""

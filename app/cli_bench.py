@@ -1,0 +1,131 @@
+"""`eagle3-tui bench SESSION [...]` and `eagle3-tui bench history [PROFILE]`: the serving bench.
+
+`bench SESSION` runs a warm-up, then each concurrency over the same seeded random-id prompts against the
+session's `/generate` (streaming, as SGLang's bench_serving sends them), prints one table (or with `--json`
+one object `{"runs": [...], "session", "profile", ...}` with bench_serving's key names) and keeps the
+result in the state dir.  `bench history` lists the kept results side by side, best marked.
+Only argparse is imported here; the engine is imported inside the handlers (fast `--help`).
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser(
+        "bench",
+        help="benchmark a ready session like SGLang's bench_serving; 'bench history' lists kept results",
+        description="Benchmark SESSION (a ready server): warm-up, then each concurrency over the same seeded "
+        "random-id prompts against /generate with streaming. Reports output/input/request throughput, TTFT, "
+        "TPOT, ITL and E2E latency (mean, median, p99) with bench_serving's definitions, and keeps the result. "
+        "'eagle3-tui bench history [PROFILE]' lists the kept results.",
+    )
+    p.add_argument("session", metavar="SESSION|history", help="a session id or unique prefix, or 'history'")
+    p.add_argument("profile", nargs="?", metavar="PROFILE", help="with 'history': only this profile's results")
+    p.add_argument("--input-len", type=int, default=256, metavar="N", help="prompt length in tokens (256)")
+    p.add_argument("--output-len", type=int, default=128, metavar="M", help="output tokens per request (128)")
+    p.add_argument("--num-prompts", type=int, default=None, metavar="K",
+                   help="requests per concurrency (default: max(4, 2 x concurrency))")
+    p.add_argument("--concurrency", default="1,8,32", metavar="C,C,...",
+                   help="max requests in flight, one run each (1,8,32)")
+    p.add_argument("--seed", type=int, default=1, metavar="S", help="prompt seed (1)")
+    p.add_argument("--json", action="store_true", help="print one JSON object on stdout")
+    p.set_defaults(func=_bench)
+
+
+def _bench(args: argparse.Namespace) -> int:
+    if args.session == "history":
+        return _history(args)
+    import json
+
+    from app.cli import EXIT_BAD_INPUT, EXIT_FAILED, CliError
+    from app.cli_server import _find
+    from sessions.bench.runner import BenchError
+    from sessions.bench.session_bench import BenchOptions, bench_session, parse_concurrency
+    from sessions.bench.store import save_result
+
+    if args.profile is not None:
+        raise CliError(f"bench {args.session}: unexpected argument {args.profile!r} (PROFILE goes with "
+                       "'bench history')", EXIT_BAD_INPUT)
+    try:
+        options = BenchOptions(args.input_len, args.output_len, args.num_prompts,
+                               parse_concurrency(args.concurrency), args.seed)
+        options.check()
+    except BenchError as exc:
+        raise CliError(str(exc), EXIT_BAD_INPUT) from None
+    session = _find(args.session)
+
+    tty = sys.stderr.isatty()
+
+    def progress(concurrency: int, done: int, total: int) -> None:
+        if tty:  # one line redrawn in place
+            print(f"\rconcurrency {concurrency}: {done}/{total} requests", end="" if done < total else "\n",
+                  file=sys.stderr, flush=True)
+        elif done == total:
+            print(f"concurrency {concurrency}: {done}/{total} requests", file=sys.stderr, flush=True)
+
+    try:
+        result = bench_session(session, options, progress, bench_argv=["eagle3-tui", "bench", *sys.argv[2:]])
+    except BenchError as exc:
+        raise CliError(str(exc), EXIT_FAILED) from None
+    from sessions.home import resolve_home
+
+    path = save_result(resolve_home(), result)
+    if args.json:
+        print(json.dumps(result | {"saved_to": str(path)}, indent=2))
+    else:
+        print(runs_table(result["runs"]))
+        print(f"kept as {path}", file=sys.stderr)
+    return 0
+
+
+def runs_table(runs: list[dict]) -> str:
+    """The per-concurrency table (people's output; the TUI shows the same columns)."""
+    head = ("CONC", "DONE", "OUT tok/s", "IN tok/s", "REQ/s", "TTFT med", "TTFT p99", "TPOT med", "ITL med",
+            "ITL p99", "E2E med")
+    rows = [head]
+    for r in runs:
+        rows.append((
+            str(r["max_concurrency"]), str(r["completed"]), f"{r['output_throughput']:.1f}",
+            f"{r['input_throughput']:.1f}", f"{r['request_throughput']:.2f}", f"{r['median_ttft_ms']:.1f}",
+            f"{r['p99_ttft_ms']:.1f}", f"{r['median_tpot_ms']:.2f}", f"{r['median_itl_ms']:.2f}",
+            f"{r['p99_itl_ms']:.2f}", f"{r['median_e2e_latency_ms']:.0f}",
+        ))
+    widths = [max(len(row[i]) for row in rows) for i in range(len(head))]
+    return "\n".join("  ".join(c.rjust(w) for c, w in zip(row, widths)) for row in rows) + \
+        "\n(latencies in ms)"
+
+
+def _history(args: argparse.Namespace) -> int:
+    import json
+    import time
+
+    from sessions.bench.store import best_row, load_history
+    from sessions.home import resolve_home
+
+    rows, problems = load_history(resolve_home(), args.profile)
+    for problem in problems:
+        print(f"eagle3-tui: {problem}", file=sys.stderr)
+    best = best_row(rows)
+    if args.json:
+        print(json.dumps([r.to_json() | {"best": r is best} for r in rows], indent=2))
+        return 0
+    if not rows:
+        print("no bench results" + (f" for profile {args.profile}" if args.profile else ""), file=sys.stderr)
+        return 0
+    table = [("", "ID", "PROFILE", "DATE", "SGLANG", "1-STREAM tok/s", "TTFT ms", "TOP CONC", "TOP tok/s")]
+    for r in rows:
+        table.append((
+            "*" if r is best else "", r.id, r.profile, time.strftime("%Y-%m-%d %H:%M", time.localtime(r.time)),
+            r.sglang_version or "?", _num(r.single_stream_tok_s, ".1f"), _num(r.ttft_ms, ".1f"),
+            _num(r.top_concurrency, "d"), _num(r.top_throughput, ".1f"),
+        ))
+    widths = [max(len(row[i]) for row in table) for i in range(len(table[0]))]
+    print("\n".join("  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in table))
+    print("* best single-stream tok/s", file=sys.stderr)
+    return 0
+
+
+def _num(value, fmt: str) -> str:
+    return "-" if value is None else format(value, fmt)

@@ -1,0 +1,215 @@
+"""The bench screen (key ``b``): bench the selected ready session, then compare the kept results.
+
+With a session it runs `sessions.bench.session_bench.bench_session` in a thread worker (warm-up, then
+concurrency 1, 8, 32) with a progress bar, shows the per-concurrency table (bench_serving's figures) and
+keeps the result.  Below, every kept result side by side: profile, date, key flag differences against the
+best row, single-stream tok/s, TTFT and throughput at the highest concurrency; the best is starred.
+``space`` marks rows: with two marked (or one, against the best) the full flag diff is shown.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, ClassVar
+
+from rich.text import Text
+from textual import work
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Vertical
+from textual.screen import Screen
+from textual.widgets import DataTable, Footer, ProgressBar, Static
+
+RESULT_COLUMNS = ("conc", "done", "out tok/s", "in tok/s", "req/s", "TTFT med", "TTFT p99", "TPOT med",
+                  "ITL med", "ITL p99", "E2E med")
+HISTORY_COLUMNS = ("", "profile", "date", "flags vs best", "1-stream tok/s", "TTFT ms", "top conc",
+                   "top tok/s")
+
+
+def result_rows(runs: list[dict[str, Any]]) -> list[tuple[str, ...]]:
+    """The result table's cells (ms for latencies), one row per concurrency."""
+    return [
+        (str(r["max_concurrency"]), str(r["completed"]), f"{r['output_throughput']:.1f}",
+         f"{r['input_throughput']:.1f}", f"{r['request_throughput']:.2f}", f"{r['median_ttft_ms']:.1f}",
+         f"{r['p99_ttft_ms']:.1f}", f"{r['median_tpot_ms']:.2f}", f"{r['median_itl_ms']:.2f}",
+         f"{r['p99_itl_ms']:.2f}", f"{r['median_e2e_latency_ms']:.0f}")
+        for r in runs
+    ]
+
+
+class BenchScreen(Screen):
+    """See the module docstring."""
+
+    BINDINGS: ClassVar[list[Binding]] = [
+        Binding("escape", "close", "Back"),
+        Binding("space", "mark", "Mark"),
+        Binding("r", "rerun", "Bench again"),
+    ]
+    DEFAULT_CSS = """
+    BenchScreen { layout: vertical; }
+    BenchScreen .pane { border: round $panel-lighten-2; padding: 0 1; height: auto; }
+    BenchScreen #run-pane { height: auto; }
+    BenchScreen #progress { display: none; }
+    BenchScreen #progress.-running { display: block; }
+    BenchScreen #results { height: auto; max-height: 8; }
+    BenchScreen #history-pane { height: 1fr; }
+    BenchScreen #history { height: 1fr; }
+    BenchScreen #diff { height: auto; max-height: 10; }
+    """
+
+    # what `b` runs (the CLI's defaults: input 256, output 128, concurrency 1, 8, 32)
+    default_options: Any = None
+
+    def __init__(self, home: Any, session_id: str | None = None) -> None:
+        super().__init__()
+        self.home = home
+        self.session_id = session_id
+        self.running = False
+        self.last_result: dict[str, Any] | None = None
+        self.rows: list[Any] = []
+        self.marked: list[str] = []
+
+    def compose(self) -> ComposeResult:
+        with Vertical(id="run-pane", classes="pane"):
+            yield Static(id="run-status")
+            yield ProgressBar(id="progress", total=1, show_eta=False)
+            yield DataTable(id="results", cursor_type="none", zebra_stripes=True)
+        with Vertical(id="history-pane", classes="pane"):
+            yield DataTable(id="history", cursor_type="row", zebra_stripes=True)
+            yield Static(id="diff")
+        yield Footer(compact=True)
+
+    def on_mount(self) -> None:
+        self.query_one("#run-pane").border_title = "Bench"
+        self.query_one("#history-pane").border_title = "Kept results (best ★, space marks two to diff)"
+        self.query_one("#results", DataTable).add_columns(*RESULT_COLUMNS)
+        self.query_one("#history", DataTable).add_columns(*HISTORY_COLUMNS)
+        self.load_history()
+        if self.session_id is not None:
+            self.start_bench()
+        else:
+            self.query_one("#run-status", Static).update("No ready session selected: kept results only.")
+
+    # -- running ------------------------------------------------------------------------------------------
+
+    def start_bench(self) -> None:
+        if self.running or self.session_id is None:
+            return
+        self.running = True
+        self.query_one("#progress", ProgressBar).add_class("-running")
+        self.query_one("#run-status", Static).update(f"Benchmarking {self.session_id}: warm-up ...")
+        self._bench(self.session_id)
+
+    @work(thread=True, exclusive=True, group="bench")
+    def _bench(self, session_id: str) -> None:
+        from sessions.bench.runner import BenchError
+        from sessions.bench.session_bench import BenchOptions, bench_session
+        from sessions.bench.store import save_result
+        from sessions.server import ServerSession
+
+        def progress(concurrency: int, done: int, total: int) -> None:
+            self.app.call_from_thread(self._progress, concurrency, done, total)
+
+        try:
+            session = ServerSession.load(session_id, self.home)
+            options = self.default_options or BenchOptions()
+            result = bench_session(session, options, progress,
+                                   bench_argv=["eagle3-tui", "bench", session_id])
+            path = save_result(self.home, result)
+        except (BenchError, OSError, ValueError) as exc:
+            self.app.call_from_thread(self._failed, str(exc))
+            return
+        except Exception as exc:  # noqa: BLE001 - shown on the screen, the TUI keeps running
+            self.app.call_from_thread(self._failed, f"{type(exc).__name__}: {exc}")
+            return
+        self.app.call_from_thread(self._done, result, str(path))
+
+    def _progress(self, concurrency: int, done: int, total: int) -> None:
+        bar = self.query_one("#progress", ProgressBar)
+        bar.update(total=total, progress=done)
+        self.query_one("#run-status", Static).update(
+            f"Benchmarking {self.session_id}: concurrency {concurrency}, {done}/{total} requests")
+
+    def _failed(self, message: str) -> None:
+        self.running = False
+        self.query_one("#progress", ProgressBar).remove_class("-running")
+        self.query_one("#run-status", Static).update(Text(f"Bench failed: {message}", style="bold red"))
+        self.notify(f"Bench failed: {message}", severity="error")
+
+    def _done(self, result: dict[str, Any], path: str) -> None:
+        self.running = False
+        self.last_result = result
+        self.query_one("#progress", ProgressBar).remove_class("-running")
+        single = next((r for r in result["runs"] if r["max_concurrency"] == 1), None)
+        headline = f", single stream {single['output_throughput']:.1f} tok/s" if single else ""
+        self.query_one("#run-status", Static).update(
+            f"{result['profile']} ({result['session']}){headline} · SGLang {result.get('sglang_version') or '?'}"
+            f" · kept as {path} · latencies in ms")
+        table = self.query_one("#results", DataTable)
+        table.clear()
+        for row in result_rows(result["runs"]):
+            table.add_row(*row)
+        self.load_history()
+
+    # -- history ------------------------------------------------------------------------------------------
+
+    def load_history(self) -> None:
+        from sessions.bench.store import best_row, load_history, short_changes
+
+        rows, problems = load_history(self.home)
+        for problem in problems:
+            self.notify(problem, severity="warning")
+        self.rows = rows
+        best = best_row(rows)
+        table = self.query_one("#history", DataTable)
+        table.clear()
+        for row in reversed(rows):  # newest first
+            star = "★" if row is best else ("•" if row.id in self.marked else "")
+            flags = "best" if row is best or best is None else short_changes(best, row)
+            table.add_row(
+                star, row.profile, time.strftime("%Y-%m-%d %H:%M", time.localtime(row.time)), flags[:60],
+                _num(row.single_stream_tok_s, ".1f"), _num(row.ttft_ms, ".1f"), _num(row.top_concurrency, "d"),
+                _num(row.top_throughput, ".1f"), key=row.id,
+            )
+        self._show_diff()
+
+    def action_mark(self) -> None:
+        table = self.query_one("#history", DataTable)
+        if not self.rows or table.row_count == 0:
+            return
+        row_key = table.coordinate_to_cell_key(table.cursor_coordinate).row_key.value
+        if row_key in self.marked:
+            self.marked.remove(row_key)
+        else:
+            self.marked = (self.marked + [row_key])[-2:]
+        self.load_history()
+
+    def _show_diff(self) -> None:
+        from sessions.bench.store import best_row, flag_changes
+
+        by_id = {r.id: r for r in self.rows}
+        chosen = [by_id[i] for i in self.marked if i in by_id]
+        if len(chosen) == 1 and best_row(self.rows) not in (None, chosen[0]):
+            chosen = [best_row(self.rows), chosen[0]]
+        diff = self.query_one("#diff", Static)
+        if len(chosen) != 2:
+            diff.update(Text("Mark two rows with space to see their flag diff.", style="dim"))
+            return
+        a, b = chosen
+        lines = flag_changes(a.command, b.command) or ["(same flags)"]
+        head = f"{a.profile} {time.strftime('%m-%d %H:%M', time.localtime(a.time))} -> " \
+               f"{b.profile} {time.strftime('%m-%d %H:%M', time.localtime(b.time))}"
+        diff.update(Text("\n".join([head, *lines])))
+
+    def action_rerun(self) -> None:
+        if self.session_id is None:
+            self.notify("No ready session to bench: select one on the dashboard and press b.", severity="warning")
+            return
+        self.start_bench()
+
+    def action_close(self) -> None:
+        self.app.pop_screen()
+
+
+def _num(value: Any, fmt: str) -> str:
+    return "-" if value is None else format(value, fmt)

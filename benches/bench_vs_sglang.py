@@ -1,0 +1,153 @@
+"""Check: `eagle3-tui bench` against SGLang 0.5.23's own `sglang.bench_serving`, on one emulator session.
+
+Both clients run against the same demo server (by default the Kimi TP8 demo profile; bench_serving loads
+the demo's tiny-llama tokenizer, which with ``--tokenize-prompt`` only bounds the ids), with the same
+request shape: random-id prompts of --input-len tokens sent as input_ids
+(bench_serving's ``--tokenize-prompt``, range ratio 1), --output-len tokens each with ``ignore_eos``,
+--num-prompts requests per concurrency.  It prints both figures and the relative gap of output
+throughput, median TTFT and median ITL per concurrency, with the target: every gap within 10 %.
+It never asserts; the exit code is 0 either way.
+
+bench_serving lives in its own venv outside the repository (it is not a dependency of the panel):
+``--sglang-python`` (default ``/work/wt/.sglang-venv/bin/python``, or ``$SGLANG_BENCH_PYTHON``).  Make it with
+``python -m venv DIR && DIR/bin/pip install torch==2.14.1 torchvision==0.29.1 && DIR/bin/pip install --no-deps
+sglang==0.5.23 && DIR/bin/pip install transformers aiohttp msgspec orjson requests tqdm numpy pybase64 psutil
+triton pillow starlette pyzmq ipython datasets apache-tvm-ffi==0.1.11 sentencepiece compressed-tensors gguf``.
+
+Usage: ``python benches/bench_vs_sglang.py [--concurrency 1,8] [--input-len 128] [--output-len 64]
+[--num-prompts 16] [--out benches/results/bench_vs_sglang.json]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO_ROOT))
+KEYS = ("output_throughput", "median_ttft_ms", "median_itl_ms", "median_tpot_ms", "median_e2e_latency_ms")
+CHECKED = ("output_throughput", "median_ttft_ms", "median_itl_ms")
+TOLERANCE = 0.10
+
+
+def panel(home: str, *args: str, check: bool = True) -> subprocess.CompletedProcess:
+    env = dict(os.environ, EAGLE3_TUI_HOME=home, PYTHONPATH=str(REPO_ROOT))
+    return subprocess.run([sys.executable, "-m", "app", "--demo", *args], capture_output=True, text=True,
+                          env=env, check=check, cwd=REPO_ROOT, timeout=900)
+
+
+def sglang_bench(python: str, port: int, tokenizer: str, concurrency: int, args: argparse.Namespace,
+                 out_file: Path) -> dict:
+    cmd = [python, "-m", "sglang.bench_serving", "--backend", "sglang", "--host", "127.0.0.1", "--port",
+           str(port), "--dataset-name", "random-ids", "--tokenize-prompt", "--random-input-len",
+           str(args.input_len), "--random-output-len", str(args.output_len), "--random-range-ratio", "1",
+           "--num-prompts", str(args.num_prompts), "--max-concurrency", str(concurrency), "--tokenizer",
+           tokenizer, "--seed", str(args.seed), "--output-file", str(out_file), "--warmup-requests", "1"]
+    env = {k: v for k, v in os.environ.items() if not k.lower().endswith("_proxy")}
+    env["HF_HUB_OFFLINE"] = "1"
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=900, cwd=out_file.parent,
+                          check=False)
+    if proc.returncode != 0:
+        raise SystemExit(f"bench_serving failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
+    line = out_file.read_text().strip().splitlines()[-1]
+    # bench_serving writes "request_rate": Infinity, which strict JSON parsers refuse
+    return json.loads(line, parse_constant=lambda c: math.inf if c == "Infinity" else None) | {
+        "stdout_tail": proc.stdout[-2500:]}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sglang-python", default=os.environ.get("SGLANG_BENCH_PYTHON",
+                                                                  "/work/wt/.sglang-venv/bin/python"))
+    parser.add_argument("--concurrency", default="1,8")
+    parser.add_argument("--input-len", type=int, default=128)
+    parser.add_argument("--output-len", type=int, default=64)
+    parser.add_argument("--num-prompts", type=int, default=16)
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--profile", default="kimi-k25-tp8",
+                        help="demo profile to serve (default the Kimi TP8 demo: config-only, modelled steps)")
+    parser.add_argument("--tokenizer", default=None,
+                        help="tokenizer dir for bench_serving (default: the demo's tiny-llama model dir; "
+                        "with --tokenize-prompt it only draws ids below its vocab size)")
+    parser.add_argument("--out", default=str(REPO_ROOT / "benches" / "results" / "bench_vs_sglang.json"))
+    args = parser.parse_args()
+    concurrencies = [int(c) for c in args.concurrency.split(",")]
+    if not Path(args.sglang_python).exists():
+        print(f"no bench_serving venv at {args.sglang_python}; see this file's docstring", file=sys.stderr)
+        return 0
+
+    from sessions.demo import ensure_demo_home
+    from sessions.home import resolve_home
+    from sessions.profiles import load_profile
+
+    work = Path(tempfile.mkdtemp(prefix="bench-vs-sglang-"))
+    home = str(work / "home")
+    os.environ["EAGLE3_TUI_HOME"] = home
+    demo = ensure_demo_home(resolve_home(demo=True))
+    load_profile(args.profile, demo)  # a missing profile fails here, before anything starts
+    from sessions.demo import tiny_model_dir
+
+    tokenizer = args.tokenizer or str(tiny_model_dir(demo))
+    if not (Path(tokenizer) / "tokenizer.json").exists() and not (Path(tokenizer) / "tokenizer_config.json").exists():
+        print(f"no tokenizer in {tokenizer} (the demo's tiny model needs torch to be made)", file=sys.stderr)
+        return 0
+    session = panel(home, "launch", args.profile, "--wait-ready", "--timeout", "300").stdout.strip()
+    try:
+        status = json.loads(panel(home, "status", session, "--json").stdout)[0]
+        port = status["port"]
+        bench_args = ["--concurrency", args.concurrency, "--input-len", str(args.input_len),
+                      "--output-len", str(args.output_len), "--num-prompts", str(args.num_prompts),
+                      "--seed", str(args.seed)]
+        ours = json.loads(panel(home, "bench", session, "--json", *bench_args).stdout)
+        theirs = {c: sglang_bench(args.sglang_python, port, tokenizer, c, args, work / f"sglang_{c}.jsonl")
+                  for c in concurrencies}
+    finally:
+        panel(home, "stop", session, "--grace", "20", check=False)
+    report = {"request": {"input_len": args.input_len, "output_len": args.output_len,
+                          "num_prompts": args.num_prompts, "seed": args.seed, "profile": args.profile},
+              "tolerance": TOLERANCE, "runs": [], "time": time.time()}
+    title = (f"bench_vs_sglang: profile {args.profile}, input {args.input_len}, output {args.output_len}, "
+             f"{args.num_prompts} prompts per concurrency (target: every gap within {TOLERANCE:.0%})")
+    lines = [title]
+    all_ok = True
+    for run in ours["runs"]:
+        c = run["max_concurrency"]
+        other = theirs[c]
+        row = {"max_concurrency": c, "eagle3_tui": {k: run[k] for k in KEYS},
+               "bench_serving": {k: other.get(k) for k in KEYS}, "gap": {}}
+        lines.append(f"concurrency {c}:  {'metric':<24}{'eagle3-tui':>12}{'bench_serving':>15}{'gap':>9}")
+        for key in KEYS:
+            a, b = run[key], other.get(key) or 0.0
+            gap = abs(a - b) / b if b else math.inf
+            row["gap"][key] = gap
+            mark = ""
+            if key in CHECKED:
+                ok = gap <= TOLERANCE
+                all_ok &= ok
+                mark = "  ok" if ok else "  OVER"
+            lines.append(f"                {key:<24}{a:>12.2f}{b:>15.2f}{gap:>8.1%}{mark}")
+        lines.append(f"                bench_serving completed {other.get('completed')}, "
+                     f"ours {run['completed']}")
+        report["runs"].append(row)
+    lines.append("AGREE within 10% on output throughput, median TTFT and median ITL" if all_ok
+                 else "DISAGREE: a checked gap is over 10%")
+    report["agree"] = all_ok
+    report["bench_serving_stdout_c1"] = theirs[concurrencies[0]]["stdout_tail"]
+    text = "\n".join(lines)
+    print(text)
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(report, indent=2) + "\n")
+    out.with_suffix(".txt").write_text(text + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,170 @@
+"""Bench results in the state dir (``<state>/bench/*.json``) and the history across profiles.
+
+Each result keeps what a later comparison needs: the profile name and its TOML as launched (for flag
+differences), the exact command (secrets redacted), the SGLang version, the time, the request shape and
+the runs.  Files are written atomically (0600) in a 0700 folder and read back as JSON only.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from sessions.home import Home, atomic_write_json, ensure_private_dir
+
+RESULT_VERSION = 1
+_SAFE = re.compile(r"[^A-Za-z0-9._-]+")
+
+
+def bench_dir(home: Home) -> Path:
+    return home.state_root / "bench"
+
+
+def save_result(home: Home, result: dict[str, Any]) -> Path:
+    folder = ensure_private_dir(bench_dir(home))
+    stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(result.get("time") or time.time()))
+    name = _SAFE.sub("-", str(result.get("profile") or "unknown"))
+    path = folder / f"{stamp}-{name}.json"
+    n = 1
+    while path.exists():
+        n += 1
+        path = folder / f"{stamp}-{name}-{n}.json"
+    result = dict(result, version=RESULT_VERSION, id=path.stem)
+    atomic_write_json(path, result)
+    return path
+
+
+@dataclass(frozen=True)
+class HistoryRow:
+    """One kept result, summarised the way the comparison table shows it."""
+
+    id: str
+    profile: str
+    time: float
+    sglang_version: str | None
+    single_stream_tok_s: float | None  # output throughput at concurrency 1
+    ttft_ms: float | None  # median TTFT at the lowest concurrency
+    top_concurrency: int | None
+    top_throughput: float | None  # output throughput at the highest concurrency
+    command: tuple[str, ...]
+    profile_toml: str | None
+    result: dict[str, Any]
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "profile": self.profile,
+            "time": self.time,
+            "sglang_version": self.sglang_version,
+            "single_stream_tok_s": self.single_stream_tok_s,
+            "median_ttft_ms": self.ttft_ms,
+            "top_concurrency": self.top_concurrency,
+            "top_output_throughput": self.top_throughput,
+            "command": list(self.command),
+        }
+
+
+def row_of(result: dict[str, Any], fallback_id: str = "") -> HistoryRow:
+    runs = sorted((r for r in result.get("runs") or [] if isinstance(r, dict)),
+                  key=lambda r: r.get("max_concurrency") or 0)
+    single = next((r for r in runs if r.get("max_concurrency") == 1), None)
+    top = runs[-1] if runs else None
+    return HistoryRow(
+        id=str(result.get("id") or fallback_id),
+        profile=str(result.get("profile") or "?"),
+        time=float(result.get("time") or 0.0),
+        sglang_version=result.get("sglang_version"),
+        single_stream_tok_s=single.get("output_throughput") if single else None,
+        ttft_ms=runs[0].get("median_ttft_ms") if runs else None,
+        top_concurrency=top.get("max_concurrency") if top else None,
+        top_throughput=top.get("output_throughput") if top else None,
+        command=tuple(str(a) for a in result.get("command") or ()),
+        profile_toml=result.get("profile_toml"),
+        result=result,
+    )
+
+
+def load_history(home: Home, profile: str | None = None) -> tuple[list[HistoryRow], list[str]]:
+    """(rows oldest first, problems): a file that is not a bench result is named, not fatal."""
+    folder = bench_dir(home)
+    rows, problems = [], []
+    if not folder.is_dir():
+        return rows, problems
+    for path in sorted(folder.glob("*.json")):
+        if path.is_symlink():
+            problems.append(f"{path}: is a symlink; skipped")
+            continue
+        try:
+            data = json.loads(path.read_text())
+        except (OSError, ValueError) as exc:
+            problems.append(f"{path}: not a readable bench result ({exc})")
+            continue
+        if not isinstance(data, dict) or not isinstance(data.get("runs"), list):
+            problems.append(f"{path}: not a bench result (no runs list)")
+            continue
+        row = row_of(data, path.stem)
+        if profile is None or row.profile == profile:
+            rows.append(row)
+    rows.sort(key=lambda r: r.time)
+    return rows, problems
+
+
+def best_row(rows: list[HistoryRow]) -> HistoryRow | None:
+    """The best result: highest single-stream tok/s, ties broken by throughput at the top concurrency."""
+    scored = [r for r in rows if r.single_stream_tok_s is not None or r.top_throughput is not None]
+    if not scored:
+        return None
+    return max(scored, key=lambda r: (r.single_stream_tok_s or 0.0, r.top_throughput or 0.0))
+
+
+def _flags(argv: tuple[str, ...] | list[str]) -> dict[str, str]:
+    """``--flag value`` pairs of a launch command (after the interpreter and module); a bare flag -> ""."""
+    start = next((i for i, a in enumerate(argv) if a.startswith("--")), len(argv))
+    out: dict[str, str] = {}
+    i = start
+    while i < len(argv):
+        arg = argv[i]
+        if arg.startswith("--"):
+            name, eq, value = arg.partition("=")
+            if not eq:
+                values = []
+                while i + 1 < len(argv) and not argv[i + 1].startswith("--"):
+                    values.append(argv[i + 1])
+                    i += 1
+                value = " ".join(values)
+            out[name] = value
+        i += 1
+    return out
+
+
+def flag_changes(before: tuple[str, ...] | list[str], after: tuple[str, ...] | list[str]) -> list[str]:
+    """Lines ``+ --flag v`` (added), ``- --flag v`` (removed), ``~ --flag a -> b`` between two commands."""
+    a, b = _flags(before), _flags(after)
+    lines = []
+    for name in sorted(a.keys() | b.keys()):
+        if name not in b:
+            lines.append(f"- {name} {a[name]}".rstrip())
+        elif name not in a:
+            lines.append(f"+ {name} {b[name]}".rstrip())
+        elif a[name] != b[name]:
+            lines.append(f"~ {name} {a[name]} -> {b[name]}")
+    return lines
+
+
+def short_changes(before: HistoryRow, after: HistoryRow, ignore: tuple[str, ...] = ("--port",)) -> str:
+    """The flag differences of ``after`` against ``before`` in a few words (the history table's column)."""
+    lines = [ln for ln in flag_changes(before.command, after.command)
+             if ln.split()[1] not in ignore]
+    if not lines:
+        return "same flags"
+    words = []
+    for line in lines:
+        parts = line.split()
+        sign, name = parts[0], parts[1].lstrip("-")
+        value = parts[-1] if len(parts) > 2 else ""
+        words.append(f"{sign}{name} {value}".strip())
+    return ", ".join(words)

@@ -1,0 +1,404 @@
+"""The serving view: SGLang's ``Decode batch`` / ``Prefill batch`` lines (and ``/metrics``) as live figures.
+
+`ServingTracker` takes cleaned log lines (ANSI stripped, ``\\r`` bars collapsed; `feed_bytes` does that for
+raw log bytes) and keeps the latest stats line of every DP rank.  It reads the lines of SGLang 0.4 to
+0.5.23:
+
+* ``Decode batch.`` (0.4) and ``Decode batch,`` (0.5), ``Prefill batch [<iter>],`` (``SGLANG_LOG_FORWARD_ITERS``);
+* any prefix: ``[ts TP0]``, ``[ts DP1 TP4 EP4]``, time only, none, and an outer one (docker compose
+  ``name  | ``, ``docker logs -t``, a Ray actor's ``(SGLangEngine pid=…) ``);
+* any field list, read as ``name: value`` pairs: ``largest-len``, ``pre-allocated usage``, ``#full token``
+  / ``full token usage`` / ``#swa token`` (hybrid pools), ``accept len`` / ``accept rate`` (speculative),
+  ``cuda graph`` / ``npu graph`` / ``cpu graph``, with a trailing comma or none.
+
+A line that only mentions decoding (``Decode out of memory happened``) is not a stats line.  With DP
+attention every DP leader logs its own lines; the server's figures are the **sum** over the latest line of
+each DP rank for throughput and running/queued requests, the **mean** for token usage and accept length,
+and the per-rank figures are kept.  `parse_metrics` reads the same gauges from ``/metrics`` text.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections import deque
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from sessions.phases import ANSI_RE, RANK_TOKEN_RE, collapse_cr
+
+HISTORY_POINTS = 60  # gen-throughput samples kept for the sparkline
+_MARKER_RE = re.compile(r"(?P<kind>Decode|Prefill) batch(?: \[\d+\])?[.,] ?")
+_FIELD_RE = re.compile(r"\s*(?P<name>[^:,]+?):\s*(?P<value>[^,]*?)\s*(?:,|$)")
+_BRACKET_RE = re.compile(
+    r"\[(?P<ts>(?:\d{4}-\d\d-\d\d[ T])?\d\d:\d\d:\d\d(?:[.,]\d+)?)?(?P<ranks>(?: ?[A-Z_]+\d+)*)\] ?$"
+)
+# what may stand before the marker besides the bracket: nothing, or an outer prefix ending in a separator
+_OUTER_END = ("|", ")", "]")
+_ISO_TS_RE = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d+)?(?:Z|[+-]\d\d:?\d\d)?$")
+_LOG_TS_RE = re.compile(r"(\d{4}-\d\d-\d\d) (\d\d:\d\d:\d\d)")
+
+
+@dataclass(frozen=True)
+class BatchLine:
+    """One ``Decode batch`` or ``Prefill batch`` line."""
+
+    kind: str  # "decode" | "prefill"
+    dp_rank: int | None
+    log_time: str | None
+    fields: dict[str, Any]
+
+    def number(self, *names: str) -> float | None:
+        for name in names:
+            value = self.fields.get(name)
+            if isinstance(value, (int, float)) and not isinstance(value, bool):
+                return float(value)
+        return None
+
+    @property
+    def running_reqs(self) -> int | None:
+        value = self.number("#running-req")
+        return int(value) if value is not None else None
+
+    @property
+    def queue_reqs(self) -> int | None:
+        value = self.number("#queue-req")
+        return int(value) if value is not None else None
+
+    @property
+    def token_usage(self) -> float | None:
+        return self.number("token usage", "full token usage")
+
+    @property
+    def gen_throughput(self) -> float | None:
+        return self.number("gen throughput (token/s)")
+
+    @property
+    def input_throughput(self) -> float | None:
+        return self.number("input throughput (token/s)")
+
+    @property
+    def accept_length(self) -> float | None:
+        return self.number("accept len")
+
+    @property
+    def accept_rate(self) -> float | None:
+        return self.number("accept rate")
+
+
+def _value(text: str) -> Any:
+    if text in ("True", "False"):
+        return text == "True"
+    try:
+        return int(text)
+    except ValueError:
+        pass
+    try:
+        return float(text)
+    except ValueError:
+        return text
+
+
+def parse_batch_line(text: str) -> BatchLine | None:
+    """A cleaned log line -> `BatchLine`, or None when it is not a serving stats line."""
+    if "batch" not in text:
+        return None
+    match = _MARKER_RE.search(text)
+    if match is None:
+        return None
+    prefix = text[: match.start()]
+    dp_rank = None
+    log_time = None
+    if prefix:
+        stripped = prefix.rstrip()
+        bracket = _BRACKET_RE.search(prefix)
+        if bracket is not None:
+            log_time = bracket.group("ts")
+            ranks = {name: int(num) for name, num in RANK_TOKEN_RE.findall(bracket.group("ranks") or "")}
+            dp_rank = ranks.get("DP")
+        elif not (stripped.endswith(_OUTER_END) or _ISO_TS_RE.search(stripped)):
+            return None  # the words are inside some other message
+    body = text[match.end() :]
+    fields: dict[str, Any] = {}
+    for part in _FIELD_RE.finditer(body):
+        name = part.group("name").strip()
+        if name:
+            fields[name] = _value(part.group("value"))
+    kind = match.group("kind").lower()
+    if "#running-req" not in fields and "#new-seq" not in fields:
+        return None
+    return BatchLine(kind, dp_rank, log_time, fields)
+
+
+def log_time_epoch(log_time: str | None) -> float | None:
+    """``2026-05-01 10:00:00`` (local time, as SGLang writes it) -> epoch seconds; None for time-only."""
+    if not log_time:
+        return None
+    match = _LOG_TS_RE.match(log_time.replace("T", " "))
+    if match is None:
+        return None
+    try:
+        return time.mktime(time.strptime(f"{match.group(1)} {match.group(2)}", "%Y-%m-%d %H:%M:%S"))
+    except (ValueError, OverflowError):
+        return None
+
+
+@dataclass(frozen=True)
+class ServingSnapshot:
+    """The server's figures now (``status --json``'s ``serving``)."""
+
+    gen_throughput: float | None
+    running_reqs: int | None
+    queue_reqs: int | None
+    token_usage: float | None
+    input_throughput: float | None
+    updated_at: float | None
+    accept_length: float | None = None
+    accept_rate: float | None = None
+    ranks: tuple[dict[str, Any], ...] = ()
+    history: tuple[float, ...] = ()
+    source: str = "log"  # "log" or "metrics"
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "gen_throughput": self.gen_throughput,
+            "running_reqs": self.running_reqs,
+            "queue_reqs": self.queue_reqs,
+            "token_usage": self.token_usage,
+            "input_throughput": self.input_throughput,
+            "updated_at": self.updated_at,
+        }
+        if self.accept_length is not None:
+            out["accept_length"] = self.accept_length
+        if self.accept_rate is not None:
+            out["accept_rate"] = self.accept_rate
+        out["source"] = self.source
+        if len(self.ranks) > 1 or (self.ranks and self.ranks[0].get("dp_rank") is not None):
+            out["ranks"] = [dict(r) for r in self.ranks]
+        out["history"] = [round(v, 2) for v in self.history]
+        return out
+
+
+@dataclass
+class _RankState:
+    decode: BatchLine | None = None
+    prefill: BatchLine | None = None
+    last: BatchLine | None = None  # the newer of the two (running/queued come from it)
+    decode_at: float | None = None
+    updated_at: float | None = None
+
+
+@dataclass
+class ServingTracker:
+    """Latest stats line per DP rank, plus a short history of the server's gen throughput."""
+
+    ranks: dict[int | None, _RankState] = field(default_factory=dict)
+    history: deque[float] = field(default_factory=lambda: deque(maxlen=HISTORY_POINTS))
+    lines_seen: int = 0
+    _partial: bytes = b""
+
+    def feed_line(self, text: str, read_at: float | None = None) -> BatchLine | None:
+        """One cleaned log line; returns what it parsed (None for any other line)."""
+        line = parse_batch_line(text)
+        if line is None:
+            return None
+        self.lines_seen += 1
+        at = log_time_epoch(line.log_time) or (read_at if read_at is not None else time.time())
+        state = self.ranks.setdefault(line.dp_rank, _RankState())
+        state.last = line
+        state.updated_at = at
+        if line.kind == "decode":
+            state.decode, state.decode_at = line, at
+            total = self._sum(lambda s: s.decode.gen_throughput if s.decode else None)
+            if total is not None:
+                self.history.append(total)
+        else:
+            state.prefill = line
+        return line
+
+    def feed_lines(self, lines: Iterable[str]) -> None:
+        for text in lines:
+            self.feed_line(text)
+
+    def feed_bytes(self, chunk: bytes) -> None:
+        """Raw log bytes (any split): whole lines are cleaned and fed; a partial last line waits."""
+        data = self._partial + chunk
+        if b"batch" not in data:
+            # no stats line can be in here; keep only a tail that could start one
+            cut = data.rfind(b"\n")
+            self._partial = data[cut + 1 :] if cut >= 0 else data[-4096:]
+            return
+        *whole, self._partial = data.split(b"\n")
+        if len(self._partial) > 1 << 20:
+            self._partial = self._partial[-4096:]
+        now = time.time()
+        for raw in whole:
+            if b"batch" not in raw:
+                continue
+            text = raw.decode("utf-8", errors="replace")
+            if "\r" in text:
+                text = collapse_cr(text)
+            if "\x1b" in text:
+                text = ANSI_RE.sub("", text)
+            self.feed_line(text.rstrip(), read_at=now)
+
+    def _sum(self, pick) -> float | None:
+        values = [v for v in (pick(s) for s in self.ranks.values()) if v is not None]
+        return float(sum(values)) if values else None
+
+    def _mean(self, pick) -> float | None:
+        values = [v for v in (pick(s) for s in self.ranks.values()) if v is not None]
+        return float(sum(values) / len(values)) if values else None
+
+    def snapshot(self) -> ServingSnapshot | None:
+        """The server's figures from the latest line of each DP rank (None before any stats line)."""
+        if not self.ranks:
+            return None
+        running = self._sum(lambda s: s.last.running_reqs if s.last else None)
+        queued = self._sum(lambda s: s.last.queue_reqs if s.last else None)
+        per_rank = []
+        for dp in sorted(self.ranks, key=lambda k: -1 if k is None else k):
+            s = self.ranks[dp]
+            per_rank.append(
+                {
+                    "dp_rank": dp,
+                    "gen_throughput": s.decode.gen_throughput if s.decode else None,
+                    "running_reqs": s.last.running_reqs if s.last else None,
+                    "queue_reqs": s.last.queue_reqs if s.last else None,
+                    "token_usage": s.last.token_usage if s.last else None,
+                    "input_throughput": s.prefill.input_throughput if s.prefill else None,
+                    "accept_length": s.decode.accept_length if s.decode else None,
+                    "accept_rate": s.decode.accept_rate if s.decode else None,
+                    "updated_at": s.updated_at,
+                }
+            )
+        updated = [s.updated_at for s in self.ranks.values() if s.updated_at is not None]
+        return ServingSnapshot(
+            gen_throughput=self._sum(lambda s: s.decode.gen_throughput if s.decode else None),
+            running_reqs=int(running) if running is not None else None,
+            queue_reqs=int(queued) if queued is not None else None,
+            token_usage=self._mean(lambda s: s.last.token_usage if s.last else None),
+            input_throughput=self._sum(lambda s: s.prefill.input_throughput if s.prefill else None),
+            updated_at=max(updated) if updated else None,
+            accept_length=self._mean(lambda s: s.decode.accept_length if s.decode else None),
+            accept_rate=self._mean(lambda s: s.decode.accept_rate if s.decode else None),
+            ranks=tuple(per_rank),
+            history=tuple(self.history),
+        )
+
+
+# -- /metrics --------------------------------------------------------------------------------------------
+
+_SAMPLE_RE = re.compile(r"^(?P<name>[A-Za-z_:][\w:]*)(?:\{(?P<labels>[^}]*)\})?\s+(?P<value>\S+)")
+_LABEL_RE = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
+_GAUGES = {
+    "sglang:gen_throughput": "gen_throughput",
+    "sglang:num_running_reqs": "running_reqs",
+    "sglang:num_queue_reqs": "queue_reqs",
+    "sglang:token_usage": "token_usage",
+    "sglang:spec_accept_length": "accept_length",
+    "sglang:spec_accept_rate": "accept_rate",
+}
+
+
+def parse_metrics(text: str) -> dict[str, float]:
+    """SGLang's ``/metrics`` text -> {gen_throughput, running_reqs, queue_reqs, token_usage, accept_*}.
+
+    Gauges of several DP ranks are summed (throughput, requests) or averaged (usage, accept figures)."""
+    sums: dict[str, list[float]] = {}
+    for raw in text.splitlines():
+        if not raw.startswith("sglang:"):
+            continue
+        match = _SAMPLE_RE.match(raw)
+        if match is None or match.group("name") not in _GAUGES:
+            continue
+        try:
+            value = float(match.group("value"))
+        except ValueError:
+            continue
+        sums.setdefault(_GAUGES[match.group("name")], []).append(value)
+    out: dict[str, float] = {}
+    for key, values in sums.items():
+        if key in ("token_usage", "accept_length", "accept_rate"):
+            out[key] = sum(values) / len(values)
+        else:
+            out[key] = sum(values)
+    return out
+
+
+def with_metrics(snapshot: ServingSnapshot | None, metrics: dict[str, float], at: float) -> ServingSnapshot:
+    """The log's figures updated by a fresh ``/metrics`` read (it also goes to 0 when the server idles)."""
+    base = snapshot or ServingSnapshot(None, None, None, None, None, None)
+    spec = metrics.get("accept_length", 0.0) > 0
+    return ServingSnapshot(
+        gen_throughput=metrics.get("gen_throughput", base.gen_throughput),
+        running_reqs=int(metrics["running_reqs"]) if "running_reqs" in metrics else base.running_reqs,
+        queue_reqs=int(metrics["queue_reqs"]) if "queue_reqs" in metrics else base.queue_reqs,
+        token_usage=metrics.get("token_usage", base.token_usage),
+        input_throughput=base.input_throughput,
+        updated_at=at,
+        accept_length=metrics.get("accept_length") if spec else base.accept_length,
+        accept_rate=metrics.get("accept_rate") if spec else base.accept_rate,
+        ranks=base.ranks,
+        history=base.history,
+        source="metrics",
+    )
+
+
+def fetch_metrics(base_url: str, timeout_s: float = 1.0) -> dict[str, float] | None:
+    """GET ``<base>/metrics`` (no proxies) -> `parse_metrics`; None when it does not answer 200."""
+    import httpx
+
+    try:
+        with httpx.Client(timeout=timeout_s, trust_env=False) as client:
+            response = client.get(f"{base_url}/metrics")
+    except httpx.HTTPError:
+        return None
+    if response.status_code != 200:
+        return None
+    return parse_metrics(response.text)
+
+
+class SessionServing:
+    """The serving view of one session: its log's stats lines, plus ``/metrics`` every few seconds when
+    the server was started with ``--enable-metrics`` (what a live status reads)."""
+
+    METRICS_EVERY_S = 5.0
+
+    def __init__(self) -> None:
+        self.tracker = ServingTracker()
+        self._metrics: dict[str, float] | None = None
+        self._metrics_at = 0.0
+
+    def reset(self) -> None:
+        self.tracker = ServingTracker()
+
+    def feed_bytes(self, chunk: bytes) -> None:
+        self.tracker.feed_bytes(chunk)
+
+    def snapshot(self, metrics_url: str | None = None) -> ServingSnapshot | None:
+        now = time.time()
+        if metrics_url is not None and now - self._metrics_at >= self.METRICS_EVERY_S:
+            self._metrics_at = now
+            fetched = fetch_metrics(metrics_url)
+            if fetched is not None:
+                self._metrics = fetched
+                self._metrics_read_at = now
+        snap = self.tracker.snapshot()
+        if metrics_url is not None and self._metrics is not None:
+            return with_metrics(snap, self._metrics, self._metrics_read_at)
+        return snap
+
+
+def summarize_serving(path: str | Path, max_bytes: int | None = None) -> ServingSnapshot | None:
+    """The serving figures at the end of a log file (``inspect-log``), read in blocks by the log core (a
+    FIFO or a device is a `sessions.logs.LogFileError` at once)."""
+    from sessions.logs.source import iter_blocks
+
+    tracker = ServingTracker()
+    for block in iter_blocks(path, max_bytes):
+        tracker.feed_bytes(block)
+    tracker.feed_bytes(b"\n")
+    return tracker.snapshot()

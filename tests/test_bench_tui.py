@@ -1,0 +1,88 @@
+"""`b` in the demo on tiny-llama: the bench runs against the real emulated server and shows its table;
+the history lists kept results side by side; the CLI's bench and bench history agree with it."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from app.screens.bench import BenchScreen
+from app.tui import Eagle3App
+from sessions.bench.session_bench import BenchOptions
+from sessions.bench.store import flag_changes, load_history
+from sessions.demo import CAPTURE_PROFILE, ensure_demo_home
+from sessions.home import resolve_home
+from sessions.profiles import load_profile, save_profile
+from tests._tui_support import first_poll, run, screen_text, wait_until
+
+
+@pytest.fixture
+def demo_home(home):
+    return ensure_demo_home(resolve_home(demo=True))
+
+
+def test_b_on_the_tiny_llama_demo_shows_a_result_table_and_the_history(demo_home, launched, monkeypatch, cli_env):
+    pytest.importorskip("torch")
+    # A bench that stays short on a loaded CI machine: the path is the one `b` always takes.
+    monkeypatch.setattr(BenchScreen, "default_options", BenchOptions(input_len=8, output_len=4,
+                                                                     num_prompts=2, concurrency=(1, 2)))
+    save_profile(load_profile(CAPTURE_PROFILE, demo_home).with_changes(emulator={"time_scale": 0.004}))
+    launched.home = demo_home
+
+    async def scenario() -> None:
+        app = Eagle3App(demo_home, demo=True, refresh_s=0.2)
+        async with app.run_test(size=(140, 45)) as pilot:
+            await first_poll(pilot, app)
+            app.dashboard.selected_profile = CAPTURE_PROFILE
+            await pilot.press("l")
+            status = await wait_until(
+                pilot, lambda: (s := app.dashboard.last_snapshot.status) and s.state == "ready" and s,
+                "the tiny-llama session is ready", 120)
+            launched.track(status.session_id)
+            await pilot.press("b")
+            screen = await wait_until(pilot, lambda: isinstance(app.screen, BenchScreen) and app.screen,
+                                      "the bench screen opens", 10)
+            await wait_until(pilot, lambda: screen.last_result is not None or not screen.running,
+                             "the bench finishes", 240)
+            assert screen.last_result is not None, screen_text(app)
+            text = screen_text(app)
+            assert "out tok/s" in text and "TTFT med" in text and "ITL med" in text
+            assert CAPTURE_PROFILE in text and "★" in text
+            runs = screen.last_result["runs"]
+            assert [r["max_concurrency"] for r in runs] == [1, 2] and all(r["completed"] == 2 for r in runs)
+            # the serving view has the figures of the bench's requests now
+            await pilot.press("escape")
+            await wait_until(pilot, lambda: (s := app.dashboard.last_snapshot.status) and s.serving is not None,
+                             "the serving figures appear", 30)
+            assert "serving" in screen_text(app) and "tok/s" in screen_text(app)
+
+    run(scenario)
+    rows, problems = load_history(demo_home)
+    assert problems == [] and len(rows) == 1 and rows[0].profile == CAPTURE_PROFILE
+    assert rows[0].command and "--api-key" not in " ".join(rows[0].command)
+    assert rows[0].sglang_version == "0.5.23"
+    out = subprocess.run([sys.executable, "-m", "app", "--demo", "bench", "history", "--json"], env=cli_env,
+                         capture_output=True, text=True, timeout=60, check=False)
+    assert out.returncode == 0, out.stderr
+    listed = json.loads(out.stdout)
+    assert listed[0]["profile"] == CAPTURE_PROFILE and listed[0]["best"] is True
+
+
+def test_flag_changes_name_what_differs():
+    a = ["python", "-m", "sglang.launch_server", "--model-path", "m", "--attention-backend", "flashinfer",
+         "--tp-size", "8"]
+    b = ["python", "-m", "sglang.launch_server", "--model-path", "m", "--attention-backend", "triton",
+         "--tp-size", "8", "--enable-metrics"]
+    assert flag_changes(a, b) == ["~ --attention-backend flashinfer -> triton", "+ --enable-metrics"]
+
+
+def test_bench_cli_rejects_bad_input_by_name(cli_env):
+    out = subprocess.run([sys.executable, "-m", "app", "bench", "nosuch", "--concurrency", "1,x"], env=cli_env,
+                         capture_output=True, text=True, timeout=60, check=False)
+    assert out.returncode == 2 and "--concurrency" in out.stderr and "'x'" in out.stderr
+    out = subprocess.run([sys.executable, "-m", "app", "bench", "nosuch"], env=cli_env, capture_output=True,
+                         text=True, timeout=60, check=False)
+    assert out.returncode != 0 and "nosuch" in out.stderr
