@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from sessions.phases import ANSI_RE, RANK_TOKEN_RE, collapse_cr
+from sessions.logs.lines import RANK_TOKEN_RE, clean
 
 HISTORY_POINTS = 60  # gen-throughput samples kept for the sparkline
 _MARKER_RE = re.compile(r"(?P<kind>Decode|Prefill) batch(?: \[\d+\])?[.,] ?")
@@ -237,12 +237,7 @@ class ServingTracker:
         for raw in whole:
             if b"batch" not in raw:
                 continue
-            text = raw.decode("utf-8", errors="replace")
-            if "\r" in text:
-                text = collapse_cr(text)
-            if "\x1b" in text:
-                text = ANSI_RE.sub("", text)
-            self.feed_line(text.rstrip(), read_at=now)
+            self.feed_line(clean(raw.decode("utf-8", errors="replace")).rstrip(), read_at=now)
 
     def _sum(self, pick) -> float | None:
         values = [v for v in (pick(s) for s in self.ranks.values()) if v is not None]
