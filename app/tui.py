@@ -167,6 +167,13 @@ class Eagle3App(App[int]):
         if self._gpu_source is not None:
             self._gpu_source.close()
 
+    def action_command_palette(self) -> None:
+        """Open the palette (ctrl+p): Textual's, with a burst-safe input and a page-safe list."""
+        from app.palette import SafeCommandPalette
+
+        if self.use_command_palette and not SafeCommandPalette.is_open(self):
+            self.push_screen(SafeCommandPalette(id="--command-palette"))
+
     def action_help(self) -> None:
         from app.screens.help import HelpScreen
 

@@ -21,6 +21,8 @@ from textual.css.query import NoMatches
 from textual.screen import ModalScreen, Screen
 from textual.widgets import Footer, Input, ListItem, ListView, ProgressBar, Static
 
+from widgets.inputs import InOrderInput
+
 POLL_INTERVAL_S = 1.0
 STALL_AFTER_S = 120.0  # a running job with no sample finished for this long is worth a notification
 _STATE_STYLE = {"running": "bold green", "paused": "bold yellow", "starting": "bold cyan", "done": "bold blue",
@@ -142,7 +144,7 @@ class SpecPathModal(ModalScreen[str | None]):
 
         with Vertical():
             yield Static("Start an extraction job from a spec (TOML with a [job] table):", markup=False)
-            yield Input(value=self.default, placeholder="/path/to/job.toml", id="spec-path",
+            yield InOrderInput(value=self.default, placeholder="/path/to/job.toml", id="spec-path",
                         suggester=SuggestFromList(self.known) if self.known else None)
             if self.known:
                 shown = self.known[:8]

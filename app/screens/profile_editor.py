@@ -30,6 +30,7 @@ from textual.worker import Worker, WorkerState
 from app.keymap import EDITOR_KEYS, bindings
 from widgets.confirm_modal import ConfirmModal
 from widgets.env_table import EnvTable
+from widgets.inputs import InOrderInput
 
 if TYPE_CHECKING:
     from sessions.home import Home
@@ -100,7 +101,7 @@ class NameModal(ModalScreen[str | None]):
     def compose(self) -> ComposeResult:
         with Vertical():
             yield Label("Save as profile (letters, digits, . _ -):")
-            yield Input(self.suggestion, id="new-name")
+            yield InOrderInput(self.suggestion, id="new-name")
             yield Static("", id="name-error")
 
     def on_mount(self) -> None:
@@ -301,7 +302,7 @@ class ProfileEditorScreen(Screen[str | None]):
     def _input(
         self, label: str, widget_id: str, value: Any, kind: str = "text", placeholder: str = ""
     ) -> list[Any]:
-        field = Input(_text(value), id=widget_id, type=kind, placeholder=placeholder, compact=True)
+        field = InOrderInput(_text(value), id=widget_id, type=kind, placeholder=placeholder, compact=True)
         return self._row(label, field)
 
     def _form_ready(self) -> None:
