@@ -11,7 +11,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from rich.text import Text
-from textual.widgets import OptionList
+from textual.app import ComposeResult
+from textual.widgets import OptionList, Select
+from textual.widgets._select import SelectCurrent, SelectOverlay
 from textual.widgets.option_list import Option
 
 from widgets.state_line import state_glyph
@@ -163,3 +165,19 @@ class SessionList(_KeyedList):
             text.append(f" {time.strftime('%H:%M', time.localtime(entry.started_at))}", style="dim")
         text.append(f"  {entry.session_id.rsplit('-', 1)[-1]}", style="dim")
         return text
+
+
+class PageSafeSelectOverlay(SelectOverlay):
+    """A Select's drop-down list with the `can_page` guard (PageUp while it opens or closes)."""
+
+    def _move_page(self, direction: Any) -> None:
+        if can_page(self):
+            super()._move_page(direction)
+
+
+class PageSafeSelect(Select):  # type: ignore[type-arg]
+    """A Select whose drop-down pages safely; otherwise Textual's own."""
+
+    def compose(self) -> ComposeResult:
+        yield SelectCurrent(self.prompt)
+        yield PageSafeSelectOverlay(type_to_search=self._type_to_search).data_bind(compact=Select.compact)

@@ -29,7 +29,7 @@ from app.keymap import DASHBOARD_KEYS, KEYS_BY_ID, bindings
 from widgets.confirm_modal import ConfirmModal
 from widgets.gpu_panel import GpuPanel
 from widgets.inputs import InOrderInput
-from widgets.lists import ProfileList, SessionList
+from widgets.lists import PageSafeSelect, ProfileList, SessionList
 from widgets.log_view import MAIN_RANK, LogFilter, LogView
 from widgets.phase_timeline import PhaseTimeline
 from widgets.state_line import StateLine
@@ -181,7 +181,7 @@ class DashboardScreen(Screen):
                 yield InOrderInput(
                     placeholder="filter: text or /regex/  (Enter applies, Esc cancels)", id="filter-input"
                 )
-                yield Select([("main process", str(MAIN_RANK))], prompt="all ranks", id="filter-rank")
+                yield PageSafeSelect([("main process", str(MAIN_RANK))], prompt="all ranks", id="filter-rank")
         yield Footer(compact=True)
 
     def on_mount(self) -> None:

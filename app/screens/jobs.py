@@ -9,7 +9,11 @@ re-arms a one-shot timer after each render, so polls never pile up (dolphie's lo
 """
 from __future__ import annotations
 
+import asyncio
+import json
 import time
+from collections import Counter
+from pathlib import Path
 from typing import Any, ClassVar
 
 from rich.text import Text
@@ -67,23 +71,29 @@ class JobRow(ListItem):
     JobRow ProgressBar { width: 100%; }
     JobRow ProgressBar Bar { width: 1fr; }
     JobRow .job-rates { color: $text-muted; }
+    JobRow .job-errors { color: $error; }
     """
 
-    def __init__(self, progress: Any) -> None:
-        super().__init__(id=f"job-{progress.job_id}".replace(".", "_"))
+    def __init__(self, progress: Any, errors: tuple[tuple[str, int], ...] = ()) -> None:
+        # No DOM id: rows are keyed by job id in the screen's own map, so a row being removed while its
+        # successor mounts can never clash (the DuplicateIds crash when the set of jobs changed).
+        super().__init__()
         self.progress = progress
+        self.errors = errors
 
     def compose(self) -> ComposeResult:
         with Vertical():
             yield Static(id="title", markup=False)
             yield ProgressBar(total=max(1, self.progress.total), show_eta=False, id="bar")
             yield Static(classes="job-rates", id="rates", markup=False)
+            yield Static(classes="job-errors", id="errors", markup=False)
 
     def on_mount(self) -> None:
-        self.show(self.progress)
+        self.show(self.progress, self.errors)
 
-    def show(self, p: Any) -> None:
+    def show(self, p: Any, errors: tuple[tuple[str, int], ...] = ()) -> None:
         self.progress = p
+        self.errors = errors
         title = Text()
         title.append(p.name or p.job_id, style="bold")
         title.append(f"  {p.job_id}  ")
@@ -100,6 +110,43 @@ class JobRow(ListItem):
                  f"{' · ' + _eta(p.eta_s) if p.state == 'running' else ''}"
                  f"{' · capture fs ' + format(p.capture_fill, '.0%') if p.capture_fill is not None else ''}")
         self.query_one("#rates", Static).update(rates)
+        why = self.query_one("#errors", Static)
+        why.display = bool(errors)
+        if errors:
+            why.update("why: " + " · ".join(f"{reason} ({count})" if count > 1 else reason
+                                           for reason, count in errors))
+
+
+ERRORS_TAIL_BYTES = 256 * 1024  # the reasons of the latest failures; a huge errors.jsonl is not read whole
+ERROR_REASONS_SHOWN = 3
+
+
+def error_reasons(output_dir: str | Path) -> tuple[tuple[str, int], ...]:
+    """The most common reasons in ``<output_dir>/errors.jsonl`` (its last 256 KiB), with their counts.
+
+    Unreadable or partly written lines are skipped: this is a summary for the screen, the file stays the
+    record (`extract status` and the file itself have every line)."""
+    path = Path(output_dir) / "errors.jsonl"
+    try:
+        with open(path, "rb") as fh:
+            size = fh.seek(0, 2)
+            fh.seek(max(0, size - ERRORS_TAIL_BYTES))
+            data = fh.read(ERRORS_TAIL_BYTES)
+    except OSError:
+        return ()
+    counts: Counter[str] = Counter()
+    lines = data.splitlines()
+    if len(data) == ERRORS_TAIL_BYTES and lines:
+        lines = lines[1:]  # the first line may be cut
+    for line in lines:
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(record, dict):
+            reason = " ".join(str(record.get("reason") or record.get("status") or "unknown").split())
+            counts[reason[:160]] += 1
+    return tuple(counts.most_common(ERROR_REASONS_SHOWN))
 
 
 def known_specs(home: Any) -> list[str]:
@@ -188,6 +235,10 @@ class JobsScreen(Screen):
         self._states: dict[str, str] = {}
         self._stall_notified: set[str] = set()
         self._first_poll = True
+        self._rows: dict[str, JobRow] = {}  # job id -> its row, the one source for what is on screen
+        self._errors: dict[str, tuple[tuple[str, int], ...]] = {}
+        self._show_lock = asyncio.Lock()
+        self._poll_timer: Any = None
 
     @property
     def home(self) -> Any:
@@ -217,28 +268,56 @@ class JobsScreen(Screen):
         except Exception as exc:  # noqa: BLE001 - an unreadable jobs dir is shown, never crashes the TUI
             self.app.call_from_thread(self.notify, f"Cannot read jobs: {exc}", severity="error")
             jobs = self.jobs
-        self.app.call_from_thread(self._show, jobs)
+        errors = {p.job_id: error_reasons(p.output_dir) for p in jobs if p.failed_lines and p.output_dir}
+        self.app.call_from_thread(self._show, jobs, errors)
 
-    def _show(self, jobs: list[Any]) -> None:
-        try:
-            view = self.query_one("#jobs", ListView)
-            empty = self.query_one("#jobs-empty", Static)
-        except NoMatches:
-            return  # the screen was closed while this poll was in flight: no repaint, no next poll
-        self._notify_changes(jobs)
-        self.jobs = jobs
-        empty.display = not jobs
-        rows = {row.progress.job_id: row for row in view.query(JobRow)}
-        if [p.job_id for p in jobs] == [row.progress.job_id for row in view.query(JobRow)]:
-            for p in jobs:
-                rows[p.job_id].show(p)
-        else:
-            index = view.index
-            view.clear()
-            view.extend(JobRow(p) for p in jobs)
+    async def _show(self, jobs: list[Any], errors: dict[str, tuple[tuple[str, int], ...]] | None = None) -> None:
+        """Bring the rows in line with ``jobs``, in place: a row per job id, updated, added or removed.
+
+        Polls can overlap (an action asks for one while the timer's runs), so updates take turns."""
+        async with self._show_lock:
+            try:
+                view = self.query_one("#jobs", ListView)
+                empty = self.query_one("#jobs-empty", Static)
+            except NoMatches:
+                return  # the screen was closed while this poll was in flight: no repaint, no next poll
+            self._notify_changes(jobs)
+            self.jobs = jobs
+            self._errors = dict(errors or {})
+            empty.display = not jobs
+            selected = self.selected()
+            wanted = {p.job_id for p in jobs}
+            gone = [row for job_id, row in self._rows.items() if job_id not in wanted]
+            for row in gone:
+                del self._rows[row.progress.job_id]
+            if gone:
+                await view.remove_items([view.children.index(row) for row in gone if row in view.children])
+            for position, p in enumerate(jobs):  # newest first, as list_jobs orders them
+                row = self._rows.get(p.job_id)
+                children = list(view.children)
+                if row is None:
+                    row = self._rows[p.job_id] = JobRow(p, self._errors.get(p.job_id, ()))
+                    if position < len(children):
+                        await view.mount(row, before=position)
+                    else:
+                        await view.mount(row)
+                    continue
+                row.show(p, self._errors.get(p.job_id, ()))
+                if position < len(children) and children[position] is not row:
+                    view.move_child(row, before=position)  # a job's start time became known
             if jobs:
-                view.index = min(index or 0, len(jobs) - 1)
-        self.set_timer(POLL_INTERVAL_S, self.poll)
+                keep = selected.job_id if selected is not None else None
+                rows = list(view.children)
+                index = next((i for i, r in enumerate(rows) if isinstance(r, JobRow)
+                              and r.progress.job_id == keep), None)
+                view.index = index if index is not None else min(view.index or 0, len(rows) - 1)
+            self._arm_poll()
+
+    def _arm_poll(self) -> None:
+        """One poll timer at a time: an extra poll (after an action) must not start a second chain."""
+        if self._poll_timer is not None:
+            self._poll_timer.stop()
+        self._poll_timer = self.set_timer(POLL_INTERVAL_S, self.poll)
 
     def _notify_changes(self, jobs: list[Any]) -> None:
         for p in jobs:
