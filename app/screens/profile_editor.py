@@ -459,6 +459,15 @@ class ProfileEditorScreen(Screen[str | None]):
         if errors:
             self.notify("\n".join(errors.values()), title="not saved", severity="error")
             return None
+        from sessions.profiles import validate_profile
+
+        # Checked now, on exactly what is in the form (the live check may be a keystroke behind).
+        refused = [p for p in validate_profile(profile, check_port=False) if p.is_error]
+        if refused:
+            lines = [f"{p.field}: {p.message}" for p in refused]
+            self.notify("The profile does not validate:\n" + "\n".join(lines), title="not saved",
+                        severity="error", timeout=15)
+            return None
         return profile
 
     def action_save(self) -> None:
