@@ -40,8 +40,8 @@ OPENERS = {
     "filter": ("slash", "r", "a"),
 }
 SEEDS = (1, 2)
-BURSTS_PER_SEED = 90
-KEYS_PER_BURST = (5, 40)
+BURSTS_PER_SEED = 60
+KEYS_PER_BURST = (10, 40)
 
 
 def _refuse(*_args, **_kwargs):
@@ -108,4 +108,4 @@ def test_random_key_bursts_over_every_screen_and_size_never_raise(fuzz_home):
     except Exception as exc:
         raise AssertionError(f"seed {seed}: {exc!r}; last keys {sent[-40:]}") from exc
     assert opened == set(OPENERS)
-    assert len(sent) > 3000
+    assert len(sent) > 2000

@@ -71,7 +71,6 @@ class JobRow(ListItem):
     JobRow ProgressBar { width: 100%; }
     JobRow ProgressBar Bar { width: 1fr; }
     JobRow .job-rates { color: $text-muted; }
-    JobRow .job-errors { color: $error; }
     """
 
     def __init__(self, progress: Any, errors: tuple[tuple[str, int], ...] = ()) -> None:
@@ -86,7 +85,6 @@ class JobRow(ListItem):
             yield Static(id="title", markup=False)
             yield ProgressBar(total=max(1, self.progress.total), show_eta=False, id="bar")
             yield Static(classes="job-rates", id="rates", markup=False)
-            yield Static(classes="job-errors", id="errors", markup=False)
 
     def on_mount(self) -> None:
         self.show(self.progress, self.errors)
@@ -104,17 +102,16 @@ class JobRow(ListItem):
             title.append(f"  {p.reason}", style="italic")
         self.query_one("#title", Static).update(title)
         self.query_one("#bar", ProgressBar).update(total=max(1, p.total), progress=p.done)
-        errors = f"{p.failed_lines} error{'' if p.failed_lines == 1 else 's'}"
-        rates = (f"{p.done}/{p.total} samples · {errors} · {p.tokens:,} tokens · {_bytes(p.bytes)}"
+        error_count = f"{p.failed_lines} error{'' if p.failed_lines == 1 else 's'}"
+        rates = (f"{p.done}/{p.total} samples · {error_count} · {p.tokens:,} tokens · {_bytes(p.bytes)}"
                  f" · {p.samples_per_s:.1f} samples/s · {p.tokens_per_s:,.0f} tok/s · {p.gb_per_s:.3f} GB/s"
                  f"{' · ' + _eta(p.eta_s) if p.state == 'running' else ''}"
                  f"{' · capture fs ' + format(p.capture_fill, '.0%') if p.capture_fill is not None else ''}")
-        self.query_one("#rates", Static).update(rates)
-        why = self.query_one("#errors", Static)
-        why.display = bool(errors)
-        if errors:
-            why.update("why: " + " · ".join(f"{reason} ({count})" if count > 1 else reason
-                                           for reason, count in errors))
+        line = Text(rates)
+        if errors:  # why the samples failed, from the job's errors.jsonl, most common first
+            line.append("\nwhy: " + " · ".join(f"{reason} ({count})" if count > 1 else reason
+                                               for reason, count in errors), style="red")
+        self.query_one("#rates", Static).update(line)
 
 
 ERRORS_TAIL_BYTES = 256 * 1024  # the reasons of the latest failures; a huge errors.jsonl is not read whole
