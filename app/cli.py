@@ -11,7 +11,7 @@ import argparse
 import importlib
 import os
 import sys
-from typing import Sequence
+from collections.abc import Sequence
 
 EXIT_OK = 0
 EXIT_FAILED = 1
@@ -65,6 +65,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.demo:
         os.environ["EAGLE3_TUI_DEMO"] = "1"
     try:
+        if args.demo and args.command is not None:
+            # Every entry point creates the demo home on first use, as opening the TUI does; otherwise
+            # `--demo profile list` on a fresh machine would list nothing.
+            from sessions.demo import ensure_demo_home
+            from sessions.home import resolve_home
+
+            ensure_demo_home(resolve_home(demo=True))
         if args.command is None:
             from app.tui import run_tui
 

@@ -48,11 +48,17 @@ def _diagnose(args: argparse.Namespace) -> int:
         session = find_session(args.session)
     except SessionError as exc:
         raise CliError(str(exc), exc.code) from None
-    result = diagnose(session, with_stacks=not args.no_stacks, stack_timeout_s=args.stack_timeout)
+    try:
+        result = diagnose(session, with_stacks=not args.no_stacks, stack_timeout_s=args.stack_timeout)
+    except Exception as exc:  # noqa: BLE001 - say what failed, with the session, never a traceback
+        raise CliError(f"diagnose {session.session_id} failed: {type(exc).__name__}: {exc}") from None
+    from sessions.redaction import Redactor
+
+    redactor = Redactor.for_session(session)  # a second pass by value over the finished output
     if args.json:
-        print(json.dumps(result.to_json(), indent=2, sort_keys=True))
+        print(json.dumps(redactor.json(result.to_json()), indent=2, sort_keys=True))
     else:
-        sys.stdout.write(format_report(result))
+        sys.stdout.write(redactor.text(format_report(result)))
     sys.stdout.flush()
     if args.bundle:
         try:

@@ -86,6 +86,8 @@ def _human(p: Any) -> str:
             f"{p.tokens_per_s:.0f} tok/s, {p.gb_per_s:.3f} GB/s{eta}")
     if p.reason:
         line += f"\n    {p.reason}"
+    if p.python:
+        line += f"\n    python: {p.python}"
     return line
 
 

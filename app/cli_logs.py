@@ -2,7 +2,8 @@
 
 `--json` prints exactly one JSON object: phase, outcome, error, error_line, ranks_loaded, ranks_expected,
 hints.  Without it, a short summary for people.  Any file content is accepted (binary junk, invalid
-UTF-8, one huge line, an empty file); a missing or unreadable file is bad input (exit 2).
+UTF-8, one huge line, an empty file); a missing or unreadable file, a directory, a FIFO, a device or a
+socket is bad input (exit 2), answered at once (the log core never waits on a special file).
 Only argparse is imported here; the engine is imported inside the handler (fast `--help`).
 """
 from __future__ import annotations
@@ -15,7 +16,6 @@ import sys
 _HINT_WHOLE_FILE_BYTES = 8 << 20
 _HINT_HEAD_BYTES = 4 << 20
 _HINT_TAIL_BYTES = 4 << 20
-_HINT_LINE_CHARS = 8192
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -29,43 +29,20 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "of known causes.",
     )
     p.add_argument("file", metavar="FILE", help="the log file")
-    p.add_argument("--json", action="store_true", help="print one JSON object (the DESIGN §3 contract)")
+    p.add_argument("--json", action="store_true", help="print one JSON object: outcome, last phase, error line, ranks and hints")
     p.set_defaults(func=_inspect_log)
 
 
-def _open_checked(path: str):
+def _bad_log(path: str, exc: OSError):
+    """The CliError (exit 2) for a log that cannot be read: missing, a directory, a FIFO, a device..."""
     from app.cli import EXIT_BAD_INPUT, CliError
+    from sessions.logs import LogFileError
 
-    try:
-        return open(path, "rb")
-    except FileNotFoundError:
-        raise CliError(f"{path}: no such file", EXIT_BAD_INPUT) from None
-    except IsADirectoryError:
-        raise CliError(f"{path}: is a directory, not a log file", EXIT_BAD_INPUT) from None
-    except PermissionError:
-        raise CliError(f"{path}: permission denied", EXIT_BAD_INPUT) from None
-    except OSError as exc:
-        raise CliError(f"{path}: cannot open: {exc.strerror or exc}", EXIT_BAD_INPUT) from None
-
-
-def _hint_lines(fh, size: int) -> list[str]:
-    """The lines hints look at: the whole file when small, else its head and tail; each line bounded."""
-    if size <= _HINT_WHOLE_FILE_BYTES:
-        fh.seek(0)
-        blobs = [fh.read(_HINT_WHOLE_FILE_BYTES)]
-    else:
-        fh.seek(0)
-        head = fh.read(_HINT_HEAD_BYTES)
-        fh.seek(max(0, size - _HINT_TAIL_BYTES))
-        blobs = [head, fh.read(_HINT_TAIL_BYTES)]
-    lines: list[str] = []
-    half = _HINT_LINE_CHARS // 2
-    for blob in blobs:
-        for raw in blob.split(b"\n"):
-            if len(raw) > _HINT_LINE_CHARS:
-                raw = raw[:half] + b" ... " + raw[-half:]
-            lines.append(raw.decode("utf-8", "replace"))
-    return lines
+    if isinstance(exc, LogFileError):
+        return CliError(str(exc), EXIT_BAD_INPUT)
+    if isinstance(exc, FileNotFoundError):
+        return CliError(f"{path}: no such file", EXIT_BAD_INPUT)
+    return CliError(f"{path}: cannot read: {exc.strerror or exc}", EXIT_BAD_INPUT)
 
 
 def _printable(text: str) -> str:
@@ -119,27 +96,20 @@ def _write(text: str) -> None:
 
 def _inspect_log(args: argparse.Namespace) -> int:
     import json
-    import os
 
     from app.cli import EXIT_FAILED, CliError
     from sessions.hints import KnownCausesError, hints_for_log
-    from sessions.phases import READ_CHUNK_BYTES, StartupTracker
+    from sessions.logs import read_head_and_tail
+    from sessions.phases import summarize_file
 
     path = args.file
-    with _open_checked(path) as fh:
-        try:
-            size = os.fstat(fh.fileno()).st_size
-            tracker = StartupTracker()
-            while True:
-                chunk = fh.read(READ_CHUNK_BYTES)
-                if not chunk:
-                    break
-                tracker.feed_bytes(chunk)
-            tracker.flush()
-            summary = tracker.summary()
-            lines = _hint_lines(fh, size)
-        except OSError as exc:
-            raise CliError(f"{path}: read failed: {exc.strerror or exc}", EXIT_FAILED) from None
+    try:
+        summary = summarize_file(path)  # through the log core: a FIFO or a device is refused at once
+        lines = [line.text for line in read_head_and_tail(
+            path, _HINT_WHOLE_FILE_BYTES, _HINT_HEAD_BYTES, _HINT_TAIL_BYTES
+        )]
+    except OSError as exc:
+        raise _bad_log(path, exc) from None
     try:
         hints = hints_for_log(summary, lines)
     except KnownCausesError as exc:

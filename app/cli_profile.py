@@ -53,6 +53,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("name", metavar="NAME", help="letters, digits, '.', '_' and '-'")
     p.add_argument("--emulator", action="store_true", help="use the SGLang emulator (no GPU needed)")
     p.add_argument("--model", metavar="PATH", help="the model folder (the one holding config.json)")
+    p.add_argument("--python", metavar="PATH",
+                   help="the interpreter that has SGLang (e.g. /opt/sglang/.venv/bin/python); default: this one")
     p.add_argument("--force", action="store_true", help="overwrite an existing profile of that name")
     p.set_defaults(func=_new)
 
@@ -149,13 +151,14 @@ def _new(args: argparse.Namespace) -> int:
     if path.exists() and not args.force:
         raise CliError(f"profile {name!r} already exists: {path} (use --force to overwrite)", EXIT_FAILED)
     model = os.path.abspath(os.path.expanduser(args.model)) if args.model else "/path/to/model"
-    atomic_write_text(path, profile_template(name, model, emulator=args.emulator), mode=0o600)
+    python = os.path.abspath(os.path.expanduser(args.python)) if args.python else None
+    atomic_write_text(path, profile_template(name, model, emulator=args.emulator, python=python), mode=0o600)
     print(path)
     print(f"wrote {path}; edit it, then run: eagle3-tui profile validate {name}", file=sys.stderr)
     return 0
 
 
-def profile_template(name: str, model_path: str, emulator: bool = False) -> str:
+def profile_template(name: str, model_path: str, emulator: bool = False, python: str | None = None) -> str:
     """A commented profile that loads as it is (DESIGN §1b keys, defaults filled in)."""
     import json
     import sys as _sys
@@ -164,7 +167,7 @@ def profile_template(name: str, model_path: str, emulator: bool = False) -> str:
     python_note = (
         "the Python running eagle3-tui (the emulator is part of it)"
         if emulator
-        else "the Python that has SGLang installed (its own venv is fine)"
+        else "the Python that has SGLang (its own venv); extraction jobs on this server run under it too"
     )
     emulator_note = "" if emulator else "  # read only when launcher = \"emulator\""
     return f"""\
@@ -173,7 +176,7 @@ def profile_template(name: str, model_path: str, emulator: bool = False) -> str:
 
 [server]
 launcher = "{launcher}"  # "sglang", or "emulator" (an SGLang stand-in for demos and tests)
-python = {json.dumps(_sys.executable)}  # {python_note}
+python = {json.dumps(python or _sys.executable)}  # {python_note}
 model_path = {json.dumps(model_path)}  # the model folder, holding config.json
 tp_size = {8 if emulator else 1}  # tensor parallel size = GPUs used
 host = "127.0.0.1"  # loopback only; 0.0.0.0 would expose the server to the network

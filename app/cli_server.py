@@ -22,6 +22,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("profile", metavar="PROFILE", help="a profile name (<config>/profiles/NAME.toml) or a path")
     p.add_argument("--wait-ready", action="store_true", help="wait until the server is ready; exit 1 if it fails")
     p.add_argument("--timeout", type=float, default=None, metavar="S", help="with --wait-ready: give up after S s")
+    p.add_argument(
+        "--force",
+        action="store_true",
+        help="launch even when other processes hold memory on the GPUs it would use (else: exit 2)",
+    )
     p.set_defaults(func=_launch)
 
     p = subparsers.add_parser("status", help="show sessions (state, phase, ranks, port)")
@@ -51,10 +56,20 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--grace", type=float, default=30.0, metavar="S", help="seconds to wait after SIGTERM (30)")
     p.set_defaults(func=_restart)
 
-    p = subparsers.add_parser("logs", help="print a session's server log (-f follows it)")
-    p.add_argument("session", metavar="SESSION")
+    p = subparsers.add_parser(
+        "logs",
+        help="print a session's server log or a log file, filtered like grep (-f follows it)",
+        description="Print the server log of SESSION (an id or unique prefix), or the log file PATH, "
+        "secrets redacted.  --grep keeps lines containing TEXT (case-insensitive), or matching REGEX when "
+        "written /REGEX/ or re:REGEX; --rank keeps the lines of TP rank N (a traceback stays with the rank "
+        "that printed it, progress bars are TP0's; 'main' for lines of no rank).  Exit status as grep: 0 "
+        "when lines were printed, 1 when none matched, 2 on an error.",
+    )
+    p.add_argument("session", metavar="SESSION|PATH", help="a session id or prefix, or a log file path")
     p.add_argument("-f", "--follow", action="store_true", help="keep printing new lines until Ctrl-C or exit")
-    p.add_argument("-n", "--lines", type=int, default=None, metavar="N", help="only the last N lines")
+    p.add_argument("-n", "--lines", type=int, default=None, metavar="N", help="only the last N (matching) lines")
+    p.add_argument("--grep", default=None, metavar="TEXT|/REGEX/", help="only lines with TEXT, or matching REGEX")
+    p.add_argument("--rank", default=None, metavar="N", help="only the lines of TP rank N ('main': no rank)")
     p.set_defaults(func=_logs)
 
 
@@ -81,7 +96,7 @@ def _launch(args: argparse.Namespace) -> int:
     except ProfileError as exc:
         raise CliError(_profile_error_text(args.profile, exc), EXIT_BAD_INPUT) from None
     try:
-        session = ServerSession.launch(profile)
+        session = ServerSession.launch(profile, force=args.force)
     except LaunchError as exc:
         raise CliError(str(exc), exc.code) from None
     print(session.session_id, flush=True)
@@ -125,23 +140,60 @@ def _wait_ready(session, timeout_s: float | None) -> int:
 
 
 def _status(args: argparse.Namespace) -> int:
+    """Every session, each read on its own: a damaged one is listed with its problem, never a traceback
+    that hides the others."""
     import json
 
     from sessions.server import list_sessions
 
     sessions = [_find(args.session)] if args.session else list_sessions(include_ended=not args.live)
-    statuses = [s.status(probe_http=not args.no_http) for s in sessions]
+    gpu = _gpu_snapshot() if any(s.is_alive() for s in sessions) else None
+    statuses, read, failures = [], [], []
+    for session in sessions:
+        try:
+            statuses.append(session.status(probe_http=not args.no_http, gpu_snapshot=gpu))
+            read.append(session)
+        except Exception as exc:  # noqa: BLE001 - one session's failure must not hide the others
+            failures.append((session, f"status failed: {type(exc).__name__}: {exc}"))
     if args.json:
-        print(json.dumps([st.to_json() for st in statuses], indent=2))
+        from sessions.redaction import Redactor
+
+        # Titles, error lines and the like come from the server: hide each session's secrets by value.
+        rows = [Redactor.for_session(se).json(st.to_json()) for se, st in zip(read, statuses)]
+        rows += [Redactor.for_session(se).json(_failed_row(se, why)) for se, why in failures]
+        print(json.dumps(rows, indent=2))
         return 0
-    if not statuses:
+    if not statuses and not failures:
         print("no sessions", file=sys.stderr)
         return 0
-    print(_status_table(statuses))
+    print(_status_table(statuses, failures))
+    problems = [(st.session_id, st.problem) for st in statuses if st.problem]
+    problems += [(session.session_id, why) for session, why in failures]
+    for session_id, problem in problems:
+        print(f"{session_id}: {problem}", file=sys.stderr)
     return 0
 
 
-def _status_table(statuses) -> str:
+def _gpu_snapshot():
+    """The GPU panel's reading (NVML, else emulated GPUs), so each rank's GPU comes from NVML's pids."""
+    from sessions.gpus import default_gpu_source, first_reading
+    from sessions.home import resolve_home
+
+    home = resolve_home()
+    source = default_gpu_source(home, demo=home.demo)
+    try:
+        snapshot = first_reading(source)
+    finally:
+        source.close()
+    return snapshot if snapshot.available else None
+
+
+def _failed_row(session, why: str) -> dict:
+    return {"session_id": session.session_id, "profile": session.profile_name, "state": "unknown",
+            "problem": why, "session_dir": str(session.session_dir)}
+
+
+def _status_table(statuses, failures=()) -> str:
     import time
 
     rows = [("SESSION", "PROFILE", "STATE", "PHASE", "PID", "PORT", "RANKS", "AGE", "SILENT")]
@@ -151,11 +203,15 @@ def _status_table(statuses) -> str:
         expected = st.summary.ranks_expected
         ranks = f"{len(schedulers)}/{expected}" if expected else str(len(schedulers))
         age = _duration(now - st.started_at) if st.started_at else "?"
-        silent = _duration(st.silent_for_s) if st.alive else "-"
+        # Silence means something only while a server starts: a ready server is quiet when idle.
+        silent = _duration(st.silent_for_s) if st.alive and st.state in ("starting", "stalled") else "-"
+        state = f"{st.state} (!)" if st.problem else st.state
         rows.append(
-            (st.session_id, st.profile, st.state, st.phase, str(st.pid or "-"), str(st.port or "-"), ranks,
+            (st.session_id, st.profile, state, st.phase, str(st.pid or "-"), str(st.port or "-"), ranks,
              age, silent)
         )
+    for session, _why in failures:
+        rows.append((session.session_id, session.profile_name, "unknown (!)", "-", "-", "-", "-", "?", "-"))
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows)
 
@@ -214,97 +270,151 @@ def _restart(args: argparse.Namespace) -> int:
 
 
 def _logs(args: argparse.Namespace) -> int:
-    from app.cli import EXIT_BAD_INPUT, CliError
+    from app.cli import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_OK, CliError
+    from sessions.logs import MAIN_RANK, LogFileError, LogFilter
 
     if args.lines is not None and args.lines < 0:
         raise CliError(f"-n must be 0 or more, got {args.lines}", EXIT_BAD_INPUT)
-    session = _find(args.session)
-    from sessions.redaction import redact_text, secret_values
-
+    rank = _parse_rank(args.rank, MAIN_RANK) if args.rank is not None else None
     try:
-        known = secret_values(dict(session.profile.server.env))
-    except Exception:  # noqa: BLE001 - an unreadable snapshot: the shape-based redaction still applies
-        known = []
-    out = sys.stdout
-
-    def emit(text: str) -> None:
-        out.write(redact_text(text, known))
-        out.flush()
-
+        log_filter = LogFilter.parse(args.grep or "", rank)
+    except ValueError as exc:
+        raise CliError(f"--grep: {exc}", EXIT_BAD_INPUT) from None
+    source = _log_source(args.session)
     try:
-        _print_log(session, args.lines, args.follow, emit, tty=out.isatty())
+        printed = _print_log(source, args.lines, args.follow, log_filter if log_filter.active else None,
+                             sys.stdout, source.secrets())
     except KeyboardInterrupt:
-        return 0
-    return 0
+        return EXIT_OK
+    except LogFileError as exc:
+        raise CliError(str(exc), EXIT_BAD_INPUT) from None
+    except OSError as exc:
+        raise CliError(f"{source.log_path}: read failed: {exc.strerror or exc}", EXIT_FAILED) from None
+    return EXIT_OK if printed else EXIT_FAILED
 
 
-def _print_log(session, last_n: int | None, follow: bool, emit, tty: bool = False) -> None:
-    """Print the log (or its last N lines); with ``follow``, keep printing until the server has exited.
+def _parse_rank(text: str, main: int) -> int:
+    """``--rank``: ``3`` or ``TP3`` is TP rank 3, ``main`` the lines of no rank (``main``)."""
+    from app.cli import EXIT_BAD_INPUT, CliError
 
-    `sessions.logs.LogFile` does the reading, so truncation and rotation are handled as in the TUI.  On a
-    terminal, a tqdm bar still being drawn (no newline yet) is redrawn in place; into a pipe only complete
-    lines go, so the output is the file's own text.
+    value = text.strip().lower()
+    if value == "main":
+        return main
+    digits = value.removeprefix("tp")
+    if not digits.isdigit():
+        raise CliError(f"--rank must be a TP rank (0, 1, ... or TP3) or 'main', got {text!r}", EXIT_BAD_INPUT)
+    return int(digits)
+
+
+class _LogSource:
+    """What `logs` reads: a session's log (followed while its server lives) or a plain file."""
+
+    def __init__(self, log_path, session=None) -> None:
+        self.log_path = log_path
+        self.session = session
+
+    def is_alive(self) -> bool:
+        return self.session.is_alive() if self.session is not None else True
+
+    def secrets(self) -> tuple[str, ...]:
+        """The session's secret values (its secrets file and profile), hidden by value; none for a file."""
+        from sessions.redaction import Redactor
+
+        return Redactor.for_session(self.session).known if self.session is not None else ()
+
+
+def _log_source(ref: str) -> _LogSource:
+    """A path when ``ref`` names an existing file (or has a slash), else a session id or prefix."""
+    import os
+    from pathlib import Path
+
+    from app.cli import EXIT_BAD_INPUT, CliError
+    from sessions.logs import LogFileError, open_log
+
+    if os.sep in ref or os.path.lexists(ref):
+        try:
+            os.close(open_log(ref))  # refused at once when it is a FIFO, a device, a directory, a socket
+        except FileNotFoundError:
+            raise CliError(f"{ref}: no such file", EXIT_BAD_INPUT) from None
+        except LogFileError as exc:
+            raise CliError(str(exc), EXIT_BAD_INPUT) from None
+        return _LogSource(Path(ref))
+    session = _find(ref)
+    return _LogSource(session.log_path, session)
+
+
+def _print_log(source: _LogSource, last_n: int | None, follow: bool, log_filter, out, secrets) -> bool:
+    """Print the log (or its last N lines, or the lines ``log_filter`` keeps); with ``follow``, keep
+    printing until the server has exited (a plain file: until Ctrl-C).  True when a line was printed.
+
+    `sessions.logs.LogFile` does the reading, so truncation and rotation are handled as in the TUI, and
+    lines are redacted by the log core's display path.  Lines print as written (colours kept, like
+    ``tail``); filters match what the line shows.  On a terminal, a tqdm bar still being drawn (no
+    newline yet) is redrawn in place; into a pipe only complete lines go.
     """
     import time
+    from collections import deque
 
-    from sessions.logs import LogFile
+    from sessions.logs import LogFile, shown
 
+    tty = out.isatty()
+    printed = False
     shown_partial = ""
-    with LogFile(session.log_path, follow_from="end" if last_n is not None else "start") as log:
-        if last_n:
-            emit("".join(line.raw + "\n" for line in log.tail_lines(last_n)))
+
+    def emit(text: str) -> None:
+        out.write(shown(text, secrets))
+        out.flush()
+
+    whole = last_n is None and log_filter is None
+    with LogFile(source.log_path, follow_from="start" if whole else "end") as log:
+        if log_filter is not None:
+            # The lines before the follow point, scanned (a plain substring only decodes its hits).
+            boundary = log.delivered_offset
+            kept: deque | list = deque(maxlen=last_n) if last_n is not None else []
+            for line in log.iter_filtered(log_filter):
+                if line.offset >= boundary:
+                    break
+                if last_n is None:
+                    emit(line.raw + "\n")
+                    printed = True
+                else:
+                    kept.append(line)
+            if kept:
+                emit("".join(line.raw + "\n" for line in kept))
+                printed = True
+        elif last_n:
+            tail = log.tail_lines(last_n)
+            if tail:
+                emit("".join(line.raw + "\n" for line in tail))
+                printed = True
         ended = False
         while True:
             result = log.poll()
             if result.truncated or result.rotated:
                 what = "truncated" if result.truncated else "rotated"
-                print(f"({session.log_path} was {what}; reading it from the top)", file=sys.stderr)
-            if result.lines:
+                print(f"({source.log_path} was {what}; reading it from the top)", file=sys.stderr)
+            lines = [x for x in result.lines if log_filter is None or log_filter.matches(x)]
+            if lines:
                 prefix = "\r" if shown_partial else ""
                 shown_partial = ""
-                emit(prefix + "".join(line.raw + "\n" for line in result.lines))
+                emit(prefix + "".join(line.raw + "\n" for line in lines))
+                printed = True
             if result.more:
                 continue
             if not follow or ended:
                 break
-            if tty and result.partial and result.partial != shown_partial:
+            if tty and log_filter is None and result.partial and result.partial != shown_partial:
                 emit("\r" + result.partial)
                 shown_partial = result.partial
             # One more poll after the server is gone drains what it wrote last.
-            ended = not session.is_alive()
+            ended = not source.is_alive()
             if not ended:
                 time.sleep(0.2)
-        partial = log.partial_line()
+        partial = log.partial_line() if log_filter is None else None
         if partial and partial != shown_partial:
             emit(("\r" if shown_partial else "") + partial)
-
-
-def _tail_offset(fh, last_n: int) -> int:
-    """The byte offset where the last ``last_n`` lines of an open binary file begin."""
-    import os
-
-    end = fh.seek(0, os.SEEK_END)
-    if last_n == 0:
-        return end
-    pos, newlines, block = end, 0, 1 << 16
-    fh.seek(max(0, end - 1))
-    skip_final = fh.read(1) == b"\n"  # a trailing newline ends the last line, it does not start one
-    while pos > 0:
-        step = min(block, pos)
-        pos -= step
-        fh.seek(pos)
-        data = fh.read(step)
-        if skip_final and pos + step == end:
-            data = data[:-1]
-        idx = len(data)
-        while True:
-            idx = data.rfind(b"\n", 0, idx)
-            if idx < 0:
-                break
-            newlines += 1
-            if newlines == last_n:
-                return pos + idx + 1
-    return 0
+            printed = True
+    return printed
 
 
 def _profile_error_text(name: str, exc: Exception) -> str:

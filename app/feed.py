@@ -9,7 +9,6 @@ even while parts of the engine are absent, and `app.tui` stays cheap to import.
 from __future__ import annotations
 
 import dataclasses
-import re
 import threading
 import time
 from collections.abc import Callable
@@ -18,9 +17,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from sessions.gpus import GpuSnapshot, GpuSource
-from sessions.redaction import SECRET_FLAGS, is_secret_name, redact_text, secret_values
-from widgets.lists import ProfileEntry, SessionEntry
-from widgets.log_view import LogChunk, LogFilter, clean_line
+from sessions.logs import LogFile, LogFilter, LogLine, shown
+from sessions.redaction import Redactor
+from sessions.snapshots import LogChunk, ProfileEntry, SessionEntry
 from widgets.state_line import rank_label
 
 if TYPE_CHECKING:
@@ -140,13 +139,9 @@ class DashboardFeed:
         with self._lock:
             feed = self._feeds.get(path)
             if feed is None:
-                secrets: list[str] = []
                 session = self._sessions.get(getattr(status, "session_id", None))
-                if session is not None:
-                    try:
-                        secrets = known_secrets_of(session.profile)
-                    except Exception:  # noqa: BLE001 - a broken snapshot must not stop the log
-                        secrets = []
+                # By value: the launch's secrets file and the profile's secrets (an unreadable one adds none).
+                secrets = Redactor.for_session(session).known if session is not None else ()
                 feed = LogFeed(Path(path), secrets)
                 self._feeds[path] = feed
             return feed
@@ -337,59 +332,34 @@ def _default_selection(statuses: dict[str, Any]) -> str | None:
 
 # --- the log ---------------------------------------------------------------------------------------------
 
-_EMBEDDED_PREFIX = re.compile(r"\[\d{4}-\d{2}-\d{2} \d{2}:\d{2}:\d{2}")
-_BAR_TAIL = re.compile(r"\d+%|it/s|s/it")
-
-
-def known_secrets_of(profile: Any) -> list[str]:
-    """Secret values a profile brings: its secret env values and the values of secret flags."""
-    server = profile.server
-    found = list(secret_values(server.env))
-    args = list(server.extra_args)
-    for i, arg in enumerate(args):
-        flag, eq, value = arg.partition("=")
-        if flag in SECRET_FLAGS or (flag.startswith("--") and is_secret_name(flag)):
-            if eq:
-                found.append(value)
-            elif i + 1 < len(args):
-                found.append(args[i + 1])
-    return [v for v in found if v]
-
-
-def attributed_rank(text: str, previous: int | None) -> int | None:
-    """The TP rank a log line belongs to, by `sessions.logs.LogFile.iter_filtered`'s rule: its own
-    ``[… TPn]`` tag; else, for a traceback or message continuation line, the rank of the line before it
-    (``previous``: what this function said for that line); else TP0 for a tqdm bar; else None (main)."""
-    from sessions.logs import _is_continuation, line_rank
-
-    own = line_rank(text)
-    if own is not None:
-        return own
-    if _is_continuation(text):
-        return previous
-    if "%|" in text or "% Completed" in text:
-        return 0  # tqdm bars are drawn by TP0 only (sglang-facts §1.5)
-    return None
+# A log up to this size is counted in the poll that opens it (a few ms); a bigger one in the background.
+SYNC_INDEX_BYTES = 16 << 20
 
 
 class LogFeed:
-    """One server log for the LogView, read through `sessions.logs.LogFile`: new lines per poll, windows
-    on demand, filter scans.  The file is never loaded: LogFile keeps a newline index and reads lines with
-    `pread`.  This adapter numbers lines from 0 (the view's convention), turns rotation and truncation into
-    a new ``file_id``, and makes each line presentable (control characters, a bar cut by another rank's
-    line, secrets).  Poll, read and scan all run in worker threads, never on the UI thread.
+    """One server log for the LogView, read through the log core (`sessions.logs.LogFile`): new lines per
+    poll, windows on demand, filter scans, all in worker threads, never on the UI thread.
+
+    Tail first: the first poll reads only the file's end (toolong's way), so a 2 GB log shows its last
+    screen as fast as a small one.  Counting its lines runs in the core's background thread; until it is
+    done, line numbers are provisional (0 is the first line shown) and chunks say ``counting``.  The first
+    poll after the count sends ``shift`` (the true number of that line) and numbers are exact from then on.
+    This adapter numbers lines from 0 (the view's convention), turns rotation and truncation into a new
+    ``file_id``, and shows each line through the core's display path (cleaned, secrets redacted).
     """
 
     def __init__(self, path: Path, known_secrets: list[str] | tuple[str, ...] = ()) -> None:
         self.path = Path(path)
         self._secrets = tuple(known_secrets)
         self._lock = threading.Lock()
-        self._log: Any = None  # sessions.logs.LogFile, opened on the first poll
+        self._log: LogFile | None = None  # opened on the first poll
         self._file_id = 0
-        self._total = 0  # complete lines delivered so far (the number of the last one)
+        self._total = 0  # complete lines delivered so far, in the view's numbering
+        self._base: int | None = 0  # true 0-based number of provisional line 0; None while counting
+        self._first_offset = 0  # byte offset of provisional line 0
+        self._shift_due = 0  # a shift the next chunk must carry
         self._filter: LogFilter | None = None
         self._filtered_upto = 0  # lines already checked against _filter by polls
-        self._last_rank: int | None = None  # attributed rank of the last line delivered (continuations)
 
     def close(self) -> None:
         with self._lock:
@@ -397,14 +367,20 @@ class LogFeed:
                 self._log.close()
                 self._log = None
 
-    def _show(self, text: str) -> str:
-        """A line as the view shows it (LogFile already stripped ANSI and collapsed ``\r`` updates)."""
-        embedded = _EMBEDDED_PREFIX.search(text, 1)
-        if embedded is not None and _BAR_TAIL.search(text, 0, embedded.start()):
-            # A bar without its newline, then another process's log line: the line is what counts (the
-            # timeline shows the bar's progress).
-            text = text[embedded.start() :]
-        return redact_text(clean_line(text), self._secrets)
+    def _show(self, line: LogLine) -> str:
+        return shown(line, self._secrets)
+
+    def _settle(self) -> None:
+        """Once the core has counted the file: the true number of provisional line 0 (lock held)."""
+        if self._base is not None or self._log is None:
+            return
+        before = self._log.line_number_at(self._first_offset)
+        if before is None:
+            return
+        self._base = before
+        self._total += before
+        self._filtered_upto += before
+        self._shift_due += before
 
     # -- what the poll and the view ask for -----------------------------------------------------------------
 
@@ -412,31 +388,18 @@ class LogFeed:
         with self._lock:
             fresh = self._log is None
             if fresh:
-                from sessions.logs import LogFile
-
                 self._log = LogFile(self.path, follow_from="end")
-            result = self._log.poll()
+            log = self._log
+            assert log is not None
+            result = log.poll()
             if fresh or result.truncated or result.rotated:
-                # (Re)start: number the whole file (once, in this worker thread), then show its tail.
-                self._file_id += 1
-                self._log.build_index(background=False)
-                shown = [line for line in self._log.tail_lines(tail) if line.number is not None]
-                self._total = shown[-1].number if shown else 0
-                self._filtered_upto = self._total  # the view scans the restarted file itself
-                self._last_rank = None
-                for line in shown:
-                    self._last_rank = attributed_rank(line.text, self._last_rank)
-                lines = tuple((line.number - 1, self._show(line.text)) for line in shown)
-                return LogChunk(str(self.path), self._file_id, self._total, lines, log_filter)
-            new = [line for line in result.lines if line.number is not None]
-            ranks = []
-            for line in new:
-                self._last_rank = attributed_rank(line.text, self._last_rank)
-                ranks.append(self._last_rank)
+                return self._restart(log, log_filter, tail)
+            self._settle()
+            new = list(result.lines)
             first_new = self._total
-            if new:
-                self._total = max(self._total, new[-1].number)
-            lines = tuple((line.number - 1, self._show(line.text)) for line in new[-tail:])
+            numbered = [(first_new + i, line) for i, line in enumerate(new)]
+            self._total += len(new)
+            lines = tuple((number, self._show(line)) for number, line in numbered[-tail:])
             matches: tuple[int, ...] = ()
             if log_filter is not None and log_filter.active:
                 if log_filter != self._filter:
@@ -444,43 +407,69 @@ class LogFeed:
                     self._filter = log_filter
                     self._filtered_upto = first_new
                 matches = tuple(
-                    line.number - 1
-                    for line, rank in zip(new, ranks, strict=True)
-                    if line.number > self._filtered_upto and log_filter.matches(line.text, rank)
+                    number for number, line in numbered
+                    if number >= self._filtered_upto and log_filter.matches(line)
                 )
                 self._filtered_upto = self._total
-            return LogChunk(str(self.path), self._file_id, self._total, lines, log_filter, matches)
+            shift, self._shift_due = self._shift_due, 0
+            return LogChunk(
+                str(self.path), self._file_id, self._total, lines, log_filter, matches,
+                counting=self._base is None, shift=shift,
+            )
+
+    def _restart(self, log: LogFile, log_filter: LogFilter | None, tail: int) -> LogChunk:
+        """(Re)start on a file: show its tail at once; count its lines now when small, else in the
+        background (lock held)."""
+        self._file_id += 1
+        self._shift_due = 0
+        if not log.index_step(SYNC_INDEX_BYTES):
+            log.build_index(background=True)
+        shown_lines = log.tail_lines(tail)
+        self._first_offset = shown_lines[0].offset if shown_lines else log.delivered_offset
+        self._base = None
+        self._total = len(shown_lines)
+        self._filtered_upto = self._total  # the view scans the restarted file itself
+        self._settle()
+        self._shift_due = 0  # nothing was shown with provisional numbers yet
+        first = self._total - len(shown_lines)
+        lines = tuple((first + i, self._show(line)) for i, line in enumerate(shown_lines))
+        return LogChunk(str(self.path), self._file_id, self._total, lines, log_filter, counting=self._base is None)
 
     def read(self, numbers: tuple[int, ...] | list[int]) -> dict[int, str]:
-        """Lines by 0-based number (the view's window when it scrolled off the cached tail)."""
+        """Lines by 0-based number (the view's window when it scrolled off the cached tail); nothing while
+        the lines are being counted (the view holds every line it was given then)."""
         with self._lock:
-            log = self._log
-        if log is None or not numbers:
+            log, counted = self._log, self._base is not None
+        if log is None or not numbers or not counted:
             return {}
         wanted = sorted(set(numbers))
         out: dict[int, str] = {}
         first = wanted[0]
         for line in log.lines(first + 1, wanted[-1] - first + 1):
             if line.number is not None and line.number - 1 in numbers:
-                out[line.number - 1] = self._show(line.text)
+                out[line.number - 1] = self._show(line)
         return out
 
     def scan(self, log_filter: LogFilter, cancelled: Callable[[], bool]) -> tuple[list[int], int]:
-        """Every matching line number among the lines delivered so far; (matches, lines scanned)."""
+        """Every matching line number among the lines delivered so far; (matches, lines scanned).  Waits
+        for the line count first (this runs in a worker thread)."""
         with self._lock:
-            log, scanned = self._log, self._total
+            log = self._log
+        if log is None:
+            return [], 0
+        log.build_index(background=False)
+        with self._lock:
+            self._settle()
+            scanned = self._total
             self._filter = log_filter
             self._filtered_upto = scanned  # later polls report matches from here on
         matches: list[int] = []
-        if log is None or scanned == 0:
+        if scanned == 0:
             return matches, scanned
-        rank: int | None = None
-        for count, line in enumerate(log.iter_filtered(start_line=1), start=1):
+        for count, line in enumerate(log.iter_filtered(log_filter), start=1):
             if line.number is None or line.number > scanned:
                 break
-            rank = attributed_rank(line.text, rank)
-            if log_filter.matches(line.text, rank):
-                matches.append(line.number - 1)
+            matches.append(line.number - 1)
             if count % 4096 == 0 and cancelled():
                 break
         return matches, scanned

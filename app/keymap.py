@@ -17,34 +17,7 @@ import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
-from textual.binding import Binding
-
-
-@dataclass(frozen=True)
-class KeySpec:
-    """One remappable key: its id (used in `[keys]`), default keys, action and help text."""
-
-    id: str
-    keys: str
-    action: str
-    description: str
-    show: bool = True
-    priority: bool = False
-    key_display: str | None = None
-    help: str = ""  # a longer line for the help screen
-
-    def binding(self) -> Binding:
-        return Binding(
-            self.keys,
-            self.action,
-            self.description,
-            show=self.show,
-            priority=self.priority,
-            key_display=self.key_display,
-            tooltip=self.help,
-            id=self.id,
-        )
-
+from widgets.bindings import CONFIRM_KEYS, LOG_KEYS, KeySpec, bindings  # noqa: F401 - bindings is re-exported
 
 APP_KEYS: tuple[KeySpec, ...] = (
     KeySpec(
@@ -161,31 +134,11 @@ DASHBOARD_KEYS: tuple[KeySpec, ...] = (
     ),
 )
 
-LOG_KEYS: tuple[KeySpec, ...] = (
-    KeySpec(
-        "log.follow",
-        "end,G",
-        "follow",
-        "Follow",
-        show=False,
-        help="Jump to the end of the log and follow it again.",
-    ),
-    KeySpec("log.top", "home,g", "top", "Top", show=False, help="Jump to the first line."),
-    KeySpec(
-        "log.clear_filter", "escape", "clear_filter", "Clear filter", show=False, help="Clear the log filter."
-    ),
-)
-
 EDITOR_KEYS: tuple[KeySpec, ...] = (
     KeySpec("editor.save", "ctrl+s", "save", "Save", help="Save the profile."),
     KeySpec("editor.save_as", "f2", "save_as", "Save as", help="Save under a new profile name."),
     KeySpec("editor.add_env", "ctrl+n", "add_env", "Add env", help="Add an environment variable."),
     KeySpec("editor.close", "escape", "close", "Back", help="Close the editor (asks when unsaved)."),
-)
-
-CONFIRM_KEYS: tuple[KeySpec, ...] = (
-    KeySpec("confirm.yes", "y", "answer(True)", "Yes"),
-    KeySpec("confirm.no", "n,escape", "answer(False)", "No"),
 )
 
 ALL_KEYS: tuple[KeySpec, ...] = APP_KEYS + DASHBOARD_KEYS + LOG_KEYS + EDITOR_KEYS + CONFIRM_KEYS
@@ -206,10 +159,6 @@ class KeymapProblem:
     def __str__(self) -> str:
         where = f"{self.path}:{self.line}" if self.line else str(self.path)
         return f"{where}: {self.message}"
-
-
-def bindings(specs: tuple[KeySpec, ...]) -> list[Binding]:
-    return [spec.binding() for spec in specs]
 
 
 def load_keymap(config_file: Path) -> tuple[dict[str, str], list[KeymapProblem]]:

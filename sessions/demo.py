@@ -28,6 +28,7 @@ from sessions.home import Home, atomic_write_text, ensure_private_dir, resolve_h
 HEALTHY_PROFILE = "kimi-k25-tp8"
 HANG_PROFILE = "kimi-k25-hang-after-weights"
 CAPTURE_PROFILE = "tiny-llama-capture"  # only with torch & co. (see `capture_demo_missing`)
+EAGLE3_PROFILE = "tiny-llama-eagle3"  # tiny-llama served with its EAGLE-3 draft (same packages)
 # The profiles every demo home has, in the order the TUI lists them (the capture profile, when there, is
 # listed after them: its name sorts after theirs).
 DEMO_PROFILES = (HEALTHY_PROFILE, HANG_PROFILE)
@@ -35,9 +36,11 @@ DEMO_TITLES = {
     HEALTHY_PROFILE: "Kimi-K2.5-like TP8",
     HANG_PROFILE: "Kimi-K2.5-like TP8, hangs after weights",
     CAPTURE_PROFILE: "Tiny real Llama model (8 layers, hidden 64), TP1, capture on",
+    EAGLE3_PROFILE: "Tiny real Llama model served with its EAGLE-3 draft (speculative decoding)",
 }
 MODEL_DIR_NAME = "kimi-k25-like"
 TINY_MODEL_DIR_NAME = "tiny-llama"
+TINY_DRAFT_DIR_NAME = "tiny-llama-eagle3"
 DEMO_JOB_NAME = "demo-extract"
 DEMO_DATASET_NAME = "demo-chats.jsonl"
 DEMO_MALFORMED_LINE = 13  # 1-based line of the deliberately broken dataset line (shows in errors.jsonl)
@@ -132,6 +135,30 @@ fault = "none"
 """
 _CAPTURE_PORT = 31020
 
+_EAGLE3_PROFILE_TEMPLATE = """\
+# {title}.
+# SGLang's EAGLE3 flags with the demo's draft (one decoder layer, made like a SpecForge checkpoint); the
+# draft is untrained, so how many drafted tokens are accepted is the emulator's setting
+# `spec_accept_length` (mean tokens per verify step, the bonus token included; 1 to num-draft-tokens).
+[server]
+launcher = "emulator"
+model_path = "{model_path}"
+tp_size = 1
+host = "127.0.0.1"
+port = {port}
+extra_args = ["--speculative-algorithm", "EAGLE3", "--speculative-draft-model-path", "{draft_path}", \
+"--speculative-num-steps", "3", "--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", "4"]
+
+[watch]
+stall_after_s = 60
+
+[emulator]
+time_scale = 0.02
+fault = "none"
+spec_accept_length = 3.0
+"""
+_EAGLE3_PORT = 31030
+
 _JOB_SPEC_TEMPLATE = """\
 # The demo extraction job: the demo dataset through profile {profile}'s server
 # (launch it first: select it on the dashboard and press l), written as SpecForge training data
@@ -176,6 +203,11 @@ def demo_output_dir(home: Home) -> Path:
 
 def tiny_model_dir(home: Home) -> Path:
     return demo_root(home) / "models" / TINY_MODEL_DIR_NAME
+
+
+def tiny_draft_dir(home: Home) -> Path:
+    """The EAGLE-3 draft of the tiny model (``<demo home>/models/tiny-llama-eagle3``)."""
+    return demo_root(home) / "models" / TINY_DRAFT_DIR_NAME
 
 
 def ensure_demo_home(home: Home | None = None) -> Home:
@@ -234,6 +266,7 @@ def _ensure_capture_demo(home: Home) -> None:
             _write_note(note_path, f"Capture demo skipped: making the tiny model failed: {problem}")
             return
     note_path.unlink(missing_ok=True)
+    _ensure_eagle3_demo(home, model_dir)
     capture_dir = ensure_private_dir(demo_capture_dir(home))
     profile_path = home.profiles_dir / f"{CAPTURE_PROFILE}.toml"
     spec_path = demo_job_spec_path(home)
@@ -271,8 +304,24 @@ def _write_note(path: Path, text: str) -> None:
     atomic_write_text(path, text.replace("\n", " ") + "\n", mode=0o644)
 
 
-def _write_tiny_model(model_dir: Path) -> str | None:
-    """Write the tiny model in a child process (torch stays out of this one); None, or what went wrong."""
+def _ensure_eagle3_demo(home: Home, model_dir: Path) -> None:
+    """The tiny model's EAGLE-3 draft and the profile that serves the model with it."""
+    draft_dir = tiny_draft_dir(home)
+    if not (draft_dir / "model.safetensors").is_file():
+        problem = _write_tiny_model(draft_dir, ["--write-eagle3-draft", "{dir}", "--target", str(model_dir)])
+        if problem:
+            _write_note(demo_root(home) / _NOTE_FILE, f"EAGLE-3 demo skipped: making the draft failed: {problem}")
+            return
+    profile_path = home.profiles_dir / f"{EAGLE3_PROFILE}.toml"
+    if not profile_path.exists():
+        atomic_write_text(profile_path, _EAGLE3_PROFILE_TEMPLATE.format(
+            title=DEMO_TITLES[EAGLE3_PROFILE], model_path=_toml_string(model_dir),
+            draft_path=_toml_string(draft_dir), port=_usable_port(_EAGLE3_PORT)))
+
+
+def _write_tiny_model(model_dir: Path, child_args: list[str] | None = None) -> str | None:
+    """Write the tiny model (or, with ``child_args``, what they say; ``{dir}`` = the staging folder) in a
+    child process (torch stays out of this one); None, or what went wrong."""
     parent = ensure_private_dir(model_dir.parent)
     staging = parent / f".{model_dir.name}.tmp-{os.getpid()}"
     shutil.rmtree(staging, ignore_errors=True)
@@ -281,7 +330,9 @@ def _write_tiny_model(model_dir: Path) -> str | None:
     env["PYTHONPATH"] = os.pathsep.join(p for p in (project_root, env.get("PYTHONPATH", "")) if p)
     env.setdefault("HF_HUB_OFFLINE", "1")
     try:
-        proc = subprocess.run([sys.executable, "-m", "sessions.demo", "--write-model", str(staging)],
+        args = [a.replace("{dir}", str(staging)) for a in child_args] if child_args else [
+            "--write-model", str(staging)]
+        proc = subprocess.run([sys.executable, "-m", "sessions.demo", *args],
                               cwd=parent, stdin=subprocess.DEVNULL, capture_output=True, text=True, env=env,
                               timeout=_MODEL_WRITE_TIMEOUT_S, check=False)
     except (OSError, subprocess.TimeoutExpired) as exc:
@@ -359,12 +410,21 @@ def _toml_string(path: Path) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m sessions.demo --write-model DIR``: the child process that writes the tiny model."""
+    """``python -m sessions.demo --write-model DIR`` (or ``--write-eagle3-draft DIR --target DIR``): the child
+    process that writes the tiny model (or its EAGLE-3 draft)."""
     parser = argparse.ArgumentParser(prog="python -m sessions.demo")
-    parser.add_argument("--write-model", metavar="DIR", required=True, help="write the demo's tiny model here")
+    which = parser.add_mutually_exclusive_group(required=True)
+    which.add_argument("--write-model", metavar="DIR", help="write the demo's tiny model here")
+    which.add_argument("--write-eagle3-draft", metavar="DIR", help="write an EAGLE-3 draft of --target here")
+    parser.add_argument("--target", metavar="DIR", help="the target model dir of --write-eagle3-draft")
     args = parser.parse_args(argv)
-    from sessions.demo_model import write_demo_model
+    from sessions.demo_model import write_demo_model, write_eagle3_draft
 
+    if args.write_eagle3_draft:
+        if not args.target:
+            parser.error("--write-eagle3-draft needs --target DIR")
+        write_eagle3_draft(args.write_eagle3_draft, args.target, seed=1)
+        return 0
     write_demo_model(args.write_model, arch="llama", num_layers=8, hidden_size=64, seed=0)
     return 0
 

@@ -191,3 +191,96 @@ def _weights(config: dict, seed: int) -> dict:
     if not config.get("tie_word_embeddings"):
         state["lm_head.weight"] = normal(vocab, h)
     return state
+
+
+def write_eagle3_draft(
+    directory: str | os.PathLike,
+    target_dir: str | os.PathLike,
+    *,
+    draft_vocab_size: int | None = None,
+    seed: int = 1,
+    overwrite: bool = False,
+) -> Path:
+    """Write an EAGLE-3 draft for the model in ``target_dir``, shaped as SpecForge saves one.
+
+    ``config.json``: one decoder layer, ``architectures = ["LlamaForCausalLMEagle3"]``, the target's
+    hidden size, heads and vocab, and ``draft_vocab_size``; ``model.safetensors``: ``fc`` (3 x hidden ->
+    hidden: the three captured layers), ``midlayer.*`` (attention reads [embedding, hidden] = 2 x hidden),
+    ``norm``, ``lm_head`` over the draft vocab, and the vocab maps ``d2t`` (draft id -> target id offset)
+    and ``t2d`` (which target ids the draft can propose).  The weights are seeded noise: the draft is not
+    trained, so its acceptance is whatever ``[emulator] spec_accept_length`` says.
+    """
+    target = json.loads((Path(target_dir).expanduser() / "config.json").read_text(encoding="utf-8"))
+    vocab = int(target["vocab_size"])
+    draft_vocab = int(draft_vocab_size or max(1, vocab // 2))
+    if not 0 < draft_vocab <= vocab:
+        raise DemoModelError(f"draft_vocab_size must be in 1..{vocab} (the target's vocab), not {draft_vocab}")
+    path = Path(directory).expanduser()
+    if path.exists() and not path.is_dir():
+        raise DemoModelError(f"{path} exists and is not a folder")
+    if path.is_dir() and any(path.iterdir()) and not overwrite:
+        raise DemoModelError(f"{path} is not empty (pass --force to write into it)")
+    path.mkdir(parents=True, exist_ok=True)
+    h = int(target["hidden_size"])
+    config = {
+        "architectures": ["LlamaForCausalLMEagle3"],
+        "attention_bias": False,
+        "attention_dropout": 0.0,
+        "bos_token_id": target.get("bos_token_id"),
+        "eos_token_id": target.get("eos_token_id"),
+        "head_dim": int(target.get("head_dim") or h // int(target["num_attention_heads"])),
+        "hidden_act": "silu",
+        "hidden_size": h,
+        "initializer_range": 0.02,
+        "intermediate_size": int(target.get("intermediate_size") or 4 * h),
+        "max_position_embeddings": int(target.get("max_position_embeddings") or 4096),
+        "model_type": "llama",
+        "num_attention_heads": int(target["num_attention_heads"]),
+        "num_hidden_layers": 1,
+        "num_key_value_heads": int(target.get("num_key_value_heads") or target["num_attention_heads"]),
+        "pad_token_id": target.get("pad_token_id"),
+        "rms_norm_eps": float(target.get("rms_norm_eps") or 1e-6),
+        "rope_scaling": None,
+        "rope_theta": float(target.get("rope_theta") or 10000.0),
+        "tie_word_embeddings": False,
+        "torch_dtype": "bfloat16",
+        "transformers_version": "4.51.0",
+        "use_cache": True,
+        "vocab_size": vocab,
+        "draft_vocab_size": draft_vocab,
+    }
+    import torch
+    from safetensors.torch import save_file
+
+    gen = torch.Generator().manual_seed(seed)
+    std = config["initializer_range"]
+    head_dim = config["head_dim"]
+    q_out = config["num_attention_heads"] * head_dim
+    kv_out = config["num_key_value_heads"] * head_dim
+    inter = config["intermediate_size"]
+
+    def normal(*shape: int) -> torch.Tensor:
+        return (torch.randn(*shape, generator=gen) * std).to(torch.bfloat16)
+
+    ones = torch.ones(h, dtype=torch.bfloat16)
+    state = {
+        "fc.weight": normal(h, 3 * h),
+        "midlayer.hidden_norm.weight": ones.clone(),
+        "midlayer.input_layernorm.weight": ones.clone(),
+        "midlayer.self_attn.q_proj.weight": normal(q_out, 2 * h),
+        "midlayer.self_attn.k_proj.weight": normal(kv_out, 2 * h),
+        "midlayer.self_attn.v_proj.weight": normal(kv_out, 2 * h),
+        "midlayer.self_attn.o_proj.weight": normal(h, q_out),
+        "midlayer.post_attention_layernorm.weight": ones.clone(),
+        "midlayer.mlp.gate_proj.weight": normal(inter, h),
+        "midlayer.mlp.up_proj.weight": normal(inter, h),
+        "midlayer.mlp.down_proj.weight": normal(h, inter),
+        "norm.weight": ones.clone(),
+        "lm_head.weight": normal(draft_vocab, h),
+        # The draft vocab is the first draft_vocab target ids: offset 0 for each, and those ids marked.
+        "d2t": torch.zeros(draft_vocab, dtype=torch.int64),
+        "t2d": torch.arange(vocab) < draft_vocab,
+    }
+    save_file(state, str(path / "model.safetensors"), metadata={"format": "pt"})
+    (path / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    return path

@@ -24,11 +24,21 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from sessions import history, stacks, stall
+from sessions import history, stacks, stall, start_facts
 from sessions.hints import HintEvidence
 from sessions.home import atomic_write_bytes
+from sessions.logs import LogFileError, read_tail
 from sessions.phases import StartupSummary
-from sessions.redaction import REDACTED, SECRET_FLAGS, is_secret_name, redact_text, secret_values
+from sessions.redaction import (
+    REDACTED,
+    SECRET_FLAGS,
+    Redactor,
+    collect_secrets,
+    is_secret_name,
+    redact_text,
+    secret_values,
+)
+from sessions.safe_files import SpecialFileError, read_regular_text
 
 DEFAULT_STACK_TIMEOUT_S = 10.0
 CPU_INTERVAL_S = 0.5
@@ -43,7 +53,6 @@ _RELEVANT_ENV = re.compile(
     r"|EAGLE3_)|^(http_proxy|https_proxy|all_proxy|no_proxy)$",
     re.IGNORECASE,
 )
-_ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 SPIN_CPU_PERCENT = 20.0  # a rank above this is busy
 IDLE_CPU_PERCENT = 1.0  # a rank below this does nothing
 
@@ -55,9 +64,12 @@ class HintView:
     id: str
     title: str
     detail: str
+    # Matched on this session's own evidence (a log line, a stack, a child process, a flag, a check),
+    # not only on its phase or state: such hints come first.
+    evidence: bool = True
 
     def to_json(self) -> dict:
-        return {"id": self.id, "title": self.title, "detail": self.detail}
+        return {"id": self.id, "title": self.title, "detail": self.detail, "evidence": self.evidence}
 
 
 @dataclass(frozen=True)
@@ -165,6 +177,36 @@ class Diagnosis:
     env: dict[str, str] = field(default_factory=dict)
     taken_at: float = 0.0
     collect_s: float = 0.0
+    # What changed since the last good start of the profile (flags, env, versions, GPUs, ...), marked with
+    # the known causes that name each change; None when that cannot be told (no good start, or one of the
+    # two starts was recorded before their settings were kept).
+    changes_since_last_good: tuple[start_facts.Change, ...] | None = None
+    changes_note: str | None = None  # why there is no list, in words
+    progress_lines: tuple[str, ...] = ()  # the last frame of each progress bar (tqdm), apart from log lines
+    problem: str | None = None  # what is wrong with the session's own files (damaged state.json, ...)
+    host: str = "127.0.0.1"
+    port: int | None = None
+
+    @property
+    def has_baseline(self) -> bool:
+        """A good start of this profile exists to compare with (else there is no baseline table)."""
+        return self.baseline is not None and self.baseline.reached_ready
+
+    @property
+    def headline(self) -> str:
+        """The verdict in one plain sentence."""
+        if self.state == "ready":
+            where = f" on {self.host}:{self.port}" if self.port else ""
+            return f"{self.session_id} is ready: the server answers{where} (/ready 200)" if self.ready else (
+                f"{self.session_id} is ready{where}: its log says it is fired up and ready to roll"
+            )
+        fmt = history.format_duration_s
+        text = f"{self.session_id} (profile {self.profile}) is {self.state} in phase {self.phase}"
+        if self.state in ("starting", "stalled"):
+            text += f", log silent for {fmt(self.silent_for_s)}"
+            if self.stall_limit_s not in (None, float("inf")):
+                text += f" (limit {fmt(self.stall_limit_s)})"
+        return text
 
     def rank_process(self, rank: int) -> ProcessReport | None:
         for proc in self.processes:
@@ -187,6 +229,10 @@ class Diagnosis:
             "baseline": _baseline_json(self.baseline),
             "hints": [h.to_json() for h in self.hints],
             # extras
+            "headline": self.headline,
+            "problem": self.problem,
+            "progress_lines": list(self.progress_lines),
+            "has_baseline": self.has_baseline,
             "session_id": self.session_id,
             "profile": self.profile,
             "stall_limit_s": limit if limit is not None and limit != float("inf") else None,
@@ -209,6 +255,11 @@ class Diagnosis:
             "argv": list(self.argv),
             "taken_at": self.taken_at,
             "collect_s": round(self.collect_s, 3),
+            "changes_since_last_good": (
+                None if self.changes_since_last_good is None
+                else start_facts.to_json_list(self.changes_since_last_good)
+            ),
+            "changes_note": self.changes_note,
         }
 
 
@@ -229,10 +280,12 @@ def _baseline_json(baseline: history.Baseline | None) -> dict | None:
 
 
 class _Redactor:
-    """Every string of a diagnosis passes through here: known secret values first, then secret shapes."""
+    """Every string of a diagnosis passes through here: known secret values first (the session's secrets
+    file and profile, the live environment, the argv), in every escaped form, then secret shapes."""
 
-    def __init__(self, known: Iterable[str]) -> None:
-        self.known = sorted({k for k in known if k and len(k) >= 4}, key=len, reverse=True)
+    def __init__(self, known: Iterable[str], session: Any = None) -> None:
+        base = Redactor.for_session(session) if session is not None else Redactor()
+        self.known = base.with_values(known).known
 
     def text(self, text: str) -> str:
         return redact_text(text, self.known)
@@ -265,29 +318,15 @@ def _process_environ(pid: int | None) -> dict[str, str]:
         return {}
 
 
-def read_tail(path: Path, max_bytes: int) -> list[str]:
-    """The last lines of a log within ``max_bytes``: ANSI stripped, a tqdm ``\\r`` run reduced to its last
-    frame, a partial first line dropped."""
+def _tail_texts(path: Path, max_bytes: int, *, follow_symlinks: bool = True) -> list[str]:
+    """The shown text of the log's last lines within ``max_bytes``, read by the log core; a log that is
+    not a regular file (a FIFO, a device: never waited on) gives one line saying so."""
     try:
-        with open(path, "rb") as fh:
-            fh.seek(0, 2)
-            size = fh.tell()
-            start = max(0, size - max_bytes)
-            fh.seek(start)
-            data = fh.read()
+        return [line.text for line in read_tail(path, max_bytes, follow_symlinks=follow_symlinks)]
+    except LogFileError as exc:
+        return [f"(log not read: {exc})"]
     except OSError:
         return []
-    text = data.decode("utf-8", errors="replace")
-    lines = text.split("\n")
-    if start > 0 and lines:
-        lines = lines[1:]
-    if lines and lines[-1] == "":
-        lines.pop()
-    out = []
-    for line in lines:
-        frames = [f for f in line.split("\r") if f.strip()]
-        out.append(_ANSI.sub("", frames[-1] if frames else ""))
-    return out
 
 
 def _gpu_snapshot(session: Any, home: Any) -> Any:
@@ -498,14 +537,19 @@ def diagnose(
     start = time.monotonic()
     taken_at = time.time()
     status = session.status(probe_http=True)
-    profile = session.profile
+    problems = [status.problem] if status.problem else []
+    try:
+        profile = session.profile
+    except Exception as exc:  # noqa: BLE001 - a damaged snapshot is reported, the rest is still diagnosed
+        profile = None
+        problems.append(f"the profile snapshot {Path(session.session_dir) / 'profile.toml'} cannot be read: {exc}")
     server = getattr(profile, "server", None)
     rec = session.state_record
     argv = list(rec.get("argv") or _command_argv(session))
     profile_env = dict(getattr(server, "env", {}) or {})
     environ = _process_environ(status.pid if status.alive else None)
     redactor = _Redactor(
-        secret_values(profile_env) + secret_values(environ) + _secret_argv_values(argv)
+        secret_values(profile_env) + collect_secrets((), environ) + _secret_argv_values(argv), session
     )
 
     with ThreadPoolExecutor(max_workers=2, thread_name_prefix="diagnose") as pool:
@@ -559,15 +603,20 @@ def diagnose(
         if p.stack is not None and p.stack.ok and p.stack.collective_frame is not None
     }
 
-    last_lines_all = read_tail(status.log_path, HINT_LOG_BYTES)
-    last_lines = tuple(redactor.text(line) for line in last_lines_all[-LAST_LINES:])
+    last_lines_all = _tail_texts(status.log_path, HINT_LOG_BYTES, follow_symlinks=False)  # ours: never a link
+    log_only, progress = split_progress(last_lines_all)
+    last_lines = tuple(redactor.text(line) for line in log_only[-LAST_LINES:])
+    progress_lines = tuple(redactor.text(line) for line in progress)
 
     baseline = history.last_good(session.home, status.profile, exclude_session_id=status.session_id)
     compare_text = history.compare(
         baseline, summary, status.phase_entered_at, status.silent_for_s, started_at=status.started_at
     )
+    # The table compares with a good start; without one it would be a column of blanks.
     rows = tuple(
         history.compare_rows(baseline, summary, status.phase_entered_at, started_at=status.started_at)
+        if baseline is not None and baseline.reached_ready
+        else ()
     )
 
     hint_list = _match_hints(
@@ -587,11 +636,14 @@ def diagnose(
     )
     seen: set[str] = set()
     unique_hints = []
-    for hint in hint_list:
+    for hint in evidence_first(hint_list):
         if hint.id not in seen:
             seen.add(hint.id)
-            unique_hints.append(HintView(hint.id, redactor.text(hint.title), redactor.text(hint.detail)))
+            unique_hints.append(
+                HintView(hint.id, redactor.text(hint.title), redactor.text(hint.detail), hint.evidence)
+            )
 
+    changes, changes_note = _changes_since_last_good(session, baseline, unique_hints, redactor)
     env_shown = redactor.env({k: v for k, v in ({**environ, **profile_env}).items() if
                               k in profile_env or _RELEVANT_ENV.search(k)})
     return Diagnosis(
@@ -629,7 +681,78 @@ def diagnose(
         env=dict(sorted(env_shown.items())),
         taken_at=taken_at,
         collect_s=time.monotonic() - start,
+        progress_lines=progress_lines,
+        problem="; ".join(problems) if problems else None,
+        host=status.host,
+        port=status.port,
+        changes_since_last_good=changes,
+        changes_note=changes_note,
     )
+
+
+# Conditions that only say "this phase / state" (argv_none: "a flag is absent") fit every session there:
+# a hint matched on nothing else is generic advice, listed after the hints this session's evidence backs.
+_GENERIC_CONDITIONS = frozenset({"phase_in", "state_in", "argv_none"})
+_TQDM_FRAME = re.compile(r"\d{1,3}%\|[^|]*\|\s*\d+/\d+\s*\[")
+
+
+def evidence_first(hints: Sequence[HintView]) -> list[HintView]:
+    """``hints`` with those backed by this session's evidence first (each group in catalogue order)."""
+    from sessions.hints import KnownCausesError, load_causes
+
+    try:
+        present = {c.id: c.present for c in load_causes()}
+    except KnownCausesError:
+        present = {}
+    marked = []
+    for hint in hints:
+        keys = present.get(hint.id)
+        generic = keys is not None and bool(keys) and keys <= _GENERIC_CONDITIONS
+        marked.append(HintView(hint.id, hint.title, hint.detail, evidence=not generic))
+    return [h for h in marked if h.evidence] + [h for h in marked if not h.evidence]
+
+
+def split_progress(lines: Sequence[str]) -> tuple[list[str], list[str]]:
+    """(log lines, progress bars): a tqdm frame is not a log line; of each bar only its last frame is
+    kept (a bar is named by its description, the text before the percentage)."""
+    log_lines: list[str] = []
+    bars: dict[str, str] = {}
+    for line in lines:
+        match = _TQDM_FRAME.search(line)
+        if match is None:
+            log_lines.append(line)
+            continue
+        bars.pop(line[: match.start()].strip(), None)
+        bars[line[: match.start()].strip()] = line
+    return log_lines, list(bars.values())
+
+
+def _changes_since_last_good(
+    session: Any, baseline: history.Baseline | None, hints: Sequence[HintView], redactor: _Redactor
+) -> tuple[tuple[start_facts.Change, ...] | None, str | None]:
+    """The changes from the last good start to this one, each marked with the known causes naming it."""
+    if baseline is None:
+        return None, "no earlier start of this profile reached ready: nothing to compare with"
+    facts = start_facts.read(Path(getattr(session, "session_dir", "") or "."))
+    if facts is None:
+        return None, "this start's settings were not recorded (launched by an older eagle3-tui)"
+    if not baseline.facts:
+        return None, (f"the last good start ({baseline.session_id}) was recorded before settings were kept: "
+                      "its flags and environment are not known")
+    from sessions.hints import KnownCausesError, implications
+
+    try:
+        rules = implications()
+    except KnownCausesError:
+        rules = []  # the broken catalogue is a hint already; the changes are still worth showing
+    changes = history.changes_since(baseline, facts, rules, [h.id for h in hints])
+    cleaned = tuple(
+        start_facts.Change(c.what, redactor.text(c.before) if c.before is not None else None,
+                           redactor.text(c.after) if c.after is not None else None, c.kind, c.name,
+                           c.implicated_by, c.hinted_by)
+        for c in changes
+    )
+    return cleaned, None if cleaned else f"nothing changed since the last good start ({baseline.session_id})"
 
 
 def _redact_argv_values(argv: Sequence[str]) -> list[str]:
@@ -667,15 +790,15 @@ def _mib(value: int | None) -> str:
 
 def format_report(d: Diagnosis) -> str:
     """The human report (CLI default output, ``report.txt`` in the bundle)."""
-    fmt = history.format_duration_s
-    out = [
-        f"session {d.session_id} (profile {d.profile}): {d.state} in phase {d.phase}, "
-        f"log silent for {fmt(d.silent_for_s)}"
-        + (f" (limit {fmt(d.stall_limit_s)})" if d.stall_limit_s not in (None, float("inf")) else ""),
+    out = [d.headline]
+    if d.problem:
+        out.append(f"problem: {d.problem}")
+    out += [
         f"port {'listening' if d.port_listening else 'closed'}; /ready: "
         + {True: "200", False: "not ready", None: "not asked (port closed)"}[d.ready],
         d.compare,
     ]
+    out.extend(format_changes(d))
     if d.error:
         out.append(f"first error (line {d.error_line}): {d.error}")
     if d.silent_ranks:
@@ -710,18 +833,57 @@ def format_report(d: Diagnosis) -> str:
             out.append(f"  GPU{g.index} {_mib(g.memory_used_bytes)} / {_mib(g.memory_total_bytes)}  {procs}")
     else:
         out.append(f"GPUs: {d.gpu_message or 'no readings'}")
-    if d.hints:
+    if d.has_baseline and d.phase_rows:
         out.append("")
-        out.append("hints:")
-        for h in d.hints:
+        out.append(f"{'phase':<22} {'good start':>16} {'this start':>16}")
+        for row in d.phase_rows:
+            out.append(f"{row.phase:<22} {_at(row.good_at_s, row.good_line):>16} {_at(row.this_at_s, row.this_line):>16}")
+    for title, group in (
+        ("hints from this session's evidence:", [h for h in d.hints if h.evidence]),
+        ("other possible causes in this phase (generic):", [h for h in d.hints if not h.evidence]),
+    ):
+        if not group:
+            continue
+        out.append("")
+        out.append(title)
+        for h in group:
             out.append(f"  [{h.id}] {h.title}")
             if h.detail:
                 out.append(f"      {h.detail}")
+    if d.progress_lines:
+        out.append("")
+        out.append("progress bars (last frame of each):")
+        out.extend(f"  {line}" for line in d.progress_lines[-5:])
     if d.last_lines:
         out.append("")
         out.append("last log lines:")
         out.extend(f"  {line}" for line in d.last_lines[-10:])
     return "\n".join(out) + "\n"
+
+
+def _at(at_s: float | None, line: int | None) -> str:
+    if at_s is None and line is None:
+        return "-"
+    when = history.format_duration_s(at_s) if at_s is not None else "?"
+    return f"{when} (line {line})" if line is not None else when
+
+
+def format_changes(d: Diagnosis) -> list[str]:
+    """The "what changed since the last good start" lines: implicated changes first, each with the known
+    causes that name it (``*`` marks a cause that matches this start now)."""
+    if d.changes_since_last_good is None or not d.changes_since_last_good:
+        return [f"changes since the last good start: {d.changes_note}"] if d.changes_note else []
+    base = d.baseline.session_id if d.baseline else "?"
+    out = [f"changes since the last good start ({base}):"]
+    for c in d.changes_since_last_good:
+        line = f"  {'!' if c.implicated_by else '-'} {c.describe()}"
+        if c.implicated_by:
+            causes = ", ".join(f"{i}*" if i in c.hinted_by else i for i in c.implicated_by)
+            line += f"   [known causes: {causes}]"
+        out.append(line)
+    if any(c.implicated_by for c in d.changes_since_last_good):
+        out.append("  (! = a known cause points at this change; * = that cause matches this start now)")
+    return out
 
 
 def _stack_file_name(p: ProcessReport) -> str:
@@ -738,22 +900,31 @@ def write_bundle(diagnosis: Diagnosis, session: Any, path: str | Path) -> Path:
     if target.is_dir():
         stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(diagnosis.taken_at or time.time()))
         target = target / f"eagle3-diagnosis-{diagnosis.session_id}-{stamp}.tar.gz"
-    profile_env = dict(getattr(getattr(session.profile, "server", None), "env", {}) or {})
+    try:
+        profile_env = dict(getattr(getattr(session.profile, "server", None), "env", {}) or {})
+    except Exception:  # noqa: BLE001 - a damaged snapshot: the diagnosis already says so
+        profile_env = {}
     # Only a live, verified (pid, create_time) is read: a reused pid would leak a stranger's environment.
     environ = _process_environ(session.pid) if session.is_alive() else {}
     argv = _command_argv(session)
-    redactor = _Redactor(secret_values(profile_env) + secret_values(environ) + _secret_argv_values(argv))
+    redactor = _Redactor(secret_values(profile_env) + collect_secrets((), environ) + _secret_argv_values(argv),
+                         session)
     session_dir = Path(session.session_dir)
 
     files: dict[str, str] = {
         "diagnosis.json": json.dumps(diagnosis.to_json(), indent=2, sort_keys=True) + "\n",
         "report.txt": format_report(diagnosis),
-        "server.log.tail": "\n".join(read_tail(Path(diagnosis.log_path), BUNDLE_LOG_BYTES)) + "\n",
+        "server.log.tail": "\n".join(
+            _tail_texts(Path(diagnosis.log_path), BUNDLE_LOG_BYTES, follow_symlinks=False)  # no symlink followed
+        ) + "\n",
         "env.txt": "".join(f"{k}={v}\n" for k, v in sorted(diagnosis.env.items())),
     }
     for name in ("profile.toml", "command.json", "state.json"):
+        # Regular files only, never through a link: a planted symlink must not carry /etc/shadow into the tar.
         try:
-            files[name] = (session_dir / name).read_text(encoding="utf-8", errors="replace")
+            files[name] = read_regular_text(session_dir / name, name, nofollow=True, errors="replace")
+        except SpecialFileError as exc:
+            files[f"{name}.refused"] = f"{exc.strerror}\n"
         except OSError:
             pass
     for p in diagnosis.processes:

@@ -395,3 +395,181 @@ def default_gpu_source(home: Home, demo: bool = False) -> GpuSource:
     if demo:
         return EmulatedSource(home, idle_gpus=8)
     return NvmlSource(fallback=EmulatedSource(home))
+
+
+# --- the GPU-busy check before a launch ------------------------------------------------------------------
+
+MIB = 1024 * 1024
+# NVML's "used" on an idle GPU is the driver's own reservation (a few hundred MiB on an H200); memory above
+# this on a GPU whose processes NVML does not list (a container hides other pids) counts as held.
+UNLISTED_USED_THRESHOLD_BYTES = 2048 * MIB
+_FIRST_READING_WAIT_S = 5.0
+
+
+@dataclass(frozen=True)
+class GpuHolder:
+    """A process holding memory on a GPU: ``who`` is its session id or process name."""
+
+    pid: int | None
+    who: str
+    used_bytes: int | None
+
+    def text(self) -> str:
+        size = f"{self.used_bytes // MIB:,} MiB" if self.used_bytes is not None else "memory"
+        if self.pid is None:
+            return f"{size} by {self.who}"
+        return f"{size} by pid {self.pid} ({self.who})"
+
+
+@dataclass(frozen=True)
+class BusyGpu:
+    """A GPU that a launch would use while other processes hold memory on it."""
+
+    index: int
+    used_bytes: int | None
+    total_bytes: int | None
+    holders: tuple[GpuHolder, ...]
+
+    def text(self) -> str:
+        used = ""
+        if self.used_bytes is not None and self.total_bytes:
+            used = f" ({self.used_bytes // MIB:,} of {self.total_bytes // MIB:,} MiB used)"
+        return f"GPU{self.index}{used}: " + ", ".join(h.text() for h in self.holders)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "gpu": self.index,
+            "used_mib": None if self.used_bytes is None else self.used_bytes // MIB,
+            "total_mib": None if self.total_bytes is None else self.total_bytes // MIB,
+            "holders": [
+                {"pid": h.pid, "who": h.who, "used_mib": None if h.used_bytes is None else h.used_bytes // MIB}
+                for h in self.holders
+            ],
+        }
+
+
+def _flag_value(args: tuple[str, ...] | list[str], *names: str) -> str | None:
+    """The last value of ``--flag value`` / ``--flag=value`` in ``args`` (argparse keeps the last)."""
+    value = None
+    for i, arg in enumerate(args):
+        name, eq, inline = arg.partition("=")
+        if name in names:
+            if eq:
+                value = inline
+            elif i + 1 < len(args):
+                value = args[i + 1]
+    return value
+
+
+def _int_flag(args: tuple[str, ...] | list[str], default: int, *names: str) -> int:
+    value = _flag_value(args, *names)
+    try:
+        return int(value) if value is not None else default
+    except ValueError:
+        return default
+
+
+def launch_gpu_ids(profile: Any) -> list[int]:
+    """The GPU ids (as CUDA numbers them, after ``CUDA_VISIBLE_DEVICES``) a launch of ``profile`` uses.
+
+    SGLang on one node: ``gpu_id = base_gpu_id + (pp_rank % pp) * tp + (tp_rank % tp) * gpu_id_step``
+    (engine.py:935-939); a DP controller without attention-DP starts ``dp_size`` such groups side by side.
+    """
+    server = profile.server
+    args = tuple(server.extra_args)
+    tp = max(1, int(server.tp_size))
+    pp = max(1, _int_flag(args, 1, "--pp-size", "--pipeline-parallel-size"))
+    dp = max(1, _int_flag(args, 1, "--dp-size", "--data-parallel-size"))
+    if "--enable-dp-attention" in args:
+        dp = 1  # attention-DP splits the TP group's GPUs, it adds none
+    base = _int_flag(args, 0, "--base-gpu-id")
+    step = max(1, _int_flag(args, 1, "--gpu-id-step"))
+    ids = []
+    for d in range(dp):
+        for p in range(pp):
+            for t in range(tp):
+                ids.append(base + d * tp * pp + p * tp + t * step)
+    return sorted(set(ids))
+
+
+def physical_gpu_indices(gpu_ids: list[int], cuda_visible_devices: str | None) -> list[int] | None:
+    """NVML indices of CUDA's ``gpu_ids`` under ``cuda_visible_devices``; None when the list cannot be
+    mapped here (UUIDs): then every GPU is checked."""
+    if cuda_visible_devices is None:
+        return list(gpu_ids)
+    visible: list[int] = []
+    for entry in (e.strip() for e in cuda_visible_devices.split(",")):
+        if not entry:
+            break
+        if not entry.isdigit():
+            return None
+        visible.append(int(entry))
+    return [visible[i] for i in gpu_ids if i < len(visible)]
+
+
+def first_reading(source: GpuSource, wait_s: float = _FIRST_READING_WAIT_S) -> GpuSnapshot:
+    """A snapshot that is not the "waiting for the first reading" placeholder (NVML initialises lazily)."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        snapshot = source.snapshot()
+        if snapshot.available or not snapshot.stale or time.monotonic() >= deadline:
+            return snapshot
+
+
+def busy_gpus_for_launch(
+    profile: Any,
+    home: Home,
+    source: GpuSource | None = None,
+    describe_pid: Callable[[int], str] | None = None,
+) -> list[BusyGpu]:
+    """The GPUs a launch of ``profile`` would use where other processes already hold memory.
+
+    The GPU source is the GPU panel's (`default_gpu_source`): NVML, else emulated GPUs of running
+    emulator sessions (the demo's GPUs).  No readings at all: nothing to report (the launch goes on).
+    """
+    own = source is None
+    source = source or default_gpu_source(home, demo=home.demo)
+    try:
+        snapshot = first_reading(source)
+    finally:
+        if own:
+            source.close()
+    if not snapshot.available or not snapshot.samples:
+        return []
+    ids = launch_gpu_ids(profile)
+    if snapshot.source == "nvml":
+        cvd = profile.server.env.get("CUDA_VISIBLE_DEVICES", os.environ.get("CUDA_VISIBLE_DEVICES"))
+        wanted = physical_gpu_indices(ids, cvd)
+    else:
+        wanted = ids  # the emulator numbers its GPUs as SGLang's gpu_id, without CUDA_VISIBLE_DEVICES
+    describe = describe_pid or process_name
+    busy = []
+    for sample in snapshot.samples:
+        if wanted is not None and sample.index not in wanted:
+            continue
+        holders = tuple(
+            GpuHolder(p.pid, describe(p.pid), p.used_bytes)
+            for p in sample.processes
+            if p.used_bytes is None or p.used_bytes > 0
+        )
+        if not holders and (sample.memory_used_bytes or 0) > UNLISTED_USED_THRESHOLD_BYTES:
+            holders = (GpuHolder(None, "processes NVML does not list", sample.memory_used_bytes),)
+        if holders:
+            busy.append(BusyGpu(sample.index, sample.memory_used_bytes, sample.memory_total_bytes, holders))
+    return busy
+
+
+def process_name(pid: int) -> str:
+    try:
+        proc = psutil.Process(pid)
+        return proc.name() or "?"
+    except (psutil.Error, OSError):
+        return "gone"
+
+
+def format_busy(profile_name: str, busy: list[BusyGpu]) -> str:
+    gpus = ", ".join(f"GPU{b.index}" for b in busy)
+    lines = [f"profile '{profile_name}' would use {gpus}, where other processes hold memory:"]
+    lines += [f"  {b.text()}" for b in busy]
+    lines.append("a server started there may run out of memory; stop those first, or launch with --force")
+    return "\n".join(lines)

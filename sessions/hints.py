@@ -16,6 +16,11 @@ OR within one key's list:
   ``register_predicate``, or ``"sessions.module:function"``).  A predicate may return a mapping whose
   entries fill ``{name}`` placeholders in the title and detail.
 
+Not a condition: ``implicates`` lists the flags (``--attention-backend``) and environment variables
+(``NCCL_*``; shell-style patterns) the cause is about.  When a start fails, the diagnosis marks each change
+since the last good start that one of these names (`sessions.start_facts.mark`), so "you swapped the
+attention backend" is shown next to the cause that blames attention backends.
+
 Files are validated when loaded: an unknown key, a wrong type, a bad regex, phase or state, an unknown
 predicate or a duplicate id is a `KnownCausesError` naming the file, the cause and the key.
 """
@@ -32,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from sessions.phases import StartupPhase, StartupSummary, strip_ansi
+from sessions.start_facts import Implication
 
 DATA_DIR = Path(__file__).resolve().parent / "data"
 CAUSE_FILE_GLOB = "known_causes*.toml"
@@ -39,7 +45,9 @@ SESSION_STATES = frozenset({"starting", "ready", "stalled", "crashed", "exited",
 _ID_RE = re.compile(r"^[a-z0-9]+(?:-[a-z0-9]+)*$")
 _LIST_KEYS = ("log_any", "stack_any", "argv_any", "argv_none", "env_any", "phase_in", "state_in", "child_any")
 _CONDITION_KEYS = frozenset(_LIST_KEYS) | {"check"}
-_ALLOWED_KEYS = frozenset({"id", "title", "detail", "sources"}) | _CONDITION_KEYS
+_ALLOWED_KEYS = frozenset({"id", "title", "detail", "sources", "implicates"}) | _CONDITION_KEYS
+# What ``implicates`` may name: a flag pattern (``--cuda-graph-*``) or an env var pattern (``NCCL_*``).
+_IMPLICATES_RE = re.compile(r"^(?:--[A-Za-z0-9*?][A-Za-z0-9_*?-]*|[A-Za-z_*?][A-Za-z0-9_*?]*)$")
 
 
 @dataclass(frozen=True)
@@ -89,6 +97,7 @@ class KnownCause:
     check: str | None = None
     sources: tuple[str, ...] = ()
     present: frozenset[str] = frozenset()  # which condition keys the file gave
+    implicates: tuple[str, ...] = ()  # flag / env patterns this cause is about (not a condition)
 
 
 class KnownCausesError(ValueError):
@@ -368,6 +377,13 @@ def parse_causes(text: str, source: Path) -> list[KnownCause]:
                 f"{where}: `check` names an unknown predicate {check!r}; known: {', '.join(sorted(PREDICATES))}"
             )
         sources = _string_list(where, "sources", raw["sources"]) if "sources" in raw else ()
+        implicates = _string_list(where, "implicates", raw["implicates"]) if "implicates" in raw else ()
+        for name in implicates:
+            if not _IMPLICATES_RE.match(name):
+                raise KnownCausesError(
+                    f"{where}: `implicates` entries must be a flag ('--attention-backend') or an environment "
+                    f"variable ('NCCL_*'), shell-style patterns allowed; got {name!r}"
+                )
         causes.append(
             KnownCause(
                 id=cid,
@@ -385,6 +401,7 @@ def parse_causes(text: str, source: Path) -> list[KnownCause]:
                 check=check,
                 sources=sources,
                 present=present,
+                implicates=implicates,
             )
         )
     return causes
@@ -494,6 +511,13 @@ def match_hints(evidence: HintEvidence, causes: Sequence[KnownCause] | None = No
         if values is not None:
             hints.append(Hint(cause.id, _fill(cause.title, values), _fill(cause.detail, values)))
     return hints
+
+
+def implications(causes: Sequence[KnownCause] | None = None) -> list[Implication]:
+    """What each cause of the catalogue ``implicates`` (the causes without the key are left out)."""
+    if causes is None:
+        causes = load_causes()
+    return [Implication(c.id, c.implicates) for c in causes if c.implicates]
 
 
 def argv_from_server_args(server_args: Mapping[str, object]) -> list[str]:

@@ -12,11 +12,13 @@ import fcntl
 import json
 import re
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
+from sessions import start_facts
 from sessions.home import Home, atomic_write_text, ensure_private_dir
 from sessions.phases import StartupPhase, StartupSummary
 
@@ -50,6 +52,9 @@ class StartRecord:
     phases: tuple[PhaseMark, ...]  # in phase order
     started_at: float | None = None
     recorded_at: float | None = None
+    # What the start ran with (`sessions.start_facts`: command, env, versions, GPUs, ...), redacted; None
+    # for records written before these were kept.
+    facts: dict[str, Any] | None = None
 
     def mark(self, phase: str | StartupPhase) -> PhaseMark | None:
         name = str(phase)
@@ -101,6 +106,7 @@ class StartRecord:
             "started_at": self.started_at,
             "recorded_at": self.recorded_at,
             "phases": [m.to_json() for m in self.phases],
+            **({"facts": self.facts} if self.facts else {}),
         }
 
     @classmethod
@@ -121,6 +127,7 @@ class StartRecord:
             phases=_in_phase_order(phases),
             started_at=obj.get("started_at"),
             recorded_at=obj.get("recorded_at"),
+            facts=dict(obj["facts"]) if isinstance(obj.get("facts"), dict) else None,
         )
 
 
@@ -263,6 +270,7 @@ def _merge(old: StartRecord, new: StartRecord) -> StartRecord:
         phases=_in_phase_order(tuple(marks.values())),
         started_at=new.started_at if new.started_at is not None else old.started_at,
         recorded_at=new.recorded_at,
+        facts=new.facts if new.facts is not None else old.facts,
     )
 
 
@@ -275,11 +283,13 @@ def record_start(
     outcome: str,
     *,
     started_at: float | None = None,
+    facts: Mapping[str, Any] | None = None,
 ) -> StartRecord:
     """Keep this start's phase timings; calling again for the same session updates its one record.
 
     ``started_at`` is the launch wall clock; without it, the ``launching`` entry of ``phase_entered_at``
-    (or its earliest time) stands in.  Lines of the file that are not valid records are kept as they are.
+    (or its earliest time) stands in.  ``facts`` are what the start ran with (`sessions.start_facts`),
+    already redacted.  Lines of the file that are not valid records are kept as they are.
     """
     t0 = _launch_time(phase_entered_at, started_at)
     record = StartRecord(
@@ -290,6 +300,7 @@ def record_start(
         phases=_phase_marks(summary, phase_entered_at, t0),
         started_at=t0,
         recorded_at=time.time(),
+        facts=dict(facts) if facts else None,
     )
     path = history_path(home, profile_name)
     with _locked(path):
@@ -393,3 +404,17 @@ def compare(
     else:
         this = f"this one stopped at line {line_count} in {phase}, silent for {format_duration_s(silent_for_s)}"
     return f"{good}; {this}"
+
+
+def changes_since(
+    baseline: Baseline | None,
+    facts: Mapping[str, Any] | None,
+    implications: Iterable[start_facts.Implication] = (),
+    hinted: Iterable[str] = (),
+) -> list[start_facts.Change]:
+    """What changed from the last good start to a start that ran with ``facts``: flags, env, versions,
+    config hashes, GPUs, driver, CUDA_VISIBLE_DEVICES, emulator settings; each marked with the known
+    causes (``implications``) that name it.  Empty when either side has no facts (older records)."""
+    if baseline is None:
+        return []
+    return start_facts.mark(start_facts.diff(baseline.facts, facts), implications, hinted)

@@ -125,7 +125,11 @@ def atomic_write_json(path: Path, obj: Any, mode: int = 0o600) -> None:
 
 
 def read_json(path: Path, default: Any = None) -> Any:
+    """The JSON in ``path``, or ``default`` when missing or not JSON.  A FIFO or device raises
+    ``SpecialFileError`` (an OSError) at once instead of blocking."""
+    from sessions.safe_files import read_regular_text
+
     try:
-        return json.loads(Path(path).read_text())
+        return json.loads(read_regular_text(path, "file"))
     except (FileNotFoundError, json.JSONDecodeError):
         return default

@@ -17,6 +17,19 @@ import re
 from enum import Enum
 from pathlib import Path
 
+from sessions.logs.lines import (  # noqa: F401 - strip_ansi, parse_prefix, rank_tokens: re-exported
+    ANSI_RE,
+    CONTAINER_RE,
+    PREFIX_RE,
+    RANK_TOKEN_RE,
+    collapse_cr,
+    parse_prefix,
+    rank_tokens,
+    strip_ansi,
+    strip_container_prefix,
+)
+from sessions.logs.source import iter_blocks
+
 
 class StartupPhase(str, Enum):
     """Ordered startup phases. A phase may be skipped; the phase of a log is the furthest any rank reached."""
@@ -134,19 +147,8 @@ _TRUNCATION_MARK = " \u2026 "
 _TRUNCATION_MARK_BYTES = _TRUNCATION_MARK.encode()
 
 # ---------------------------------------------------------------------------------------------------
-# Line format (sglang-facts §1.3).  These are shared with sessions.logs (display and filters).
+# Line format (sglang-facts §1.3): the prefix, ANSI and container rules are the log core's (sessions.logs.lines).
 
-ANSI_RE = re.compile(r"\x1b(?:\[[0-?]*[ -/]*[@-~]|\][^\x07\x1b]*(?:\x07|\x1b\\)?|[@-Z\\-_])")
-# `[2025-03-08 12:29:11 TP3] msg`, `[23:17:01 TP7] msg` (0.3/0.4), `[... DP0 PP0 ATTN_CP0 MOE_DP0 TP0 EP0]`
-PREFIX_RE = re.compile(
-    r"\[(?P<ts>(?:\d{4}-\d\d-\d\d[ T])?\d\d:\d\d:\d\d(?:[.,]\d+)?)"
-    r"(?P<ranks>(?: (?:DP|PP|ATTN_CP|MOE_DP|CP|TP|EP)\d+)*)\] ?"
-)
-RANK_TOKEN_RE = re.compile(r"(DP|PP|ATTN_CP|MOE_DP|CP|TP|EP)(\d+)")
-# docker compose `name  | ` and `docker logs -t` timestamps, both put in front of the process's own line
-CONTAINER_RE = re.compile(
-    r"(?:[A-Za-z0-9][\w.\-]*\s+\| ?|\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d+)?(?:Z|[+-]\d\d:?\d\d) )"
-)
 _PYLOG_TS_RE = re.compile(r"(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d)[,.]\d+ ")
 
 # Runtime noise: lines that can never move a startup forward or carry an error (sglang-facts §6 "Runtime
@@ -188,42 +190,6 @@ def _keyword_pattern(words: tuple[str, ...]) -> re.Pattern[str]:
 
 
 _KEYWORD_RE = _keyword_pattern(_KEYWORDS)
-
-
-def strip_ansi(text: str) -> str:
-    """``text`` without ANSI escape sequences (colours, cursor moves)."""
-    return ANSI_RE.sub("", text) if "\x1b" in text else text
-
-
-def collapse_cr(text: str) -> str:
-    """What a terminal shows for a line with ``\\r``: its last non-empty ``\\r`` segment (a tqdm bar's last state)."""
-    if "\r" not in text:
-        return text
-    for segment in reversed(text.split("\r")):
-        if segment.strip():
-            return segment
-    return ""
-
-
-def parse_prefix(text: str) -> tuple[str, str, str] | None:
-    """(timestamp, rank tokens, message) of an SGLang log line, or None when it has no such prefix."""
-    m = PREFIX_RE.match(text)
-    if m is None:
-        return None
-    return m.group("ts"), m.group("ranks"), text[m.end():]
-
-
-def rank_tokens(ranks: str) -> dict[str, int]:
-    """``" DP0 TP3 EP3"`` -> {"DP": 0, "TP": 3, "EP": 3}."""
-    return {name: int(num) for name, num in RANK_TOKEN_RE.findall(ranks)}
-
-
-def strip_container_prefix(text: str) -> tuple[str, str]:
-    """(prefix, rest): the docker-compose ``name  | `` or ``docker logs -t`` prefix split off, if any."""
-    m = CONTAINER_RE.match(text)
-    if m is None or text.startswith("["):
-        return "", text
-    return text[: m.end()], text[m.end():]
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -1014,20 +980,11 @@ def summarize_bytes(data: bytes) -> StartupSummary:
     return tracker.summary()
 
 
-READ_CHUNK_BYTES = 8 << 20
-
-
 def summarize_file(path: str | Path, max_bytes: int | None = None) -> StartupSummary:
-    """The summary of a static log file, read in 8 MiB chunks (memory stays bounded for any size)."""
+    """The summary of a static log file, read in 8 MiB blocks by the log core (memory stays bounded for any
+    size; a FIFO or a device is a `sessions.logs.LogFileError` at once)."""
     tracker = StartupTracker()
-    left = max_bytes
-    with open(path, "rb") as fh:
-        while left is None or left > 0:
-            chunk = fh.read(READ_CHUNK_BYTES if left is None else min(READ_CHUNK_BYTES, left))
-            if not chunk:
-                break
-            if left is not None:
-                left -= len(chunk)
-            tracker.feed_bytes(chunk)
+    for block in iter_blocks(path, max_bytes):
+        tracker.feed_bytes(block)
     tracker.flush()
     return tracker.summary()

@@ -152,6 +152,77 @@ def pid_listening_on(port: int, host: str | None = None) -> int | None:
     return None
 
 
+class PortOwner(NamedTuple):
+    """Who holds the listening socket of a port: ``ours`` is True (a process of the given tree), False
+    (another process: ``pid``/``text`` say which, when visible) or None (cannot tell on this system)."""
+
+    ours: bool | None
+    pid: int | None
+    text: str
+
+
+def _listening_inodes(port: int) -> set[int] | None:
+    """Inodes of the LISTEN sockets on ``port`` from /proc/net/tcp and tcp6; None without /proc."""
+    found: set[int] = set()
+    seen_table = False
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            with open(table, encoding="ascii", errors="replace") as fh:
+                next(fh, None)
+                seen_table = True
+                for line in fh:
+                    fields = line.split()
+                    # sl local_address rem_address st tx:rx tr:when retrnsmt uid timeout inode
+                    if len(fields) < 10 or fields[3] != "0A":  # 0A: TCP_LISTEN
+                        continue
+                    if int(fields[1].rsplit(":", 1)[1], 16) == int(port):
+                        found.add(int(fields[9]))
+        except (OSError, ValueError):
+            continue
+    return found if seen_table else None
+
+
+def _socket_inodes(pid: int) -> set[int]:
+    inodes: set[int] = set()
+    fd_dir = f"/proc/{pid}/fd"
+    try:
+        names = os.listdir(fd_dir)
+    except OSError:
+        return inodes
+    for name in names:
+        try:
+            target = os.readlink(f"{fd_dir}/{name}")
+        except OSError:
+            continue
+        if target.startswith("socket:["):
+            inodes.add(int(target[8:-1]))
+    return inodes
+
+
+def listener_owner(port: int, host: str | None, tree_pids: Iterable[int]) -> PortOwner:
+    """Whether the process listening on ``port`` is one of ``tree_pids`` (a server's own process tree).
+
+    On Linux this matches the listening socket's inode (/proc/net/tcp) against the sockets the tree's
+    processes hold open (/proc/PID/fd: readable for our own processes, whatever the owner of the port),
+    so it needs no scan of every process.  Elsewhere it asks psutil for the listener's pid.
+    """
+    pids = [int(p) for p in tree_pids]
+    inodes = _listening_inodes(port)
+    if inodes is not None:
+        if not inodes:
+            return PortOwner(None, None, f"port {port}: no listening socket")
+        for pid in pids:
+            if _socket_inodes(pid) & inodes:
+                return PortOwner(True, pid, f"port {port} is held by pid {pid} of this session")
+        return PortOwner(False, pid_listening_on(port, host), describe_port_user(host or "127.0.0.1", port))
+    owner = pid_listening_on(port, host)
+    if owner is None:
+        return PortOwner(None, None, f"port {port}: its owner cannot be seen here")
+    if owner in pids:
+        return PortOwner(True, owner, f"port {port} is held by pid {owner} of this session")
+    return PortOwner(False, owner, describe_port_user(host or "127.0.0.1", port))
+
+
 def describe_port_user(host: str, port: int) -> str:
     """``"port 30000 on 127.0.0.1 is in use by pid 1234 (python)"``, or without the pid when unknown."""
     text = f"port {port} on {host} is in use"

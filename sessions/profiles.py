@@ -12,6 +12,8 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import difflib
+import errno
+import functools
 import json
 import math
 import os
@@ -19,7 +21,7 @@ import re
 import shlex
 import sys
 import tomllib
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -64,6 +66,9 @@ _EMULATOR_FLAGS = {
     "--emulate-fault": "emulator.fault",
     "--emulate-gpu-memory-gb": "emulator.gpu_memory_gb",
     "--emulate-gpus": "emulator.gpus",
+    "--emulate-spec-accept-length": "emulator.spec_accept_length",
+    "--emulate-spec-draft-cost": "emulator.spec_draft_cost",
+    "--emulate-spec-verify-cost": "emulator.spec_verify_cost",
 }
 _PER_PHASE_GRAPH_FLAGS = ("--disable-decode-cuda-graph", "--disable-prefill-cuda-graph")
 # argparse's test for a negative number that is a value, not an option (Lib/argparse.py).
@@ -154,6 +159,12 @@ class EmulatorSection:
     fault: str = "none"
     gpu_memory_gb: float | None = None  # real GPU memory each emulated rank holds (needs torch + a GPU)
     gpus: int = 8  # emulated GPU count
+    # Speculative decoding (EAGLE3 with a draft): mean accepted tokens per verify step, the bonus token
+    # included (1 .. num-draft-tokens); one draft forward's cost as a fraction of a decode step (default:
+    # from the draft's config); a verify step's cost in decode steps (>= 1).
+    spec_accept_length: float | None = None
+    spec_draft_cost: float | None = None
+    spec_verify_cost: float | None = None
 
 
 _SECTION_TYPES: dict[str, type] = {
@@ -182,7 +193,8 @@ _KINDS: dict[str, dict[str, str]] = {
     },
     "capture": {"enabled": "bool", "layers": "list[int]", "dir": "str", "rid_prefix": "str"},
     "watch": {"stall_after_s": "float"},
-    "emulator": {"time_scale": "float", "fault": "str", "gpu_memory_gb": "float", "gpus": "int"},
+    "emulator": {"time_scale": "float", "fault": "str", "gpu_memory_gb": "float", "gpus": "int",
+                 "spec_accept_length": "float", "spec_draft_cost": "float", "spec_verify_cost": "float"},
 }
 # Keys that `to_toml` always writes (the rest only when set, changed from the default, or explicit).
 _ALWAYS_WRITTEN = {
@@ -342,6 +354,15 @@ def list_profiles(home: Home | None = None) -> list[str]:
 def load_profile(name_or_path: str | Path, home: Home | None = None) -> LaunchProfile:
     """Load and check a profile; raises `ProfileError` listing every problem of the file."""
     path = profile_path(name_or_path, home)
+    try:
+        from sessions.safe_files import SpecialFileError, check_regular
+
+        check_regular(path, "profile")
+    except SpecialFileError as exc:
+        raise ProfileError([Problem("profile", exc.strerror)], path) from None
+    except OSError as exc:
+        if exc.errno not in (errno.ENOENT, errno.ENOTDIR):
+            raise ProfileError([Problem("profile", f"cannot read {path}: {exc.strerror or exc}")], path) from None
     if not path.is_file():
         if not path.exists() and path.parent.is_dir() and not isinstance(name_or_path, Path):
             known = [p.stem for p in sorted(path.parent.glob("*.toml"))]
@@ -353,7 +374,9 @@ def load_profile(name_or_path: str | Path, home: Home | None = None) -> LaunchPr
             message = f"no profile file {path}"
         raise ProfileError([Problem("profile", message)], path)
     try:
-        text = path.read_text(encoding="utf-8")
+        from sessions.safe_files import read_regular_text
+
+        text = read_regular_text(path, "profile")
     except UnicodeDecodeError as exc:
         raise ProfileError([Problem("toml", f"not UTF-8 text ({exc.reason} at byte {exc.start})")], path) from None
     except OSError as exc:
@@ -368,7 +391,12 @@ def parse_profile(text: str, name: str = "profile", path: Path | None = None) ->
     except tomllib.TOMLDecodeError as exc:
         message, line = _toml_error(exc)
         raise ProfileError([Problem("toml", message, line)], path or name) from None
-    lines = toml_key_lines(text)
+    except RecursionError:
+        raise ProfileError([Problem("toml", "arrays or tables nested too deeply to read")], path or name) from None
+    try:
+        lines = toml_key_lines(text)
+    except RecursionError:
+        lines = {}
     problems: list[Problem] = []
     explicit: set[str] = set()
     sections: dict[str, Any] = {}
@@ -752,56 +780,151 @@ def field_problems(profile: LaunchProfile) -> list[Problem]:
                 bad.add(f"{section}.{key}")
                 problems += found
 
-    def check(dotted: str, ok: bool, message: str, severity: str = "error") -> None:
-        if dotted not in bad and not ok:
+    def check(dotted: str, ok: Callable[[], bool], message: str, severity: str = "error") -> None:
+        # ``ok`` runs only for a well-typed field: a range check never sees a string ("0.85" < 1.0).
+        if dotted in bad or any(dotted.startswith((f + "[", f + ".")) for f in bad):
+            return
+        try:
+            passed = ok()
+        except (TypeError, ValueError, OverflowError):
+            passed = False
+        if not passed:
             problems.append(Problem(dotted, message, _line_of(lines, dotted), severity))
 
+    problems += _text_problems(profile, bad)
+
     s, c, w, e = profile.server, profile.capture, profile.watch, profile.emulator
-    check("server.launcher", s.launcher in LAUNCHERS,
+    check("server.launcher", lambda: s.launcher in LAUNCHERS,
           f"must be one of {', '.join(repr(x) for x in LAUNCHERS)}, not {s.launcher!r}")
-    check("server.python", bool(str(s.python).strip()), "must name a Python interpreter")
-    check("server.tp_size", isinstance(s.tp_size, int) and s.tp_size >= 1, f"must be at least 1, not {s.tp_size}")
-    check("server.host", bool(str(s.host).strip()) and not any(ch.isspace() for ch in str(s.host)),
+    check("server.python", lambda: bool(str(s.python).strip()), "must name a Python interpreter")
+    check("server.tp_size", lambda: isinstance(s.tp_size, int) and s.tp_size >= 1, f"must be at least 1, not {s.tp_size}")
+    check("server.host", lambda: bool(str(s.host).strip()) and str(s.host).isascii()
+          and str(s.host).isprintable() and not any(ch.isspace() for ch in str(s.host)),
           f"must be a host name or address, not {s.host!r}")
-    check("server.port", isinstance(s.port, int) and 1 <= s.port <= 65535,
+    check("server.port", lambda: isinstance(s.port, int) and 1 <= s.port <= 65535,
           f"must be between 1 and 65535, not {s.port}")
     if s.attention_backend is not None:
-        check("server.attention_backend", bool(str(s.attention_backend).strip()),
+        check("server.attention_backend", lambda: bool(str(s.attention_backend).strip()),
               "must name a backend (leave it out for SGLang's automatic choice)")
     if s.mem_fraction_static is not None:
         check("server.mem_fraction_static",
-              math.isfinite(s.mem_fraction_static) and 0.0 < s.mem_fraction_static < 1.0,
+              lambda: math.isfinite(s.mem_fraction_static) and 0.0 < s.mem_fraction_static < 1.0,
               f"must be between 0 and 1 (exclusive), not {s.mem_fraction_static}")
     if s.chunked_prefill_size is not None:
-        check("server.chunked_prefill_size", s.chunked_prefill_size == -1 or s.chunked_prefill_size > 0,
+        check("server.chunked_prefill_size", lambda: s.chunked_prefill_size == -1 or s.chunked_prefill_size > 0,
               f"must be -1 (no chunking) or a positive token count, not {s.chunked_prefill_size}")
     if "server.extra_args" not in bad:
         for i, arg in enumerate(s.extra_args):
-            check(f"server.extra_args[{i}]", bool(arg), "is an empty argument")
+            check(f"server.extra_args[{i}]", lambda arg=arg: bool(arg), "is an empty argument")
     if "server.env" not in bad:
         for name in s.env:
-            check(f"server.env.{name}", bool(_ENV_NAME.match(name)),
+            check(f"server.env.{name}", lambda name=name: bool(_ENV_NAME.match(name)),
                   f"{name!r} is not a valid environment variable name")
     if c.layers is not None and "capture.layers" not in bad:
         seen: set[int] = set()
         for i, layer in enumerate(c.layers):
-            check(f"capture.layers[{i}]", layer >= 0, f"must be a layer index >= 0, not {layer}")
-            check(f"capture.layers[{i}]", layer not in seen, f"layer {layer} is listed twice")
+            check(f"capture.layers[{i}]", lambda layer=layer: layer >= 0, f"must be a layer index >= 0, not {layer}")
+            check(f"capture.layers[{i}]", lambda layer=layer: layer not in seen, f"layer {layer} is listed twice")
             seen.add(layer)
     if c.dir is not None:
-        check("capture.dir", bool(str(c.dir).strip()), "must be a folder path (leave it out for the default)")
-    check("capture.rid_prefix", bool(c.rid_prefix),
+        check("capture.dir", lambda: bool(str(c.dir).strip()), "must be a folder path (leave it out for the default)")
+    check("capture.rid_prefix", lambda: bool(c.rid_prefix),
           "must not be empty: it selects which requests are dumped")
-    check("watch.stall_after_s", _positive(w.stall_after_s), f"must be a number of seconds > 0, not {w.stall_after_s}")
-    check("emulator.time_scale", _positive(e.time_scale), f"must be > 0, not {e.time_scale}")
-    check("emulator.fault", e.fault in FAULT_IDS,
+    check("watch.stall_after_s", lambda: _positive(w.stall_after_s), f"must be a number of seconds > 0, not {w.stall_after_s}")
+    check("emulator.time_scale", lambda: _positive(e.time_scale), f"must be > 0, not {e.time_scale}")
+    check("emulator.fault", lambda: e.fault in FAULT_IDS,
           f"unknown fault {e.fault!r}; known: {', '.join(FAULT_IDS)}")
     if e.gpu_memory_gb is not None:
-        check("emulator.gpu_memory_gb", _positive(e.gpu_memory_gb), f"must be > 0, not {e.gpu_memory_gb}")
-    check("emulator.gpus", isinstance(e.gpus, int) and e.gpus >= 1, f"must be at least 1, not {e.gpus}")
+        check("emulator.gpu_memory_gb", lambda: _positive(e.gpu_memory_gb), f"must be > 0, not {e.gpu_memory_gb}")
+    check("emulator.gpus", lambda: isinstance(e.gpus, int) and e.gpus >= 1, f"must be at least 1, not {e.gpus}")
+    if e.spec_accept_length is not None:
+        tokens = _num_draft_tokens(s.extra_args) if isinstance(s.extra_args, (list, tuple)) else None
+        check("emulator.spec_accept_length", lambda: e.spec_accept_length >= 1 and (tokens is None
+              or e.spec_accept_length <= tokens),
+              f"must be between 1 and the number of draft tokens ({tokens if tokens else 'num-draft-tokens'}), "
+              f"not {e.spec_accept_length}: it counts the accepted drafts plus the bonus token of each step")
+    if e.spec_draft_cost is not None:
+        check("emulator.spec_draft_cost", lambda: 0 < e.spec_draft_cost <= 1,
+              f"must be a fraction of a decode step in (0, 1], not {e.spec_draft_cost}")
+    if e.spec_verify_cost is not None:
+        check("emulator.spec_verify_cost", lambda: e.spec_verify_cost >= 1,
+              f"must be at least 1 (a verify step costs at least a decode step), not {e.spec_verify_cost}")
     if s.launcher == "emulator" and "emulator.gpus" not in bad and "server.tp_size" not in bad:
-        check("server.tp_size", s.tp_size <= e.gpus,
+        check("server.tp_size", lambda: s.tp_size <= e.gpus,
               f"TP {s.tp_size} needs {_gpus(s.tp_size)} but the emulator has {e.gpus} (emulator.gpus)")
+    return problems
+
+
+def _num_draft_tokens(extra_args: tuple[str, ...] | list[str]) -> int | None:
+    """Tokens per verify step that SGLang will use for these flags (topk 1: steps + 1), None if unknown."""
+
+    def value(flag: str) -> int | None:
+        found = None
+        for i, token in enumerate(extra_args):
+            text = extra_args[i + 1] if token == flag and i + 1 < len(extra_args) else (
+                token[len(flag) + 1:] if token.startswith(flag + "=") else None)
+            if text is not None:
+                try:
+                    found = int(text)
+                except ValueError:
+                    found = None
+        return found
+
+    steps, topk = value("--speculative-num-steps"), value("--speculative-eagle-topk")
+    if steps is not None and topk == 1:
+        return steps + 1
+    return value("--speculative-num-draft-tokens")
+
+
+# C0/C1 control characters and DEL; a NUL can never reach exec, a path or the environment.
+_CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+MAX_PATH_CHARS = 4096
+MAX_NAME_CHARS = 255
+
+
+def _text_problems(profile: LaunchProfile, bad: set[str]) -> list[Problem]:
+    """NULs and control characters in any text field, and overlong paths, named by field (before anything
+    hands the value to the OS, which would raise ``embedded null byte`` or ``File name too long``)."""
+    lines = profile.key_lines
+    problems: list[Problem] = []
+
+    def visit(dotted: str, value: str, allow_newline: bool = False, path: bool = False) -> None:
+        if dotted in bad:
+            return
+        if "\x00" in value:
+            problems.append(Problem(dotted, f"holds a NUL character at position {value.index(chr(0))}",
+                                    _line_of(lines, dotted)))
+            bad.add(dotted)
+            return
+        found = _CONTROL.search(value if not allow_newline else value.replace("\n", "").replace("\t", ""))
+        if found:
+            problems.append(Problem(dotted, f"holds the control character {found.group(0)!r}",
+                                    _line_of(lines, dotted)))
+            bad.add(dotted)
+            return
+        if path and (len(value) > MAX_PATH_CHARS or any(len(part) > MAX_NAME_CHARS for part in value.split("/"))):
+            problems.append(Problem(dotted, f"is too long for a path ({len(value)} characters; the OS allows "
+                                    f"{MAX_PATH_CHARS}, {MAX_NAME_CHARS} per name)", _line_of(lines, dotted)))
+            bad.add(dotted)
+
+    for section in SECTIONS:
+        obj = getattr(profile, section)
+        for key, kind in _KINDS[section].items():
+            dotted, value = f"{section}.{key}", getattr(obj, key)
+            if dotted in bad or value is None:
+                continue
+            is_path = key in ("model_path", "python", "dir", "tokenizer_path")
+            if kind == "str" and isinstance(value, str):
+                visit(dotted, value, path=is_path)
+            elif kind == "list[str]" and isinstance(value, (list, tuple)):
+                for n, item in enumerate(value):
+                    if isinstance(item, str):
+                        visit(f"{dotted}[{n}]", item)
+            elif kind == "table[str]" and isinstance(value, Mapping):
+                for name, item in value.items():
+                    visit(f"{dotted}.{name}", str(name))
+                    if isinstance(item, str):
+                        visit(f"{dotted}.{name}", item, allow_newline=True)  # a secret may hold a newline
     return problems
 
 
@@ -836,15 +959,21 @@ class ModelShape:
 
 def read_model_config(model_path: str | Path) -> ModelShape:
     """Read ``<model_path>/config.json`` (both flat and ``text_config``-nested shapes)."""
+    from sessions.safe_files import SpecialFileError, read_regular_text
+
     path = Path(model_path).expanduser() / "config.json"
     try:
-        raw = json.loads(path.read_text(encoding="utf-8"))
+        raw = json.loads(read_regular_text(path, "model config"))  # a FIFO or /dev/zero: refused at once
     except FileNotFoundError:
         raise ModelConfigError(f"{path} does not exist") from None
+    except SpecialFileError as exc:
+        raise ModelConfigError(exc.strerror) from None
     except (OSError, UnicodeDecodeError) as exc:
         raise ModelConfigError(f"cannot read {path}: {exc}") from None
     except json.JSONDecodeError as exc:
         raise ModelConfigError(f"{path} is not valid JSON: {exc.msg} at line {exc.lineno}") from None
+    except RecursionError:
+        raise ModelConfigError(f"{path} is nested too deeply to read") from None
     if not isinstance(raw, dict):
         raise ModelConfigError(f"{path} must hold a JSON object")
     text = raw.get("text_config") if isinstance(raw.get("text_config"), dict) else {}
@@ -947,6 +1076,11 @@ def build_command(profile: LaunchProfile, *, sglang: Any = LOOKUP) -> LaunchComm
             argv += ["--emulate-gpu-memory-gb", _number(e.gpu_memory_gb)]
         if e.gpus != EmulatorSection().gpus or profile.is_explicit("emulator.gpus"):
             argv += ["--emulate-gpus", str(e.gpus)]
+        for flag, value in (("--emulate-spec-accept-length", e.spec_accept_length),
+                            ("--emulate-spec-draft-cost", e.spec_draft_cost),
+                            ("--emulate-spec-verify-cost", e.spec_verify_cost)):
+            if value is not None:
+                argv += [flag, _number(value)]
     return LaunchCommand(argv=argv, env_changes=env)
 
 
@@ -1008,17 +1142,29 @@ def validate_profile(
         return not any(f == pre or f.startswith((pre + ".", pre + "[")) for f in bad_fields for pre in prefixes)
 
     s = profile.server
-    python_ok = usable("server.python") and _python_problems(profile, problems)
+
+    def machine(field: str, check: Callable[[], list[Problem]]) -> None:
+        # A check of this machine never tracebacks: what it could not look at is a problem of its field.
+        try:
+            problems.extend(check())
+        except Exception as exc:  # noqa: BLE001 - validation answers, it never raises
+            problems.append(Problem(field, f"cannot be checked: {type(exc).__name__}: {str(exc)[:200]}"))
+
+    python_ok = False
+    if usable("server.python"):
+        found: list[Problem] = []
+        machine("server.python", lambda: [] if _python_problems(profile, found) else found)
+        python_ok = not found and not any(p.field == "server.python" for p in problems)
     if usable("server.model_path"):
-        problems += _model_problems(profile)
+        machine("server.model_path", lambda: _model_problems(profile))
     if usable("server.host"):
-        problems += _host_problems(profile, check_port and usable("server.port"))
+        machine("server.host", lambda: _host_problems(profile, check_port and usable("server.port")))
     if s.launcher == "sglang" and usable("server.tp_size", "server.env"):
-        problems += _gpu_problems(profile, nvml_gpu_count)
+        machine("server.tp_size", lambda: _gpu_problems(profile, nvml_gpu_count))
     if usable("server.extra_args", "server.env", "server.launcher"):
-        problems += _sglang_problems(profile, python_ok, bad_fields)
+        machine("server.extra_args", lambda: _sglang_problems(profile, python_ok, bad_fields))
     if usable("capture", "server.launcher"):
-        problems += _capture_problems(profile)
+        machine("capture", lambda: _capture_problems(profile))
     return [_with_line(p, profile) for p in problems]
 
 
@@ -1033,10 +1179,45 @@ def _python_problems(profile: LaunchProfile, problems: list[Problem]) -> bool:
     from sessions.sglang_source import resolve_python
 
     python = profile.server.python
-    if resolve_python(python) is None:
+    resolved = resolve_python(python)
+    if resolved is None:
         problems.append(Problem("server.python", f"{python} is not an executable Python interpreter"))
         return False
+    problem = python_version_problem(resolved)
+    if problem is not None:
+        problems.append(Problem("server.python", f"{python}: {problem}"))
+        return False
     return True
+
+
+PYTHON_CHECK_TIMEOUT_S = 10.0
+MIN_PYTHON = (3, 10)
+_PYTHON_PROBE = "import sys; print('eagle3-python', sys.version_info[0], sys.version_info[1])"
+
+
+@functools.lru_cache(maxsize=32)  # one run per interpreter per process: validation runs on every edit
+def python_version_problem(python: str) -> str | None:
+    """None when ``python`` runs ``-c`` as a Python >= 3.10 would, else what is wrong (``/bin/sh`` is an
+    executable but not a Python)."""
+    import subprocess
+
+    try:
+        done = subprocess.run([python, "-c", _PYTHON_PROBE], capture_output=True, text=True,
+                              timeout=PYTHON_CHECK_TIMEOUT_S, stdin=subprocess.DEVNULL, check=False)
+    except subprocess.TimeoutExpired:
+        return f"did not answer `-c` within {PYTHON_CHECK_TIMEOUT_S:g} s; is it a Python interpreter?"
+    except (OSError, ValueError) as exc:
+        return f"cannot be run: {getattr(exc, 'strerror', None) or exc}"
+    words = done.stdout.split()
+    if done.returncode != 0 or len(words) != 3 or words[0] != "eagle3-python":
+        return "is not a Python interpreter (running it with -c did not print its version)"
+    try:
+        version = (int(words[1]), int(words[2]))
+    except ValueError:
+        return "is not a Python interpreter (running it with -c did not print its version)"
+    if version < MIN_PYTHON:
+        return f"is Python {version[0]}.{version[1]}; SGLang needs {MIN_PYTHON[0]}.{MIN_PYTHON[1]} or newer"
+    return None
 
 
 def _model_problems(profile: LaunchProfile) -> list[Problem]:
@@ -1275,6 +1456,9 @@ def _emitted_value(profile: LaunchProfile, field_name: str) -> str | bool | None
         "emulator.fault": e.fault,
         "emulator.gpu_memory_gb": e.gpu_memory_gb,
         "emulator.gpus": e.gpus,
+        "emulator.spec_accept_length": e.spec_accept_length,
+        "emulator.spec_draft_cost": e.spec_draft_cost,
+        "emulator.spec_verify_cost": e.spec_verify_cost,
     }[field_name]
     if value is None:
         return None

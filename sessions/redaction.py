@@ -6,8 +6,13 @@ or when it has the shape of a well-known credential (``hf_…``, ``sk-…``, bea
 from __future__ import annotations
 
 import functools
+import itertools
+import json
+import os
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
 
 REDACTED = "***"
 
@@ -68,7 +73,7 @@ def is_secret_name(name: str) -> bool:
                 return True
         elif word in _SECRET_WORDS:
             return True
-    return any(pair in _SECRET_PAIRS for pair in zip(words, words[1:]))
+    return any(pair in _SECRET_PAIRS for pair in itertools.pairwise(words))
 
 
 def redact_env(env: Mapping[str, str]) -> dict[str, str]:
@@ -95,9 +100,11 @@ def redact_argv(argv: Iterable[str]) -> list[str]:
 
 
 def redact_text(text: str, known_secrets: Iterable[str] = ()) -> str:
-    """Redact known secret values and credential-shaped substrings from free text."""
-    for secret in sorted({s for s in known_secrets if s and len(s) >= 4}, key=len, reverse=True):
-        text = text.replace(secret, REDACTED)
+    """Redact known secret values (and their JSON/TOML/shell-escaped forms), then credential-shaped
+    substrings and secret-named assignments, from free text."""
+    known = _known_pattern(tuple(known_secrets) if not isinstance(known_secrets, tuple) else known_secrets)
+    if known is not None:
+        text = known.sub(REDACTED, text)
     text = _SECRET_VALUE.sub(REDACTED, text)
     low = text.lower()
     if "bearer" in low:
@@ -122,3 +129,152 @@ def redact_text(text: str, known_secrets: Iterable[str] = ()) -> str:
 def secret_values(env: Mapping[str, str]) -> list[str]:
     """The values in ``env`` whose names look secret: pass them to ``redact_text(known_secrets=…)``."""
     return [v for k, v in env.items() if is_secret_name(k) and v]
+
+
+# --- secrets known by value --------------------------------------------------------------------------------
+SECRETS_FILE = "secrets.json"  # in the session folder, 0600: the exact values to hide, never shown
+MIN_SECRET_CHARS = 4  # shorter values would blank ordinary words out of every line
+
+
+def escaped_forms(value: str) -> set[str]:
+    """``value`` as it may appear in an artifact: raw, JSON- and TOML-escaped, Python repr, shell-quoted,
+    and each line of a multi-line value (logs and stacks are read line by line)."""
+    import shlex
+
+    forms = {value, json.dumps(value)[1:-1], json.dumps(value, ensure_ascii=False)[1:-1], repr(value)[1:-1],
+             shlex.quote(value), value.replace("\\", "\\\\").replace('"', '\\"')}
+    forms |= {form.replace("\\n", "\\\\n") for form in forms}  # escaped once more (JSON holding a repr)
+    if "\n" in value or "\r" in value:
+        forms.update(part for part in re.split(r"[\r\n]+", value) if len(part.strip()) >= MIN_SECRET_CHARS)
+    return {f for f in forms if len(f) >= MIN_SECRET_CHARS}
+
+
+@functools.lru_cache(maxsize=256)  # the same session's secrets redact every line of its log
+def _known_pattern(known: tuple[str, ...]) -> re.Pattern[str] | None:
+    forms: set[str] = set()
+    for secret in known:
+        if isinstance(secret, str) and len(secret) >= MIN_SECRET_CHARS:
+            forms |= escaped_forms(secret)
+    if not forms:
+        return None
+    return re.compile("|".join(re.escape(f) for f in sorted(forms, key=len, reverse=True)))
+
+
+def _is_secret_flag(flag: str) -> bool:
+    return flag in SECRET_FLAGS or (flag.startswith("-") and is_secret_name(flag.lstrip("-")))
+
+
+def collect_secrets(argv: Sequence[str] = (), env: Mapping[str, str] | None = None) -> list[str]:
+    """The exact secret values a launch carries: values of secret-named flags (``--api-key V`` and
+    ``--api-key=V``, wherever they come from, e.g. free-form extra_args), values of secret-named env vars,
+    and credential-shaped values under any name (``FOO=hf_...``)."""
+    found: list[str] = []
+    args = [str(a) for a in argv]
+    for i, arg in enumerate(args):
+        flag, eq, value = arg.partition("=")
+        if eq and flag.startswith("-") and _is_secret_flag(flag):
+            found.append(value)
+        elif _is_secret_flag(arg) and i + 1 < len(args):
+            found.append(args[i + 1])
+        found.extend(m.group(0) for m in _SECRET_VALUE.finditer(arg))
+    for name, value in (env or {}).items():
+        value = str(value)
+        if is_secret_name(str(name)):
+            found.append(value)
+        found.extend(m.group(0) for m in _SECRET_VALUE.finditer(value))
+    unique: list[str] = []
+    for value in found:
+        if value and len(value) >= MIN_SECRET_CHARS and value not in unique:
+            unique.append(value)
+    return unique
+
+
+def profile_secrets(profile: Any) -> list[str]:
+    """The secrets a profile's launch would carry (its command's argv and env changes)."""
+    from sessions.profiles import build_command  # lazy: profiles imports this module
+
+    try:
+        command = build_command(profile)
+        return collect_secrets(command.argv, dict(command.env_changes))
+    except Exception:  # noqa: BLE001 - a profile that cannot build a command: its fields are still read
+        server = getattr(profile, "server", None)
+        return collect_secrets(list(getattr(server, "extra_args", ()) or ()),
+                               dict(getattr(server, "env", {}) or {}))
+
+
+def write_secrets_file(session_dir: Path, secrets: Iterable[str]) -> None:
+    """Keep the launch's secret values (0600) so every later reader can hide them by value."""
+    path = Path(session_dir) / SECRETS_FILE
+    data = json.dumps({"values": list(secrets)}).encode("utf-8")
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+    try:
+        os.write(fd, data)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.replace(tmp, path)
+
+
+def read_secrets_file(session_dir: Path) -> list[str]:
+    """The values ``write_secrets_file`` kept (empty when absent or unreadable; never follows a link)."""
+    try:
+        fd = os.open(Path(session_dir) / SECRETS_FILE, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError:
+        return []
+    try:
+        import stat
+
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return []
+        raw = os.read(fd, 1 << 20)
+    finally:
+        os.close(fd)
+    try:
+        values = json.loads(raw).get("values", [])
+    except (ValueError, AttributeError):
+        return []
+    return [v for v in values if isinstance(v, str)]
+
+
+class Redactor:
+    """Hides one session's secrets: its known values (every escaped form) first, then shapes and names.
+
+    Build it with ``Redactor.for_session(session)`` (a `ServerSession` or its folder); ``text`` redacts a
+    string, ``json`` every string inside a JSON-like value (keys included).
+    """
+
+    def __init__(self, known: Iterable[str] = ()) -> None:
+        self.known: tuple[str, ...] = tuple(dict.fromkeys(v for v in known if v and len(v) >= MIN_SECRET_CHARS))
+
+    @classmethod
+    def for_session(cls, session: Any, extra: Iterable[str] = ()) -> Redactor:
+        session_dir = Path(getattr(session, "session_dir", session))
+        known = list(read_secrets_file(session_dir))
+        profile = None
+        try:
+            profile = session.profile if hasattr(session, "profile") else None
+            if profile is None and (session_dir / "profile.toml").is_file():
+                from sessions.profiles import load_profile
+
+                profile = load_profile(session_dir / "profile.toml")
+        except Exception:  # noqa: BLE001 - a damaged snapshot: the secrets file and shapes still apply
+            profile = None
+        if profile is not None:
+            known += profile_secrets(profile)
+        return cls([*known, *extra])
+
+    def with_values(self, values: Iterable[str]) -> Redactor:
+        return Redactor([*self.known, *values])
+
+    def text(self, text: str) -> str:
+        return redact_text(text, self.known)
+
+    def json(self, value: Any) -> Any:
+        if isinstance(value, str):
+            return self.text(value)
+        if isinstance(value, dict):
+            return {(self.text(k) if isinstance(k, str) else k): self.json(v) for k, v in value.items()}
+        if isinstance(value, (list, tuple)):
+            return [self.json(v) for v in value]
+        return value

@@ -34,7 +34,7 @@ from typing import Any
 
 import psutil
 
-from sessions import probes
+from sessions import probes, start_facts
 from sessions.history import last_good, record_start
 from sessions.home import (
     Home,
@@ -44,12 +44,20 @@ from sessions.home import (
     read_json,
     resolve_home,
 )
+from sessions.logs import LogFileError, read_increment
 from sessions.phases import StartupPhase, StartupSummary, StartupTracker
 from sessions.profiles import LaunchProfile, Problem, build_command, load_profile, validate_profile
-from sessions.redaction import redact_argv, redact_env
+from sessions.redaction import Redactor, collect_secrets, redact_argv, redact_env, write_secrets_file
 from sessions.stall import is_compiler_name, stall_limit_s
+from sessions.state_file import StateRead, read_state
 
 SESSION_ENV = "EAGLE3_TUI_SESSION"  # in the server's environment: finds strays that left the process group
+# Also in the server's environment: the sessions folder it belongs to.  With SESSION_ENV it is the marker
+# that finds a running server whose folder or state.json was damaged or deleted (`find_marked_servers`).
+SESSIONS_DIR_ENV = "EAGLE3_TUI_SESSIONS_DIR"
+LAUNCH_LOCK_FILE = "launch.lock"  # in the state dir: one launch at a time per home
+# A 'launching' record older than this, with no server process found, is a launch that never completed.
+_LAUNCH_STALE_S = 30.0
 STATE_VERSION = 1
 STATES = ("starting", "ready", "stalled", "crashed", "exited", "stopped")
 FINAL_STATES = ("crashed", "exited", "stopped")
@@ -65,6 +73,7 @@ KILL_WAIT_S = 10.0  # after SIGKILL: a rank in uninterruptible sleep (GPU driver
 _LOG_READ_LIMIT_BYTES = 64 << 20  # per status() call, so a huge log never blocks one refresh for long
 _TAIL_KEEP_BYTES = 8192
 _SAFE_ID_CHARS = re.compile(r"[^A-Za-z0-9._-]+")
+_SAFE_SESSION_ID = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9._-]*")
 _LOG_TIME_FORMAT = "%Y-%m-%d %H:%M:%S"
 _LINE_TIME = re.compile(rb"\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d)")
 # uvicorn's access line for one of our probes: `INFO:     127.0.0.1:5433 - "GET /ready HTTP/1.1" 503 ...`
@@ -88,6 +97,25 @@ class LaunchError(SessionError):
         super().__init__(message)
         self.problems = list(problems)
         self.code = code
+
+
+class AlreadyRunning(LaunchError):
+    """A launch of a profile that already has a running server; ``session_id`` names that session."""
+
+    def __init__(self, message: str, session_id: str) -> None:
+        super().__init__(message, code=1)
+        self.session_id = session_id
+
+
+class GpuBusy(LaunchError):
+    """The GPUs a launch would use hold other processes' memory; ``busy`` names each GPU and holder.
+
+    Exit code 2: the launch runs only when asked again with ``force`` (``--force``, or yes in the TUI).
+    """
+
+    def __init__(self, message: str, busy: list[Any]) -> None:
+        super().__init__(message, code=2)
+        self.busy = list(busy)
 
 
 @dataclass(frozen=True)
@@ -146,6 +174,7 @@ class SessionStatus:
     processes: tuple[probes.ProcInfo, ...] = ()  # the whole tree, main first (diagnosis reads it)
     http_error: str | None = None
     session_dir: Path | None = None
+    problem: str | None = None  # what is wrong with the session's record (damaged state.json, ...)
     taken_at: float = field(default_factory=time.time)
 
     @property
@@ -187,6 +216,7 @@ class SessionStatus:
             "line_count": s.line_count,
             "http_error": self.http_error,
             "session_dir": str(self.session_dir) if self.session_dir else None,
+            "problem": self.problem,
         }
 
 
@@ -226,6 +256,7 @@ class ServerSession:
         self._model_info: dict | None = None
         self._tree_watch: probes.ProcessTreeWatch | None = None  # the main process's tree, between polls
         self._last_lines_cache: tuple[tuple[int, int], tuple[str, ...]] | None = None
+        self._marked: tuple[int, float] | None = None  # the main found by its session marker
         self.restart_diff: list[str] = []
 
     def __repr__(self) -> str:
@@ -243,38 +274,99 @@ class ServerSession:
         return cls(session_dir, home)
 
     @classmethod
-    def launch(cls, profile: LaunchProfile, home: Home | None = None) -> ServerSession:
+    def launch(
+        cls,
+        profile: LaunchProfile,
+        home: Home | None = None,
+        *,
+        force: bool = False,
+        gpu_source: Any = None,
+    ) -> ServerSession:
         """Validate ``profile``, start its server detached, and return the new session.
 
-        Raises `LaunchError` with every validation problem (nothing is started then), or when the
-        process cannot be started.
+        In order, each refusal before anything starts: the profile already runs (`AlreadyRunning`, naming
+        that session), the profile does not validate (`LaunchError` with every problem), the GPUs the
+        launch would use hold other processes' memory (`GpuBusy`, unless ``force``).  All of it runs under
+        a lock in the state dir, so two launches at the same moment start exactly one server.
+
+        Write first, then start: the folder and a ``launching`` state.json exist before the server does,
+        and the server carries the session id in its environment, so a launcher killed at any point
+        leaves a server that `status` lists and `stop` stops.
         """
         home = (home or resolve_home()).ensure()
-        # validate_profile's port check names who holds the port (probes.describe_port_user).
-        problems = validate_profile(profile, check_port=True)
-        errors = [p for p in problems if p.is_error]
-        if errors:
-            raise LaunchError(_problems_text(profile, errors), errors, code=2)
-        command = build_command(profile)
+        with _locked(home.state_root / LAUNCH_LOCK_FILE):
+            running = running_sessions_of(profile.name, home)
+            if running:
+                raise AlreadyRunning(_already_running_text(profile.name, running[0]), running[0].session_id)
+            # validate_profile's port check names who holds the port (probes.describe_port_user).
+            problems = validate_profile(profile, check_port=True)
+            errors = [p for p in problems if p.is_error]
+            if errors:
+                raise LaunchError(_problems_text(profile, errors), errors, code=2)
+            command = build_command(profile)
+            if not force:
+                from sessions.gpus import busy_gpus_for_launch, format_busy
 
+                busy = busy_gpus_for_launch(profile, home, source=gpu_source, describe_pid=_pid_describer(home))
+                if busy:
+                    raise GpuBusy(format_busy(profile.name, busy), busy)
+            return cls._start(profile, command, home)
+
+    @classmethod
+    def _start(cls, profile: LaunchProfile, command: Any, home: Home) -> ServerSession:
         session_dir = _new_session_dir(home, profile.name)
         session_id = session_dir.name
         atomic_write_text(session_dir / PROFILE_FILE, profile.to_toml())
-        added_env = {SESSION_ENV: session_id, "PYTHONUNBUFFERED": "1"}
+        added_env = {
+            SESSION_ENV: session_id,
+            SESSIONS_DIR_ENV: str(home.sessions_dir),
+            "PYTHONUNBUFFERED": "1",
+        }
         env_changes = dict(command.env_changes) | added_env
-        redacted_argv = redact_argv(command.argv)
+        # The exact secret values of this launch (0600, never shown): every later reader hides them by value.
+        secret_list = collect_secrets(command.argv, env_changes)
+        write_secrets_file(session_dir, secret_list)
+        redactor = Redactor(secret_list)
+        redacted_argv = [redactor.text(a) for a in redact_argv(command.argv)]
         atomic_write_json(
             session_dir / COMMAND_FILE,
             {
                 "argv": redacted_argv,
-                "env_changes": redact_env(env_changes),
+                "env_changes": {k: redactor.text(v) for k, v in redact_env(env_changes).items()},
                 "cwd": str(session_dir),
-                "shell_text": command.shell_text(redacted=True),
+                "shell_text": redactor.text(command.shell_text(redacted=True)),
             },
         )
-        log_path = session_dir / LOG_FILE
+        # What this start runs with, for the diff against the last good start if it fails (redacted).
+        start_facts.write(session_dir, start_facts.collect(profile, command.argv, command.env_changes))
+        server = profile.server
         started_at = time.time()
-        log_fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        atomic_write_json(
+            session_dir / STATE_FILE,
+            {
+                "version": STATE_VERSION,
+                "session_id": session_id,
+                "profile": profile.name,
+                "profile_source": str(profile.path) if getattr(profile, "path", None) else None,
+                "launcher": server.launcher,
+                "launch_state": "launching",  # the server may be starting now; its pid follows
+                "pid": None,
+                "create_time": None,
+                "pgid": None,
+                "host": server.host,
+                "port": server.port,
+                "tp_size": server.tp_size,
+                "stall_after_s": profile.watch.stall_after_s,
+                "started_at": started_at,
+                "argv_sha256": hashlib.sha256(json.dumps(redacted_argv).encode()).hexdigest(),
+                "phase_entered_at": {StartupPhase.LAUNCHING.value: started_at},
+                "descendants": [],
+                "outcome": None,
+            },
+        )
+        session = cls(session_dir, home)
+        session._profile = profile
+        log_fd = os.open(session_dir / LOG_FILE, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
         try:
             # cwd = the session dir: a user's own app/ or sessions/ folder never shadows ours under -m.
             popen = subprocess.Popen(
@@ -288,48 +380,52 @@ class ServerSession:
                 close_fds=True,
             )
         except OSError as exc:
+            session._update_state(lambda rec: rec.update(launch_state="failed", outcome="failed"))
             raise LaunchError(f"could not start {command.argv[0]}: {exc.strerror or exc}") from exc
         finally:
             os.close(log_fd)
+        session._popen = popen
         try:
-            create_time = _create_time_of(popen.pid)
-            server = profile.server
-            atomic_write_json(
-                session_dir / STATE_FILE,
-                {
-                    "version": STATE_VERSION,
-                    "session_id": session_id,
-                    "profile": profile.name,
-                    "profile_source": str(profile.path) if getattr(profile, "path", None) else None,
-                    "launcher": server.launcher,
-                    "pid": popen.pid,
-                    "create_time": create_time,
-                    "pgid": _pgid_of(popen.pid),
-                    "host": server.host,
-                    "port": server.port,
-                    "tp_size": server.tp_size,
-                    "stall_after_s": profile.watch.stall_after_s,
-                    "started_at": started_at,
-                    "argv_sha256": hashlib.sha256(json.dumps(redacted_argv).encode()).hexdigest(),
-                    "phase_entered_at": {StartupPhase.LAUNCHING.value: started_at},
-                    "descendants": [],
-                    "outcome": None,
-                },
-            )
+            _record_pid(session, popen.pid)
         except BaseException:
             _kill_quietly(popen)
             raise
-        session = cls(session_dir, home)
-        session._profile = profile
-        session._popen = popen
         return session
 
     # -- what is on disk -------------------------------------------------------------------------------
 
     @property
+    def state_read(self) -> StateRead:
+        """The current ``state.json`` with what is wrong with it (read fresh: another process may have
+        stopped the session); never raises for a damaged or missing file."""
+        return read_state(self.session_dir)
+
+    @property
     def state_record(self) -> dict[str, Any]:
-        """The current ``state.json`` (read fresh: another process may have stopped the session)."""
-        return read_json(self.session_dir / STATE_FILE, default={}) or {}
+        """The trusted fields of the current ``state.json`` (always a dict; see `state_read`)."""
+        return self.state_read.record
+
+    @property
+    def profile_name(self) -> str:
+        """The profile's name from the record, else from the session id (``<profile>-<date>-<time>-<hex>``)."""
+        name = self.state_record.get("profile")
+        if name:
+            return str(name)
+        parts = self.session_id.rsplit("-", 3)
+        return parts[0] if len(parts) == 4 else self.session_id
+
+    def main_identity(self) -> tuple[int, float] | None:
+        """(pid, create_time) of the main process: from state.json, else from the session marker in a
+        running process's environment (the record is damaged, deleted, or the launcher died before it
+        wrote the pid)."""
+        rec = self.state_record
+        if rec.get("pid") and rec.get("create_time") is not None:
+            return int(rec["pid"]), float(rec["create_time"])
+        if self._marked is not None and probes.process_alive(*self._marked):
+            return self._marked
+        found = _marked_main(self.home, self.session_id)
+        self._marked = found
+        return found
 
     @property
     def profile(self) -> LaunchProfile:
@@ -344,13 +440,14 @@ class ServerSession:
 
     @property
     def pid(self) -> int | None:
-        return self.state_record.get("pid")
+        ident = self.main_identity()
+        return ident[0] if ident else None
 
     def is_alive(self) -> bool:
         """The main process (pid, create_time) still runs."""
         self._reap()
-        rec = self.state_record
-        return bool(rec.get("pid")) and probes.process_alive(rec["pid"], rec.get("create_time", 0.0))
+        ident = self.main_identity()
+        return ident is not None and probes.process_alive(*ident)
 
     def current_profile(self) -> LaunchProfile:
         """The profile a restart would launch: the source file as it is now, else the snapshot."""
@@ -365,10 +462,27 @@ class ServerSession:
     # -- status ----------------------------------------------------------------------------------------
 
     def status(self, probe_http: bool = True, gpu_snapshot: Any = None) -> SessionStatus:
-        """Read the log, the process tree, the port and (when it listens) ``/ready`` and ``/model_info``."""
+        """Read the log, the process tree, the port and (when it listens) ``/ready`` and ``/model_info``.
+
+        A damaged or missing state.json does not raise: the status carries ``problem`` (what is wrong,
+        naming the file and field), and the server is still found by its session marker.
+        """
         self._reap()
-        rec = self.state_record
-        pid, create_time = rec.get("pid"), rec.get("create_time")
+        read = self.state_read
+        rec = read.record
+        problems = list(read.problems)
+        ident = self.main_identity()
+        pid, create_time = ident if ident else (None, None)
+        if not self.session_dir.is_dir():
+            problems = [f"the session folder {self.session_dir} is gone (found by its session marker)"]
+        elif ident and not rec.get("pid"):
+            rec = self._adopt_marked(read, ident, problems)
+        elif (
+            ident is None
+            and rec.get("launch_state") == "launching"
+            and time.time() - float(rec.get("started_at") or 0.0) > _LAUNCH_STALE_S
+        ):
+            problems.append("the launch never completed: no server process was recorded or found")
         host, port = rec.get("host", "127.0.0.1"), rec.get("port")
         summary = self._read_log()
         silent_for_s = self._silent_for_s(rec)
@@ -384,8 +498,17 @@ class ServerSession:
         tree = self._process_tree(pid, create_time, full_scan=not known_ready) if pid else []
         alive = bool(tree) and tree[0].pid == pid
         listening = bool(alive and port and probes.port_listening(host, port))
-        ready_http: bool | None = None
         http_error = None
+        port_owner: str | None = None
+        if listening and port and not known_ready:
+            # Whatever answers on the port counts only when it is our own process: another server on
+            # the same port would answer /ready for us (a false good start in the history).
+            owner = probes.listener_owner(port, host, [p.pid for p in tree])
+            if owner.ours is False:
+                listening = False
+                port_owner = owner.text
+                http_error = f"{owner.text}, not by this session"
+        ready_http: bool | None = None
         if listening and probe_http:
             base = f"http://{_url_host(host)}:{port}"
             if known_ready:
@@ -412,15 +535,32 @@ class ServerSession:
         )
         stall_limit = self._stall_limit_s(rec, summary, tree)
         stalled = alive and not ready_now and silent_for_s > stall_limit
-        state = classify_state(
-            alive=alive,
-            stopped=bool(rec.get("stopped_at")),
-            fatal_error=fatal,
-            ready=ready_now,
-            ever_ready=ever_ready,
-            stalled=stalled,
-        )
-        rec = self._record_progress(rec, summary, state, tree, ready_now, alive, self._model_info)
+
+        def classify(record: dict) -> str:
+            # A stop the user asked for is a stop: what the signal causes (the main gone, ranks dying in
+            # any order, their error lines) is not a crash once the intent is on record.
+            stopping = record.get("stop_requested_at") is not None or bool(record.get("stopped_at"))
+            return classify_state(
+                alive=alive,
+                stopped=stopping,
+                fatal_error=fatal and not stopping,
+                ready=ready_now,
+                ever_ready=ever_ready,
+                stalled=stalled,
+            )
+
+        state = classify(rec)
+        if state in ("crashed", "exited") and rec.get("stop_requested_at") is None:
+            # A stop may have recorded its intent after this call read the record: read it once more.
+            fresh = self.state_record
+            if fresh.get("stop_requested_at") is not None:
+                rec = fresh
+                state = classify(rec)
+        if not read.damaged and self.session_dir.is_dir():
+            rec = self._record_progress(rec, summary, state, tree, ready_now, alive, self._model_info)
+            state = classify(rec)  # the record as written, under its lock, has the last word
+        if port_owner:
+            problems.append(f"{port_owner}: it is not this session's server")
 
         gpu_of = _gpu_index_by_pid(gpu_snapshot, self.session_dir)
         ranks = tuple(
@@ -441,7 +581,7 @@ class ServerSession:
         )
         return SessionStatus(
             session_id=self.session_id,
-            profile=rec.get("profile", ""),
+            profile=self.profile_name,
             pid=pid,
             create_time=create_time,
             state=state,
@@ -463,7 +603,23 @@ class ServerSession:
             processes=tuple(tree),
             http_error=http_error,
             session_dir=self.session_dir,
+            problem="; ".join(problems) if problems else None,
         )
+
+    def _adopt_marked(self, read: StateRead, ident: tuple[int, float], problems: list[str]) -> dict:
+        """A server found by its marker that state.json does not name: record it when the record is
+        sound (the launcher died between starting it and writing its pid), else only say so."""
+        pid, create_time = ident
+        if read.damaged:
+            problems.append(f"its server (pid {pid}) was found by its session marker")
+            return read.record
+
+        def adopt(state_rec: dict) -> None:
+            if not state_rec.get("pid"):
+                state_rec.update(pid=pid, create_time=create_time, pgid=_pgid_of(pid), launch_state="adopted")
+
+        problems.append(f"the launcher did not record the server's pid; found pid {pid} by its session marker")
+        return self._update_state(adopt)
 
     def _process_tree(self, pid: int, create_time: float | None, full_scan: bool) -> list[probes.ProcInfo]:
         watch = self._tree_watch
@@ -473,19 +629,21 @@ class ServerSession:
 
     def _read_log(self) -> StartupSummary:
         """Feed what the log gained since the last call into the tracker (a fresh object re-reads it)."""
-        try:
-            st = self.log_path.stat()
-        except FileNotFoundError:
+        try:  # the log core opens it: a FIFO or a device in its place is refused, never waited on
+            got = read_increment(self.log_path, self._log_offset, _LOG_READ_LIMIT_BYTES)
+        except LogFileError:
+            return self._tracker.summary()  # not a log file: nothing to learn from it (diagnose says why)
+        if got is None:
             return self._tracker.summary()
+        chunk, st = got
         if st.st_size < self._log_offset:  # truncated or replaced: start over
             self._tracker = StartupTracker()
             self._log_offset = 0
             self._log_tail = b""
             self._activity_at = None
-        if st.st_size > self._log_offset:
-            with open(self.log_path, "rb") as fh:
-                fh.seek(self._log_offset)
-                chunk = fh.read(min(st.st_size - self._log_offset, _LOG_READ_LIMIT_BYTES))
+            got = read_increment(self.log_path, 0, _LOG_READ_LIMIT_BYTES)
+            chunk, st = got if got is not None else (b"", st)
+        if chunk:
             first_read = self._log_offset == 0
             self._log_offset += len(chunk)
             self._tracker.feed_bytes(chunk)  # it keeps a partial last line until its newline comes
@@ -516,7 +674,7 @@ class ServerSession:
             profile: Any = self.profile
         except Exception:  # noqa: BLE001 - an unreadable snapshot must not break status; the recorded limit will do
             profile = SimpleNamespace(watch=SimpleNamespace(stall_after_s=rec.get("stall_after_s")))
-        baseline = last_good(self.home, rec.get("profile", ""), exclude_session_id=self.session_id)
+        baseline = last_good(self.home, self.profile_name, exclude_session_id=self.session_id)
         has_compile_child = any(is_compiler_name(p.name) for p in tree[1:])
         return stall_limit_s(profile, summary, baseline, has_compile_child, last_lines=self._last_lines())
 
@@ -547,12 +705,28 @@ class ServerSession:
             new_phases.setdefault(StartupPhase.READY.value, now)
         known = {tuple(d) for d in rec.get("descendants", [])}
         new_descendants = [(p.pid, p.create_time) for p in tree[1:] if (p.pid, p.create_time) not in known]
-        start_outcome = None
-        if rec.get("start_outcome") is None and state in ("ready", "crashed"):
-            start_outcome = state
-        elif rec.get("start_outcome") is None and state == "exited":
-            start_outcome = "ready"  # it got ready between two looks, then ended
-        end_outcome = state if state in ("crashed", "exited") and not alive and not rec.get("outcome") else None
+        reached_ready = StartupPhase.READY.value in entered or StartupPhase.READY.value in new_phases
+
+        def outcomes(record: dict) -> tuple[str | None, str | None]:
+            """(start_outcome, outcome) to add to ``record``; a recorded stop intent turns what the stop
+            causes into ``stopped``, never ``crashed``."""
+            effective = state
+            if record.get("stop_requested_at") is not None and state in ("crashed", "exited"):
+                effective = "stopped" if not alive else None
+            start = None
+            if record.get("start_outcome") is None:
+                if effective == "stopped" and reached_ready:
+                    start = "ready"  # it was ready, then stopped
+                elif effective in ("ready", "crashed", "stopped"):
+                    start = effective
+                elif effective == "exited":
+                    start = "ready"  # it got ready between two looks, then ended
+            end = None
+            if effective in ("crashed", "exited", "stopped") and not alive and not record.get("outcome"):
+                end = effective
+            return start, end
+
+        start_outcome, end_outcome = outcomes(rec)
         new_model_info = model_info if model_info is not None and "model_info" not in rec else None
         if (
             not new_phases
@@ -569,12 +743,13 @@ class ServerSession:
                 phases_now.setdefault(name, t)
             kept = {tuple(d) for d in state_rec.get("descendants", [])}
             state_rec["descendants"] = sorted(list(d) for d in kept | set(new_descendants))
-            if start_outcome is not None and state_rec.get("start_outcome") is None:
-                state_rec["start_outcome"] = start_outcome
+            start, end = outcomes(state_rec)  # the fresh record: a stop may have landed since
+            if start is not None:
+                state_rec["start_outcome"] = start
             if new_model_info is not None:
                 state_rec.setdefault("model_info", new_model_info)
-            if end_outcome is not None and not state_rec.get("outcome"):
-                state_rec["outcome"] = end_outcome
+            if end is not None:
+                state_rec["outcome"] = end
                 state_rec.setdefault("ended_at", now)
 
         rec = self._update_state(update)
@@ -596,12 +771,13 @@ class ServerSession:
         if claimed.get("ok"):
             record_start(
                 self.home,
-                rec.get("profile", ""),
+                self.profile_name,
                 self.session_id,
                 summary,
                 rec.get("phase_entered_at", {}),
                 outcome,
                 started_at=rec.get("started_at"),
+                facts=start_facts.read(self.session_dir),
             )
 
     # -- stop ------------------------------------------------------------------------------------------
@@ -615,10 +791,16 @@ class ServerSession:
         """
         t0 = time.monotonic()
         self._reap()
-        rec = self.state_record
-        pid, create_time = rec.get("pid"), rec.get("create_time", 0.0)
+        ident = self.main_identity()
+        pid, create_time = ident if ident else (None, 0.0)
         main = probes.get_process(pid, create_time) if pid else None
         was_alive = main is not None
+        if was_alive:
+            # The intent goes on record before any signal: a poll (the TUI's, another CLI's) that sees
+            # the main process gone, or a rank's dying words, reads it and records a stop, not a crash.
+            requested_at = time.time()
+            self._update_state(lambda r: r.setdefault("stop_requested_at", requested_at), repair=True)
+        rec = self.state_record
         # Every process of the session, captured before any signal: once the main dies, orphaned
         # descendants are no longer its children.
         members = self._members(rec) | _identities(self._strays(pid, create_time))
@@ -688,9 +870,12 @@ class ServerSession:
                 state_rec["outcome"] = "stopped"
                 state_rec.setdefault("ended_at", now)
                 if state_rec.get("start_outcome") is None:
-                    state_rec["start_outcome"] = "stopped"
+                    ready = StartupPhase.READY.value in (state_rec.get("phase_entered_at") or {})
+                    state_rec["start_outcome"] = "ready" if ready else "stopped"
 
-        rec = self._update_state(update)
+        if not self.session_dir.is_dir():
+            return report  # the folder is gone: nothing to record in
+        rec = self._update_state(update, repair=True)
         self._record_history(rec, self._read_log())
         return report
 
@@ -745,10 +930,27 @@ class ServerSession:
 
     # -- state.json --------------------------------------------------------------------------------------
 
-    def _update_state(self, mutate: Callable[[dict], None]) -> dict:
-        """Read-modify-write state.json under a lock: the TUI and a CLI may write at the same time."""
+    def _update_state(self, mutate: Callable[[dict], None], repair: bool = False) -> dict:
+        """Read-modify-write state.json under a lock: the TUI and a CLI may write at the same time.
+
+        A damaged state.json is left alone (it is the evidence), unless ``repair``: then its bytes are
+        kept as ``state.json.damaged`` and the fields that could be read are written back with the change.
+        """
+        if not self.session_dir.is_dir():
+            return self.state_record
         with _locked(self.session_dir / ".state.lock"):
-            rec = self.state_record
+            read = self.state_read
+            if read.damaged:
+                if not repair:
+                    return read.record
+                if not read.missing:
+                    _keep_damaged_copy(self.session_dir / STATE_FILE)
+            rec = read.record
+            if read.damaged:
+                rec.setdefault("session_id", self.session_id)
+                rec.setdefault("profile", self.profile_name)
+                if self._marked and not rec.get("pid"):
+                    rec.update(pid=self._marked[0], create_time=self._marked[1])
             mutate(rec)
             atomic_write_json(self.session_dir / STATE_FILE, rec)
         return rec
@@ -773,25 +975,144 @@ def classify_state(
 
 
 def list_sessions(home: Home | None = None, include_ended: bool = True) -> list[ServerSession]:
-    """Every session folder with a state.json, oldest first; ``include_ended=False`` keeps the live ones."""
+    """Every session, oldest first; ``include_ended=False`` keeps the live ones.
+
+    A session is a folder with a state.json, or one whose server runs (found by its session marker)
+    although its state.json, or its whole folder, is damaged or gone: those are listed too, and their
+    status says what is wrong.  Nothing here raises for a damaged file.
+    """
     home = home or resolve_home()
     try:
-        dirs = [d for d in home.sessions_dir.iterdir() if (d / STATE_FILE).is_file() and not d.is_symlink()]
+        dirs = {
+            d.name: d
+            for d in home.sessions_dir.iterdir()
+            if not d.is_symlink() and d.is_dir() and (d / STATE_FILE).is_file()
+        }
     except FileNotFoundError:
-        return []
-    sessions = [ServerSession(d, home) for d in dirs]
-    sessions.sort(key=lambda s: (s.state_record.get("started_at") or 0.0, s.session_id))
+        dirs = {}
+    marked = find_marked_servers(home)
+    for session_id in marked:
+        dirs.setdefault(session_id, home.sessions_dir / session_id)
+    sessions = []
+    for session_id, d in dirs.items():
+        session = ServerSession(d, home)
+        if session_id in marked:
+            session._marked = marked[session_id]
+        sessions.append(session)
+    sessions.sort(key=_session_sort_key)
     if not include_ended:
         sessions = [s for s in sessions if s.is_alive()]
     return sessions
 
 
+def _session_sort_key(session: ServerSession) -> tuple[float, str]:
+    started = session.state_record.get("started_at")
+    if not isinstance(started, (int, float)):
+        try:
+            started = session.session_dir.stat().st_mtime
+        except OSError:
+            started = time.time()
+    return (float(started), session.session_id)
+
+
+def find_marked_servers(home: Home) -> dict[str, tuple[int, float]]:
+    """session id -> (pid, create_time) of every running server of ``home`` found by its session marker
+    (`SESSION_ENV` and `SESSIONS_DIR_ENV` in its environment): the topmost marked process of each session.
+
+    SGLang's ranks overwrite their environment with their title (setproctitle), so this finds the main
+    process (and helpers such as multiprocessing's resource tracker, whose parent is marked too).
+    """
+    wanted_dir = str(home.sessions_dir)
+    marked: dict[int, tuple[str, float, int | None]] = {}
+    me = os.getpid()
+    for pid in psutil.pids():
+        if pid == me:
+            continue
+        try:
+            proc = psutil.Process(pid)
+            env = proc.environ()
+            session_id = env.get(SESSION_ENV)
+            if not session_id or env.get(SESSIONS_DIR_ENV) != wanted_dir or proc.status() == psutil.STATUS_ZOMBIE:
+                continue
+            marked[pid] = (session_id, proc.create_time(), proc.ppid())
+        except (psutil.Error, OSError):
+            continue
+    found: dict[str, tuple[int, float]] = {}
+    for pid, (session_id, create_time, ppid) in sorted(marked.items(), key=lambda kv: kv[1][1]):
+        parent = marked.get(ppid) if ppid else None
+        if parent is not None and parent[0] == session_id:
+            continue  # a child of the session's main
+        if _SAFE_SESSION_ID.fullmatch(session_id):
+            found.setdefault(session_id, (pid, create_time))
+    return found
+
+
+def _marked_main(home: Home, session_id: str) -> tuple[int, float] | None:
+    return find_marked_servers(home).get(session_id)
+
+
+def running_sessions_of(profile_name: str, home: Home) -> list[ServerSession]:
+    """The sessions of ``profile_name`` whose server runs now (the one-server-per-profile rule)."""
+    return [s for s in list_sessions(home) if s.profile_name == profile_name and s.is_alive()]
+
+
+def _already_running_text(profile_name: str, running: ServerSession) -> str:
+    rec = running.state_record
+    where = f"pid {running.pid}"
+    if rec.get("port"):
+        where += f", {rec.get('host', '127.0.0.1')}:{rec['port']}"
+    return (
+        f"profile '{profile_name}' is already running as {running.session_id} ({where}); "
+        f"stop it first (eagle3-tui stop {running.session_id}) or restart it"
+    )
+
+
+def _pid_describer(home: Home) -> Callable[[int], str]:
+    """pid -> "session <id>" for a process of one of ``home``'s running sessions, else its name."""
+    owners: dict[int, str] | None = None
+
+    def describe(pid: int) -> str:
+        nonlocal owners
+        if owners is None:
+            owners = {}
+            for session in list_sessions(home, include_ended=False):
+                ident = session.main_identity()
+                if ident:
+                    for info in probes.process_tree(*ident):
+                        owners[info.pid] = session.session_id
+        if pid in owners:
+            return f"session {owners[pid]}"
+        from sessions.gpus import process_name
+
+        return process_name(pid)
+
+    return describe
+
+
+def _record_pid(session: ServerSession, pid: int) -> None:
+    """Write the new server's identity into its 'launching' record."""
+    identity = {"pid": pid, "create_time": _create_time_of(pid), "pgid": _pgid_of(pid), "launch_state": "started"}
+    session._update_state(lambda rec: rec.update(identity))
+
+
+def _keep_damaged_copy(path: Path) -> None:
+    """Keep a damaged state.json's bytes next to it (once) before it is rewritten: it is evidence."""
+    target = path.with_name(path.name + ".damaged")
+    if target.exists():
+        return
+    with contextlib.suppress(OSError):
+        os.link(path, target)
+
+
 def find_session(ref: str, home: Home | None = None) -> ServerSession:
     """A session by its id or a unique prefix of it (the CLI's SESSION argument)."""
     home = home or resolve_home()
-    if (home.sessions_dir / ref / STATE_FILE).is_file():
+    if ref and _SAFE_SESSION_ID.fullmatch(ref) and (home.sessions_dir / ref / STATE_FILE).is_file():
         return ServerSession.load(ref, home)
     matches = [s for s in list_sessions(home) if s.session_id.startswith(ref)] if ref else []
+    exact = [s for s in matches if s.session_id == ref]
+    if exact:
+        return exact[0]
     if not matches:
         raise SessionNotFound(f"no session '{ref}' in {home.sessions_dir}")
     if len(matches) > 1:

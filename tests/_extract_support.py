@@ -14,6 +14,7 @@ import socket
 import subprocess
 import sys
 from pathlib import Path
+from typing import Self
 
 LLAMA3_TEMPLATE = (
     "{{- bos_token }}"
@@ -266,3 +267,43 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+class DownServerStandIn:
+    """Holds a dead server's port and answers every request 503 (SGLang while it cannot serve), recording
+    each request line: what a client sends while it believes the server is down, as events to wait for.
+
+    Used as a context manager; it binds 127.0.0.1 only and stops its thread on exit.
+    """
+
+    def __init__(self, port: int) -> None:
+        import http.server
+        import threading
+
+        self.requests: list[str] = []
+        seen = self.requests
+
+        class Handler(http.server.BaseHTTPRequestHandler):  # HTTP/1.0: one request per connection
+            def _answer(self) -> None:
+                seen.append(f"{self.command} {self.path}")
+                self.send_response(503)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
+            do_GET = do_POST = _answer
+
+            def log_message(self, format: str, *args: object) -> None:  # quiet: the test reads .requests
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", port), Handler)
+        self.thread = threading.Thread(target=self.server.serve_forever, name="down-server", daemon=True)
+
+    def __enter__(self) -> Self:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+        self.thread.join()
+

@@ -8,10 +8,14 @@ the tracker.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from sessions.phases import StartupPhase
 
 PHASE_ORDER = list(StartupPhase)
+
+# Real SGLang logs from public issues and docs, with their provenance in index.tsv (tests/data/sglang-logs/).
+SGLANG_LOGS = Path(__file__).resolve().parent / "data" / "sglang-logs"
 
 
 @dataclass

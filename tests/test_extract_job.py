@@ -6,12 +6,14 @@ from __future__ import annotations
 import json
 import os
 import signal
-import time
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 import torch
 from _extract_support import (
+    DownServerStandIn,
     assert_specforge_reads,
     chat_rows,
     run_cli,
@@ -41,9 +43,9 @@ def capture_dir(tmp_path: Path) -> Path:
 
 
 def start_server(make_emulator_profile, launched, demo_model: Path, capture_dir: Path | None,
-                 name: str = "capture", chunked_prefill_size: int = 24, port: int | None = None):
+                 name: str = "capture", chunked_prefill_size: int = 24, port: int | None = None, **server):
     """A TP1 emulator session serving the demo model, capture on (unless ``capture_dir`` is None)."""
-    overrides: dict = {"model_path": str(demo_model), "chunked_prefill_size": chunked_prefill_size}
+    overrides: dict = {"model_path": str(demo_model), "chunked_prefill_size": chunked_prefill_size, **server}
     if port:
         overrides["port"] = port
     if capture_dir is not None:
@@ -192,12 +194,17 @@ def test_server_killed_mid_run_pauses_the_job_and_a_restarted_server_lets_it_fin
         paused = wait_state(job_id, home, ("paused", "failed"), 60)
         assert paused.state == "paused" and "server unreachable" in paused.reason
         recorded = len(manifest(out))
-        time.sleep(1.5)
-        assert len(manifest(out)) == recorded  # nothing is recorded while the server is gone
-        assert recorded < rows
         from sessions import probes
 
         wait_for(lambda: not probes.process_alive(pid, create_time), "the old server gone", 30)
+        # Nothing is recorded while the server is gone.  Proof that the job went on being paused rather
+        # than a pause in the test: a stand-in on the port answers 503, and the job's second /ready probe
+        # shows it read the first answer and still waits; meanwhile it sent no /generate.
+        with DownServerStandIn(port) as down:
+            wait_for(lambda: len(down.requests) >= 2, "two /ready probes of the paused job", 60)
+        assert all(r.startswith("GET /ready") for r in down.requests), down.requests
+        assert len(manifest(out)) == recorded and recorded < rows
+        assert job_status(job_id, home).state == "paused"
         start_server(make_emulator_profile, launched, demo_model, capture_dir, name="capture2", port=port)
         done = wait_state(job_id, home, ("done", "failed"))
     finally:
@@ -263,3 +270,42 @@ def test_bad_specs_are_refused_before_anything_starts(home, cli_env, tmp_path) -
     assert result.returncode == 2 and "job.dataset" in result.stderr and "job.model_path" in result.stderr
     result = run_cli(["extract", "status", "no-such-job"], cli_env)
     assert result.returncode == 2 and "no-such-job" in result.stderr
+
+
+def _interpreter_wrapper(path: Path) -> Path:
+    """An interpreter at another path than ours (as SGLang's venv python is), which has torch: it execs ours."""
+    path.write_text(f"#!/bin/sh\nexec {sys.executable} \"$@\"\n")
+    path.chmod(0o755)
+    return path
+
+
+def test_a_job_runs_under_the_session_profiles_python_and_its_status_names_it(
+        home, cli_env, make_emulator_profile, launched, demo_model, capture_dir, tmp_path) -> None:
+    server_python = _interpreter_wrapper(tmp_path / "sglang-python")
+    session = start_server(make_emulator_profile, launched, demo_model, capture_dir, python=str(server_python))
+    job_id = start_job(job_spec(tmp_path, session, 4), cli_env)
+    try:
+        done = wait_state(job_id, home, ("done", "failed"))
+    finally:
+        stop_job(job_id, home)
+    assert done.state == "done", done.reason
+    assert done.python == str(server_python)
+    status = run_cli(["extract", "status", job_id], cli_env)
+    assert f"python: {server_python}" in status.stdout
+    # Under another interpreter only our own package is put on its path, never this venv's site-packages.
+    link_dir = home.state_root / "job-pythonpath"
+    assert [p.name for p in link_dir.iterdir()] == ["sessions"]
+
+
+def test_a_job_whose_python_lacks_torch_is_refused_naming_the_interpreter(home, cli_env, demo_model,
+                                                                          tmp_path) -> None:
+    bare = tmp_path / "bare-venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(bare)], check=True, timeout=120)
+    dataset = write_dataset(tmp_path / "data.jsonl", chat_rows(2))
+    spec = write_spec(tmp_path / "job.toml", name="t", server_url="http://127.0.0.1:9", dataset=dataset,
+                      output_dir=tmp_path / "out", model_path=demo_model, capture_dir=tmp_path / "cap",
+                      python=str(bare / "bin" / "python"))
+    result = run_cli(["extract", "run", str(spec)], cli_env)
+    assert result.returncode == 2
+    assert f"{bare / 'bin' / 'python'} cannot import torch" in result.stderr
+    assert not list((home.jobs_dir).iterdir())  # nothing was started

@@ -13,10 +13,9 @@ from pathlib import Path
 import pytest
 
 from sessions.phases import StartupTracker, summarize_file
+from tests._logs_support import SGLANG_LOGS
 
-FIXTURES = Path(__file__).resolve().parents[2] / "shared" / "fixtures" / "sglang-logs"
-if not FIXTURES.is_dir():
-    FIXTURES = Path("/work/shared/fixtures/sglang-logs")
+FIXTURES = SGLANG_LOGS
 
 
 def _labels() -> list[dict[str, str]]:
@@ -94,6 +93,7 @@ import time
 
 from sessions.hints import hints_for_log
 from sessions.phases import StartupPhase
+from tests._hang_support import wait_until_parked
 
 TP = 4
 WAIT_S = 90.0  # a generous deadline for a slow CI machine; nothing asserts on time
@@ -134,6 +134,15 @@ class _Emulator:
             if condition(summary) or exited or time.monotonic() > deadline:
                 return summarize_file(self.log) if exited else summary
             time.sleep(0.1)
+
+    def wait_parked(self, parked_in: dict[int, str], phase: StartupPhase) -> None:
+        """Wait until the ranks are blocked where the fault hangs them and nothing can move the log on
+        (tests/_hang_support.py); fails at once if the log goes past ``phase``."""
+        def moved_on() -> str | None:
+            summary = summarize_file(self.log)
+            return None if summary.phase == phase else f"phase {summary.phase}\n{self.tail()}"
+
+        wait_until_parked(self.proc, parked_in, moved_on)
 
     def tail(self, n: int = 15) -> str:
         """The end of the log, for a failure message."""
@@ -182,7 +191,9 @@ def test_an_emulated_hang_after_weights_stays_in_weights_loaded(emulator):
     emu = emulator("hang-after-weights")
     summary = emu.wait_for(lambda s: len(s.ranks_loaded) == TP)
     assert summary.ranks_loaded == tuple(range(TP))
-    time.sleep(1.0)  # it must not move on (the ranks block in init_memory_pool's collective)
+    # It must not move on: once every rank blocks in init_memory_pool's collective and the main process
+    # has read their arrivals, nothing can write another line.
+    emu.wait_parked({r: "init_memory_pool" for r in range(TP)}, StartupPhase.WEIGHTS_LOADED)
     summary = summarize_file(emu.log)
     assert (summary.phase, summary.outcome) == (StartupPhase.WEIGHTS_LOADED, "incomplete")
     assert "port-closed-until-graphs-done" in _hint_ids(emu.log, summary)
@@ -193,8 +204,10 @@ def test_an_emulated_missing_rank_shows_in_the_arrival_and_the_hint(emulator):
 
     missing = failing_rank(Fault.RANK_MISSING, TP)
     emu = emulator("rank-missing")
-    summary = emu.wait_for(lambda s: len(s.ranks_loaded) == TP - 1)
-    time.sleep(1.0)
+    emu.wait_for(lambda s: len(s.ranks_loaded) == TP - 1)
+    # The missing rank is stuck reading a shard, the others wait for it in the collective: final.
+    emu.wait_parked({r: "block_forever" if r == missing else "init_memory_pool" for r in range(TP)},
+                    StartupPhase.WEIGHTS_LOADED)
     summary = summarize_file(emu.log)
     assert summary.phase == StartupPhase.WEIGHTS_LOADED and summary.outcome == "incomplete"
     assert summary.ranks_loaded == tuple(r for r in range(TP) if r != missing)
@@ -204,9 +217,10 @@ def test_an_emulated_missing_rank_shows_in_the_arrival_and_the_hint(emulator):
 
 def test_an_emulated_hang_in_graph_capture_shows_the_batch_it_stopped_at(emulator):
     emu = emulator("hang-in-graph-capture")
-    summary = emu.wait_for(lambda s: s.progress is not None and s.progress.label == "cuda graph bs"
-                           and s.progress.done >= 2)
-    time.sleep(1.0)
+    emu.wait_for(lambda s: s.progress is not None and s.progress.label == "cuda graph bs"
+                 and s.progress.done >= 2)
+    # Two batch sizes done means every rank passed their collectives: parked now is parked in the third.
+    emu.wait_parked({r: "capture_one_batch_size" for r in range(TP)}, StartupPhase.CUDA_GRAPH)
     summary = summarize_file(emu.log)
     assert (summary.phase, summary.outcome) == (StartupPhase.CUDA_GRAPH, "incomplete")
     assert summary.progress.label == "cuda graph bs" and summary.progress.done == 2  # the third batch size

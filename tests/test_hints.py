@@ -16,11 +16,9 @@ from sessions.hints import (
     no_proxy_covers,
 )
 from sessions.phases import StartupPhase, summarize_file, summarize_text
-from tests._logs_support import LogBuilder
+from tests._logs_support import SGLANG_LOGS, LogBuilder
 
-FIXTURES = Path(__file__).resolve().parents[2] / "shared" / "fixtures" / "sglang-logs"
-if not FIXTURES.is_dir():
-    FIXTURES = Path("/work/shared/fixtures/sglang-logs")
+FIXTURES = SGLANG_LOGS
 
 
 def _causes(tmp_path: Path, text: str, name: str = "known_causes.toml"):

@@ -11,11 +11,9 @@ from pathlib import Path
 import pytest
 
 from sessions.phases import StartupPhase
-from tests._logs_support import LogBuilder
+from tests._logs_support import SGLANG_LOGS, LogBuilder
 
-FIXTURES = Path(__file__).resolve().parents[2] / "shared" / "fixtures" / "sglang-logs"
-if not FIXTURES.is_dir():
-    FIXTURES = Path("/work/shared/fixtures/sglang-logs")
+FIXTURES = SGLANG_LOGS
 REPO = Path(__file__).resolve().parents[1]
 CONTRACT_KEYS = {"phase", "outcome", "error", "error_line", "ranks_loaded", "ranks_expected", "hints"}
 

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from sessions.logs import LogFile, display_text, line_rank
+from sessions.logs import LogFile, LogFilter, clean, tagged_rank
 
 
 def _write(path: Path, data: str | bytes, mode: str = "a") -> None:
@@ -93,11 +93,11 @@ def test_a_huge_line_is_shown_cut_and_memory_stays_bounded(tmp_path):
 # --- display -------------------------------------------------------------------------------------------
 
 
-def test_display_text_strips_ansi_and_collapses_carriage_returns():
+def test_the_shown_text_strips_ansi_and_collapses_carriage_returns():
     raw = "\rCapturing batches (bs=8):  50%|#####     | 1/2\r\x1b[32mCapturing batches (bs=4): 100%|##########| 2/2\x1b[0m"
-    assert display_text(raw) == "Capturing batches (bs=4): 100%|##########| 2/2"
-    assert line_rank("[2026-11-01 10:00:00 DP1 TP3 EP3] x") == 3
-    assert line_rank("[2026-11-01 10:00:00] x") is None
+    assert clean(raw) == "Capturing batches (bs=4): 100%|##########| 2/2"
+    assert tagged_rank("[2026-11-01 10:00:00 DP1 TP3 EP3] x") == 3
+    assert tagged_rank("[2026-11-01 10:00:00] x") is None
 
 
 # --- following -----------------------------------------------------------------------------------------
@@ -199,32 +199,34 @@ _FILTER_LOG = [
 
 
 @pytest.mark.parametrize(
-    "kwargs, expected",
+    "text, rank, start_line, expected",
     [
-        ({"pattern": "Load weight"}, [1, 2, 9]),
-        ({"pattern": "load WEIGHT", "ignore_case": True}, [1, 2, 9]),
-        ({"pattern": r"TP[13]\b", "regex": True}, [2, 4, 9]),
-        ({"pattern": "shard broken"}, [7]),  # matched on the shown text, colours stripped
-        ({"rank": 3}, [2, 4, 5, 6, 7]),  # the traceback belongs to TP3
-        ({"rank": 0}, [1, 3]),  # tqdm bars are TP0's
-        ({"rank": 1, "pattern": "end"}, [9]),
-        ({"pattern": "Load weight", "start_line": 2}, [2, 9]),
+        ("Load weight", None, 1, [1, 2, 9]),
+        ("load WEIGHT", None, 1, [1, 2, 9]),  # case-insensitive
+        (r"/TP[13]\b/", None, 1, [2, 4, 9]),
+        (r"re:TP[13]\b", None, 1, [2, 4, 9]),  # the README's spelling of a regex
+        ("shard broken", None, 1, [7]),  # matched on the shown text, colours stripped
+        ("", 3, 1, [2, 4, 5, 6, 7]),  # the traceback belongs to TP3
+        ("", 0, 1, [1, 3]),  # tqdm bars are TP0's
+        ("end", 1, 1, [9]),
+        ("Load weight", None, 2, [2, 9]),
     ],
 )
-def test_filters_by_substring_regex_and_rank(tmp_path, kwargs, expected):
+def test_filters_by_substring_regex_and_rank(tmp_path, text, rank, start_line, expected):
     path = tmp_path / "server.log"
     _write(path, "\n".join(_FILTER_LOG) + "\npartial Load weight", "w")
     with LogFile.open(path) as log:
-        assert [line.number for line in log.iter_filtered(**kwargs)] == expected
+        got = log.iter_filtered(LogFilter.parse(text, rank), start_line=start_line)
+        assert [line.number for line in got] == expected
 
 
 def test_the_substring_filter_agrees_with_a_plain_scan_on_a_big_file(big_log):
     path, lines = big_log
     with LogFile.open(path) as log:
-        got = [(x.number, x.text) for x in log.iter_filtered("line 7777", chunk_bytes=64 * 1024)]
+        got = [(x.number, x.text) for x in log.iter_filtered(LogFilter.parse("line 7777"), chunk_bytes=64 * 1024)]
     assert got == [(i, text) for i, text in enumerate(lines, start=1) if "line 7777" in text]
     with LogFile.open(path) as log:
-        got = [x.number for x in log.iter_filtered(r"line 1234\d ", regex=True)]
+        got = [x.number for x in log.iter_filtered(LogFilter.parse(r"/line 1234\d /"))]
     assert got == [i for i, text in enumerate(lines, start=1) if re.search(r"line 1234\d ", text)]
 
 

@@ -6,7 +6,6 @@ a reboot or a pid reuse.
 """
 from __future__ import annotations
 
-import io
 import os
 import subprocess
 import sys
@@ -15,7 +14,6 @@ import time
 import psutil
 import pytest
 
-from app.cli_server import _tail_offset
 from sessions.home import atomic_write_json, ensure_private_dir
 from sessions.server import ServerSession, SessionNotFound, find_session, list_sessions
 
@@ -95,24 +93,6 @@ def test_a_reused_pid_is_not_our_process_and_is_never_signalled(home):
     report = session.stop(grace_s=0.5)
     assert report.signals_sent == () and report.stopped  # we are still here to check
     assert session.state_record.get("stopped_at") is None  # it had ended on its own; we only cleaned up
-
-
-@pytest.mark.parametrize(
-    "data, n, expected",
-    [
-        (b"a\nb\nc\n", 2, b"b\nc\n"),
-        (b"a\nb\nc", 2, b"b\nc"),
-        (b"a\nb\nc\n", 5, b"a\nb\nc\n"),
-        (b"a\nb\nc\n", 0, b""),
-        (b"", 3, b""),
-        (b"x" * 70000 + b"\nlast\n", 1, b"last\n"),
-        (b"x" * 70000 + b"\nlast\n", 2, b"x" * 70000 + b"\nlast\n"),
-    ],
-)
-def test_tail_offset_finds_the_last_n_lines(data, n, expected):
-    fh = io.BytesIO(data)
-    fh.seek(_tail_offset(fh, n))
-    assert fh.read() == expected
 
 
 def test_flag_diff_lists_added_removed_and_changed_flags_with_secrets_hidden(emulator_model_dir):

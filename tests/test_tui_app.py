@@ -215,7 +215,7 @@ def test_filter_by_text_and_rank_shows_only_matching_lines(make_emulator_profile
         assert len(rows) == 2 and all("Load weight end" in r for r in rows)
         assert "filter Load weight end" in app.dashboard.query_one("#log-pane").border_title
         # by rank: only TP1's lines
-        from widgets.log_view import LogFilter
+        from sessions.logs import LogFilter
 
         app.dashboard.set_log_filter(LogFilter.parse("", rank=1))
         await ui.until(lambda: len(ui.posted(FilterApplied)) >= 2, "rank filter")

@@ -8,7 +8,8 @@ import os
 from textual.app import App, ComposeResult
 
 from app.feed import LogFeed
-from widgets.log_view import MAIN_RANK, LogFilter, LogView, line_rank
+from sessions.logs import MAIN_RANK, LogFilter, tagged_rank
+from widgets.log_view import LogView
 
 LINE = "[2026-11-01 10:00:{s:02d} TP{r}] Load weight begin. avail mem=138.42 GB"
 
@@ -82,7 +83,7 @@ def test_filter_by_text_regex_and_rank(tmp_path):
     _write(path, [LINE.format(s=9, r=2), LINE.format(s=10, r=3)])
     chunk = feed.poll(rank2)
     assert chunk.matches == (9,)
-    assert line_rank(lines[3]) == 3 and line_rank(lines[8]) is None
+    assert tagged_rank(lines[3]) == 3 and tagged_rank(lines[8]) is None
     feed.close()
 
 
@@ -225,7 +226,7 @@ def test_a_bar_interrupted_by_another_rank_shows_the_log_line(tmp_path):
 
 
 def test_rank_filter_keeps_a_traceback_with_the_rank_that_printed_it(tmp_path):
-    # sessions.logs.LogFile.iter_filtered's rule: untagged continuation lines belong to the rank before them.
+    # the log core's rank rule: untagged continuation lines belong to the rank before them.
     path = tmp_path / "server.log"
     lines = [
         "[2026-11-01 10:00:01 TP1] Scheduler hit an exception: Traceback (most recent call last):",
@@ -245,4 +246,39 @@ def test_rank_filter_keeps_a_traceback_with_the_rank_that_printed_it(tmp_path):
     assert feed.scan(rank1, lambda: False)[0] == [0, 1, 2, 3]
     assert feed.scan(LogFilter.parse("memory", rank=1), lambda: False)[0] == [3]
     assert feed.scan(LogFilter.parse("", rank=MAIN_RANK), lambda: False)[0] == [5]
+    feed.close()
+
+
+def test_a_big_log_shows_its_tail_first_and_the_view_shifts_into_place_once_counted(tmp_path, monkeypatch):
+    import app.feed as feed_module
+    from sessions.logs import LogFile
+
+    monkeypatch.setattr(feed_module, "SYNC_INDEX_BYTES", 1024)  # this log counts as big: tail first
+    count_now = LogFile.build_index
+    # The count runs when the scan asks for it, not in a thread racing this test (the bench times that).
+    monkeypatch.setattr(LogFile, "build_index", lambda log, background=True: None if background else count_now(log, False))
+    path = tmp_path / "server.log"
+    _write(path, [f"line {i}" for i in range(20_000)])
+    feed = LogFeed(path)
+
+    async def scenario() -> None:
+        app = _LogApp()
+        async with app.run_test(size=(60, 12)) as pilot:
+            view = app.query_one(LogView)
+            view.show_file(str(path))
+            first = feed.poll(None, tail=50)
+            assert first.counting and first.lines[0] == (0, "line 19950")  # provisional numbers
+            view.apply_chunk(first)
+            await pilot.pause()
+            assert "line 19999" in _visible(view) and "counting" in view.position_text()
+            feed.scan(LogFilter.parse("line 1"), lambda: False)  # waits for the count
+            later = feed.poll(None)
+            assert not later.counting and later.shift == 19_950
+            view.apply_chunk(later)
+            await pilot.pause()
+            assert view.total_lines == 20_000 and "counting" not in view.position_text()
+            assert "line 19999" in _visible(view)
+            assert feed.read([19_999, 5]) == {19_999: "line 19999", 5: "line 5"}
+
+    asyncio.run(scenario())
     feed.close()

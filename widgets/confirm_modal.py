@@ -11,7 +11,7 @@ from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.screen import ModalScreen
 from textual.widgets import Button, Static
 
-from app.keymap import CONFIRM_KEYS, bindings
+from widgets.bindings import CONFIRM_KEYS, bindings
 
 
 class ConfirmModal(ModalScreen[bool]):

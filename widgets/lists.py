@@ -7,7 +7,6 @@ highlighted item by id (a poll every second must not move the cursor under the u
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
 from typing import Any
 
 from rich.text import Text
@@ -16,34 +15,10 @@ from textual.widgets import OptionList, Select
 from textual.widgets._select import SelectCurrent, SelectOverlay
 from textual.widgets.option_list import Option
 
+from sessions.snapshots import ProfileEntry, SessionEntry
 from widgets.state_line import state_glyph
 
-
-@dataclass(frozen=True)
-class ProfileEntry:
-    """One profile as the list shows it; ``error`` when it does not load."""
-
-    name: str
-    title: str = ""
-    launcher: str = ""
-    tp_size: int | None = None
-    port: int | None = None
-    capture: bool = False
-    error: str | None = None
-    live_session: str | None = None  # a live session runs this profile
-    live_state: str | None = None
-
-
-@dataclass(frozen=True)
-class SessionEntry:
-    """One session as the list shows it."""
-
-    session_id: str
-    profile: str
-    state: str
-    phase: str
-    port: int | None
-    started_at: float | None
+__all__ = ["ProfileEntry", "ProfileList", "SessionEntry", "SessionList"]
 
 
 def can_page(option_list: OptionList) -> bool:

@@ -1,7 +1,9 @@
 """LogView: the server log, drawn from a window of lines; never the whole file.
 
 The widget holds no file handle: the dashboard's poll worker reads new lines (`LogChunk`) and the lines
-the view asks for (`LogView.NeedLines`) in a thread, and hands them over.  The view keeps an LRU of
+the view asks for (`LogView.NeedLines`) in a thread, and hands them over, cleaned, ranked and redacted by
+the log core (`sessions.logs`); the view only draws.  A big log arrives tail first: while its lines are
+being counted the numbers are provisional, and the chunk after the count shifts them into place.  The view keeps an LRU of
 line texts, so its memory and its render cost depend on the window, not on the log (toolong's idea;
 SGLang at --log-level debug across 8 ranks writes gigabytes).
 
@@ -14,8 +16,6 @@ from __future__ import annotations
 
 import re
 from collections import OrderedDict
-from dataclasses import dataclass, field
-from types import EllipsisType
 from typing import ClassVar
 
 from rich.text import Text
@@ -26,16 +26,12 @@ from textual.reactive import reactive
 from textual.strip import Strip
 from textual.widget import Widget
 
-from app.keymap import LOG_KEYS, bindings
+from sessions.logs import MAIN_RANK, PREFIX_RE, LogFilter
+from sessions.snapshots import LogChunk
+from widgets.bindings import LOG_KEYS, bindings
 
-# `[2026-11-01 10:00:05 TP3] msg` / `[2026-11-01 10:00:05.123 DP0 TP3 EP3] msg` (sglang-facts §1.3).
-_PREFIX = re.compile(
-    r"^\[(?P<ts>\d{4}-\d{2}-\d{2} \d{2}:\d{2}:\d{2}(?:\.\d{3})?)"
-    r"(?P<ranks>(?: (?:DP|PP|ATTN_CP|MOE_DP|TP|EP)\d+)*)\] ?"
-)
-_TP = re.compile(r"\bTP(\d+)\b")
-_ANSI = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]")
-_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+__all__ = ["MAIN_RANK", "LogChunk", "LogFilter", "LogView", "is_error_line"]
+
 _ERROR = re.compile(
     r"Traceback \(most recent call last\)|\b\w*(?:Error|Exception)\b|out of memory|Scheduler hit an exception"
     r"|scheduler died|Capture cuda graph failed|Initialization failed|address already in use|\bFATAL\b"
@@ -43,91 +39,8 @@ _ERROR = re.compile(
     re.IGNORECASE,
 )
 _WARNING = re.compile(r"\bWARNING\b|\bwarn(?:ing)?:|deprecated", re.IGNORECASE)
-MAIN_RANK = -1  # the rank filter value for lines without a rank tag (main process, uvicorn, tqdm bars)
-
-
-def line_rank(line: str) -> int | None:
-    """The TP rank of an SGLang log line, or None for lines without a rank tag."""
-    match = _PREFIX.match(line)
-    if match is None or not match.group("ranks"):
-        return None
-    tp = _TP.search(match.group("ranks"))
-    return int(tp.group(1)) if tp else None
-
-
-def clean_line(line: str) -> str:
-    """Strip ANSI colour codes and control characters; expand tabs (Textual shows codes as "�")."""
-    if "\x1b" in line:
-        line = _ANSI.sub("", line)
-    if "\t" in line:
-        line = line.expandtabs(4)
-    if _CONTROL.search(line):
-        line = _CONTROL.sub("", line)
-    return line
-
-
 def is_error_line(line: str) -> bool:
     return bool(_ERROR.search(line))
-
-
-@dataclass(frozen=True)
-class LogFilter:
-    """Show only lines matching ``text`` (case-insensitive; a /regex/ when wrapped in slashes) and ``rank``.
-
-    ``rank`` is a TP rank, `MAIN_RANK` for untagged lines, or None for all.
-    """
-
-    text: str = ""
-    rank: int | None = None
-    _pattern: re.Pattern[str] | None = field(default=None, compare=False, repr=False)
-
-    @classmethod
-    def parse(cls, text: str, rank: int | None = None) -> LogFilter:
-        """Build a filter from what the user typed; raises ValueError naming the bad regex."""
-        text = text.strip()
-        pattern = None
-        if len(text) >= 2 and text.startswith("/") and text.endswith("/"):
-            try:
-                pattern = re.compile(text[1:-1], re.IGNORECASE)
-            except re.error as exc:
-                raise ValueError(f"filter {text!r}: bad regular expression: {exc}") from None
-        elif text:
-            pattern = re.compile(re.escape(text), re.IGNORECASE)
-        return cls(text, rank, pattern)
-
-    @property
-    def active(self) -> bool:
-        return bool(self.text) or self.rank is not None
-
-    def matches(self, line: str, rank: int | None | EllipsisType = ...) -> bool:
-        """``rank``: the line's rank as the reader attributed it (a traceback line has its rank tag on an
-        earlier line: `app.feed.attributed_rank`); left out, only the line's own tag counts."""
-        if self.rank is not None:
-            if rank is ...:
-                rank = line_rank(line)
-            if (MAIN_RANK if rank is None else rank) != self.rank:
-                return False
-        return self._pattern is None or bool(self._pattern.search(line))
-
-    def describe(self) -> str:
-        parts = []
-        if self.text:
-            parts.append(self.text)
-        if self.rank is not None:
-            parts.append("main" if self.rank == MAIN_RANK else f"TP{self.rank}")
-        return " · ".join(parts)
-
-
-@dataclass(frozen=True)
-class LogChunk:
-    """What one poll read from the log: the new tail lines, and the new matches of the active filter."""
-
-    path: str
-    file_id: int  # changes when the file was rotated or truncated: the view then starts over
-    total_lines: int
-    lines: tuple[tuple[int, str], ...]  # (0-based line number, cleaned text), the last ones read
-    filter: LogFilter | None  # the filter `matches` were computed for
-    matches: tuple[int, ...] = ()
 
 
 class LogView(Widget, can_focus=True):
@@ -183,6 +96,7 @@ class LogView(Widget, can_focus=True):
         self._requested: set[int] = set()
         self._strip_cache: OrderedDict[tuple, list[Strip]] = OrderedDict()
         self.needs_scan = False
+        self.counting = False  # the feed is still counting the log's lines: numbers are provisional
         self.placeholder = "No session selected: launch a profile with l."
 
     # -- data in ----------------------------------------------------------------------------------------
@@ -222,6 +136,17 @@ class LogView(Widget, can_focus=True):
         self._top = 0
         self.pending = 0
         self.follow = True
+        self.counting = False
+
+    def _shift(self, by: int) -> None:
+        """The lines held are really ``by`` further down the file (the feed finished counting)."""
+        self._cache = OrderedDict((number + by, text) for number, text in self._cache.items())
+        self._strip_cache.clear()
+        self._requested.clear()
+        if self._matches is not None:
+            self._matches = [number + by for number in self._matches]
+        elif not self.follow:
+            self._top += by
 
     def apply_chunk(self, chunk: LogChunk) -> None:
         """Take what a poll read; ignored when it is for another file."""
@@ -231,6 +156,12 @@ class LogView(Widget, can_focus=True):
         if restarted:  # rotated or truncated: start over
             self._reset()
         self._file_id = chunk.file_id
+        if chunk.shift:
+            self._shift(chunk.shift)
+            restarted = True  # everything drawn moved: repaint
+        if self.counting and not chunk.counting and self._matches is not None:
+            self.needs_scan = True  # a scan made while counting had provisional numbers: scan again
+        self.counting = chunk.counting
         before = self.view_count
         top_before = self._current_top()
         self._total = chunk.total_lines
@@ -276,6 +207,9 @@ class LogView(Widget, can_focus=True):
     ) -> None:
         """Results of a filter scan over lines [0, scanned); polls report the lines after those."""
         if path != self.path or log_filter != self._filter or self._matches is None:
+            return
+        if self.counting:  # the scan's numbers are exact, the view's not yet: rescanned after the count
+            self.needs_scan = True
             return
         later = [n for n in self._matches if n >= scanned]
         self._matches = list(matches) + later
@@ -372,6 +306,8 @@ class LogView(Widget, can_focus=True):
         text = f"{what} {top + 1:,}-{last:,} of {count:,}"
         if self._matches is not None:
             text += f" (of {self._total:,} lines)"
+        if self.counting:
+            text += " · counting lines…"
         return text
 
     def render_line(self, y: int) -> Strip:
@@ -445,9 +381,7 @@ class LogView(Widget, can_focus=True):
         if number not in self._cache:
             missing.append(number)
             return [self._to_strip(Text("…", style=self.get_component_rich_style("log--dim")), width)]
-        pattern = (
-            self._filter._pattern.pattern if self._filter is not None and self._filter._pattern else None
-        )
+        pattern = self._filter.pattern.pattern if self._filter is not None and self._filter.pattern else None
         key = (number, width, self.wrap, self.show_timestamps, self._x, pattern)
         strips = self._strip_cache.get(key)
         if strips is None:
@@ -481,7 +415,7 @@ class LogView(Widget, can_focus=True):
 
     def _styled(self, raw: str) -> Text:
         """One log line as styled text: dim timestamp, the rank tag, error/warning colours."""
-        match = _PREFIX.match(raw)
+        match = PREFIX_RE.match(raw)
         text = Text()
         body = raw
         if match is not None:
@@ -499,6 +433,6 @@ class LogView(Widget, can_focus=True):
             text.append(body, style=self.get_component_rich_style("log--warning"))
         else:
             text.append(body)
-        if self._filter is not None and self._filter._pattern is not None:
-            text.highlight_regex(self._filter._pattern, style=self.get_component_rich_style("log--match"))
+        if self._filter is not None and self._filter.pattern is not None:
+            text.highlight_regex(self._filter.pattern, style=self.get_component_rich_style("log--match"))
         return text

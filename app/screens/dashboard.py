@@ -26,11 +26,12 @@ from textual.worker import Worker, WorkerState, get_current_worker
 
 from app.feed import DashboardFeed, DashboardSnapshot, PollRequest
 from app.keymap import DASHBOARD_KEYS, KEYS_BY_ID, bindings
+from sessions.logs import MAIN_RANK, LogFilter
 from widgets.confirm_modal import ConfirmModal
 from widgets.gpu_panel import GpuPanel
 from widgets.inputs import InOrderInput
 from widgets.lists import PageSafeSelect, ProfileList, SessionList
-from widgets.log_view import MAIN_RANK, LogFilter, LogView
+from widgets.log_view import LogView
 from widgets.phase_timeline import PhaseTimeline
 from widgets.state_line import StateLine
 
@@ -397,18 +398,33 @@ class DashboardScreen(Screen):
             partial(self._launch, name), name="launch", group="action", thread=True, exit_on_error=False
         )
 
-    def _launch(self, name: str) -> None:
+    def _launch(self, name: str, force: bool = False) -> None:
         from sessions.profiles import load_profile
-        from sessions.server import ServerSession
+        from sessions.server import GpuBusy, ServerSession
 
         try:
             profile = load_profile(name, self.feed.home)
-            session = ServerSession.launch(profile, self.feed.home)
+            session = ServerSession.launch(profile, self.feed.home, force=force)
+        except GpuBusy as exc:  # other processes hold memory on its GPUs: the user decides
+            self.app.call_from_thread(self._confirm_busy_launch, name, exc)
+            return
         except Exception as exc:  # noqa: BLE001 - LaunchError/ProfileError name their fields
             self.app.call_from_thread(self._report_failure, f"Launch of {name} refused", exc)
             return
         self.feed.adopt(session)
         self.app.call_from_thread(self._launched, session.session_id, name)
+
+    def _confirm_busy_launch(self, name: str, exc: Any) -> None:
+        detail = "\n".join(b.text() for b in exc.busy) + "\nA server started there may run out of memory."
+
+        def answered(yes: bool | None) -> None:
+            if yes:
+                self.run_worker(
+                    partial(self._launch, name, True), name="launch", group="action", thread=True,
+                    exit_on_error=False,
+                )
+
+        self.app.push_screen(ConfirmModal(f"Launch {name} on GPUs in use?", detail), answered)
 
     def _launched(self, session_id: str, name: str) -> None:
         self.notify(

@@ -2,7 +2,8 @@
 
 Opened with ``d`` (or from the stall notification) on a session: it runs `sessions.diagnosis.diagnose`
 in a thread worker, so the UI never waits on py-spy, psutil or NVML, then shows the verdict and the
-baseline comparison, the hints, the process table, one collapsible stack per rank, the GPUs and the last
+baseline comparison, what changed since the last good start (the changes a known cause points at first,
+highlighted), the hints, the process table, one collapsible stack per rank, the GPUs and the last
 log lines.  ``b`` saves the redacted bundle next to the session, ``r`` diagnoses again, Esc goes back.
 Everything shown is already redacted by the diagnosis; text is rendered without markup, because log
 lines and stacks are full of square brackets.
@@ -32,6 +33,27 @@ def _mib(value: int | None) -> str:
 
 def _secs(value: float | None) -> str:
     return "" if value is None else format_duration_s(value)
+
+
+def _changes_text(d: Any) -> Text:
+    """One line per change; those a known cause points at in bold yellow, with the causes' ids (``*``: the
+    cause matches this start now)."""
+    changes = getattr(d, "changes_since_last_good", None)
+    if not changes:
+        return Text(getattr(d, "changes_note", None) or "nothing to compare with", style="dim")
+    text = Text()
+    for i, change in enumerate(changes):
+        if i:
+            text.append("\n")
+        if change.implicated_by:
+            text.append(f"! {change.describe()}", style="bold yellow")
+            causes = ", ".join(f"{c}*" if c in change.hinted_by else c for c in change.implicated_by)
+            text.append(f"  known causes: {causes}", style="dim")
+        else:
+            text.append(f"  {change.describe()}")
+    if any(c.implicated_by for c in changes):
+        text.append("\n! a known cause points at this change; * that cause matches this start now", style="dim")
+    return text
 
 
 class DiagnoseScreen(Screen):
@@ -71,13 +93,15 @@ class DiagnoseScreen(Screen):
             yield Static(Text(f"Diagnosing {self.session_id}: reading the log, the processes and the "
                               "stacks of every rank…"), id="verdict")
             yield Static("", id="compare")
+            yield Static("Changes since the last good start", classes="section-title")
+            yield Static("", id="changes")
             yield Static("Hints", classes="section-title")
             yield Static("", id="hints")
             yield Static("Processes", classes="section-title")
             yield DataTable(id="processes", cursor_type="row", zebra_stripes=True)
             yield Static("Stacks", classes="section-title")
             yield Vertical(id="stacks")
-            yield Static("Baseline (last good start of this profile)", classes="section-title")
+            yield Static("Baseline (last good start of this profile)", classes="section-title", id="baseline-title")
             yield DataTable(id="baseline", cursor_type="row")
             yield Static("GPUs", classes="section-title")
             yield Static("", id="gpus")
@@ -181,6 +205,7 @@ class DiagnoseScreen(Screen):
             verdict.append(f"\nfirst error (line {d.error_line}): {d.error}", style="red")
         self.query_one("#verdict", Static).update(verdict)
         self.query_one("#compare", Static).update(Text(d.compare, style="italic"))
+        self.query_one("#changes", Static).update(_changes_text(d))
 
         hints = Text()
         for i, hint in enumerate(d.hints):
@@ -234,6 +259,8 @@ class DiagnoseScreen(Screen):
 
         baseline = self.query_one("#baseline", DataTable)
         baseline.clear()
+        # No good start of this profile: no table of blanks (the compare sentence says so).
+        baseline.display = self.query_one("#baseline-title").display = d.has_baseline
         for row in d.phase_rows:
             baseline.add_row(
                 row.phase, _secs(row.good_at_s), "" if row.good_line is None else str(row.good_line),

@@ -244,13 +244,68 @@ def capture_problems(profile: LaunchProfile) -> list[Problem]:
     facts = model_facts(s.model_path)
     if facts.error is None:
         problems += _model_capture_problems(profile, facts)
+        problems += _two_batch_overlap_problems(extra, facts)
     if s.launcher == "emulator" and facts.error is None and not facts.has_weights:
         problems.append(_problem(
             "server.model_path",
             "the emulator needs model weights (*.safetensors) to produce captures; make a small model "
             "with `eagle3-tui demo-model DIR`", "warning"))
     problems += _dir_problems(capture_dir(profile))
+    if facts.error is None:
+        problems += forward_dump_problems(profile, facts)
     return problems
+
+
+# DeepSeek-V2/V3 (and Kimi-K2, which serves as DeepseekV3ForCausalLM): under two-batch overlap the layers
+# after first_k_dense_replace run through model_forward_stages, which never captures aux hidden states
+# (deepseek_v2.py), so the plugin's finalize() raises "captured 1 of 3" on the first eligible forward.
+TBO_FLAG = "--enable-two-batch-overlap"
+_TBO_SKIPS_CAPTURE = ("DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM", "DeepseekV32ForCausalLM",
+                      "KimiK2ForCausalLM", "KimiK25ForConditionalGeneration", "KimiVLForConditionalGeneration")
+SGLANG_DEFAULT_CHUNKED_PREFILL = 8192  # what SGLang picks on a large GPU when the profile sets none
+DOCKER_SHM_HINT = ("in Docker, /dev/shm is 64 MB unless the container runs with a larger --shm-size "
+                   "(e.g. docker run --shm-size=32g)")
+
+
+def _two_batch_overlap_problems(extra: list[str], facts: ModelFacts) -> list[Problem]:
+    if not _has_option(extra, TBO_FLAG) or facts.architecture not in _TBO_SKIPS_CAPTURE:
+        return []
+    return [_problem(
+        "server.extra_args",
+        f"{TBO_FLAG} cannot be used with capture on {facts.architecture}: under two-batch overlap the layers "
+        "after first_k_dense_replace run through model_forward_stages, which skips the aux hidden-state "
+        "capture, so the first captured forward fails (\"captured 1 of 3 aux hidden states\"); remove the "
+        "flag while capturing")]
+
+
+def forward_dump_bytes(profile: LaunchProfile, facts: ModelFacts) -> int | None:
+    """Bytes one forward dumps: chunked_prefill_size x (K+1) x H x 2 (bf16 aux layers plus the final)."""
+    if not facts.hidden_size:
+        return None
+    chunk = profile.server.chunked_prefill_size
+    if not isinstance(chunk, int) or chunk <= 0:
+        chunk = SGLANG_DEFAULT_CHUNKED_PREFILL
+    layers = len(profile.capture.layers) if profile.capture.layers else 3
+    return chunk * (layers + 1) * facts.hidden_size * 2
+
+
+def forward_dump_problems(profile: LaunchProfile, facts: ModelFacts) -> list[Problem]:
+    """A warning when the capture dir's filesystem cannot hold one forward's dump."""
+    directory = capture_dir(profile)
+    need = forward_dump_bytes(profile, facts)
+    usage = _disk_usage(directory)
+    if need is None or usage is None or usage.free >= need:
+        return []
+    chunk = profile.server.chunked_prefill_size if isinstance(profile.server.chunked_prefill_size, int) \
+        and profile.server.chunked_prefill_size > 0 else SGLANG_DEFAULT_CHUNKED_PREFILL
+    layers = len(profile.capture.layers) if profile.capture.layers else 3
+    hint = f"; {DOCKER_SHM_HINT}" if str(directory).startswith("/dev/shm") else \
+        f" (a capture dir on /dev/shm: {DOCKER_SHM_HINT})"
+    return [_problem(
+        "capture.dir",
+        f"one forward dumps {need / 1e6:.1f} MB (chunked_prefill_size {chunk} x {layers + 1} states x hidden "
+        f"{facts.hidden_size} x 2 bytes) but {directory} has {usage.free / 1e6:.1f} MB free; give capture.dir "
+        f"more room or lower chunked_prefill_size{hint}", "warning")]
 
 
 def _model_capture_problems(profile: LaunchProfile, facts: ModelFacts) -> list[Problem]:

@@ -7,7 +7,9 @@ message.  `resolve_server_args` then fills the ``None`` defaults the way SGLang'
 an H200 and checks the capture-only flags (sglang-facts §4.1); its errors are raised as exceptions, which
 SGLang prints as a traceback before exiting 1.
 
-Our own flags: ``--time-scale``, ``--emulate-fault``, ``--emulate-gpu-memory-gb``, ``--emulate-gpus``.
+Our own flags: ``--time-scale``, ``--emulate-fault``, ``--emulate-gpu-memory-gb``, ``--emulate-gpus`` and
+the speculative-decoding model's ``--emulate-spec-accept-length``, ``--emulate-spec-draft-cost``,
+``--emulate-spec-verify-cost``.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from typing import Any
 
 from sessions.emulator.faults import FAULT_IDS, Fault
 from sessions.emulator.model_config import ModelConfig
+from sessions.emulator.speculative import resolve_speculative
 
 SGLANG_VERSION = "0.5.23"
 
@@ -255,6 +258,7 @@ _SGLANG_FLAGS: list[tuple[tuple[str, ...], dict[str, Any]]] = [
     (("--enable-metrics",), {"default": False}),
     (("--decode-log-interval",), {"type": int, "default": 40}),
     (("--api-key",), {"type": str, "default": None}),
+    (("--admin-api-key",), {"type": str, "default": None}),  # SGLang 0.5.23: admin-only endpoints' key
     (("--served-model-name",), {"type": str, "default": None}),
     (("--chat-template",), {"type": str, "default": None}),
     (("--reasoning-parser",), {"type": str, "default": None}),
@@ -300,8 +304,10 @@ _SGLANG_FLAGS: list[tuple[tuple[str, ...], dict[str, Any]]] = [
     (("--enable-return-aux-hidden-states",), {"default": False}),
     (("--return-aux-hidden-state-layer-ids",), {"type": int, "nargs": "+", "default": None}),
     (("--forward-hooks",), {"type": str, "default": None}),
-    (("--speculative-algorithm",), {"type": str, "default": None, "choices": SPECULATIVE_ALGORITHMS}),
-    (("--speculative-draft-model-path",), {"type": str, "default": None}),
+    # A free string in SGLang (upper-cased, then looked up: sessions/emulator/speculative.py).
+    (("--speculative-algorithm",), {"type": str, "default": None}),
+    (("--speculative-draft-model-path", "--speculative-draft-model"), {"type": str, "default": None}),
+    (("--speculative-draft-model-revision",), {"type": str, "default": None}),
     (("--speculative-num-steps",), {"type": int, "default": None}),
     (("--speculative-eagle-topk",), {"type": int, "default": None}),
     (("--speculative-num-draft-tokens",), {"type": int, "default": None}),
@@ -344,6 +350,24 @@ def build_parser() -> argparse.ArgumentParser:
         help="Each rank holds this much real GPU memory when torch and CUDA are present.",
     )
     emulator.add_argument(
+        "--emulate-spec-accept-length",
+        type=_positive_float,
+        default=None,
+        help="Mean accepted tokens per verify step, the bonus token included (1 to num-draft-tokens).",
+    )
+    emulator.add_argument(
+        "--emulate-spec-draft-cost",
+        type=_positive_float,
+        default=None,
+        help="One draft forward's cost as a fraction of a decode step (default: from the draft's config).",
+    )
+    emulator.add_argument(
+        "--emulate-spec-verify-cost",
+        type=_positive_float,
+        default=None,
+        help="A verify step's cost in decode steps (>= 1; default 1.1).",
+    )
+    emulator.add_argument(
         "--emulate-gpus",
         type=_positive_int,
         default=None,
@@ -358,9 +382,15 @@ class EmulatorOptions:
     fault: Fault
     gpu_memory_gb: float | None
     gpus: int
+    # Speculative decoding's modelled figures (`[emulator] spec_*`); None = the emulator's defaults.
+    spec_accept_length: float | None = None
+    spec_draft_cost: float | None = None
+    spec_verify_cost: float | None = None
 
 
-_EMULATOR_DESTS = ("time_scale", "emulate_fault", "emulate_gpu_memory_gb", "emulate_gpus")
+DEFAULT_SPEC_VERIFY_COST = 1.1  # a verify forward (num-draft-tokens positions) vs a one-token decode step
+_EMULATOR_DESTS = ("time_scale", "emulate_fault", "emulate_gpu_memory_gb", "emulate_gpus",
+                   "emulate_spec_accept_length", "emulate_spec_draft_cost", "emulate_spec_verify_cost")
 
 
 def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, EmulatorOptions]:
@@ -371,7 +401,16 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, Emula
         fault=Fault(ns.emulate_fault),
         gpu_memory_gb=ns.emulate_gpu_memory_gb,
         gpus=ns.emulate_gpus or max(8, ns.tp_size),
+        spec_accept_length=ns.emulate_spec_accept_length,
+        spec_draft_cost=ns.emulate_spec_draft_cost,
+        spec_verify_cost=ns.emulate_spec_verify_cost,
     )
+    if options.spec_verify_cost is not None and options.spec_verify_cost < 1:
+        build_parser().error(f"--emulate-spec-verify-cost must be >= 1 (a verify step is at least a decode "
+                             f"step), not {options.spec_verify_cost}")
+    if options.spec_draft_cost is not None and options.spec_draft_cost > 1:
+        build_parser().error(f"--emulate-spec-draft-cost must be at most 1 (a fraction of a decode step), "
+                             f"not {options.spec_draft_cost}")
     for dest in _EMULATOR_DESTS:
         delattr(ns, dest)
     return ns, options
@@ -403,9 +442,14 @@ def deprecation_warnings(ns: argparse.Namespace) -> list[str]:
 
 
 def resolve_server_args(
-    ns: argparse.Namespace, model: ModelConfig, rng: Callable[[int, int], int] | None = None
+    ns: argparse.Namespace,
+    model: ModelConfig,
+    rng: Callable[[int, int], int] | None = None,
+    warn: Callable[[str], None] | None = None,
 ) -> dict[str, Any]:
-    """The resolved ``server_args`` record (SGLang's field names, in flag order), or ValueError."""
+    """The resolved ``server_args`` record (SGLang's field names, in flag order), or ValueError.
+
+    ``warn`` receives the warnings SGLang's resolution logs (speculative decoding's adjustments)."""
     randint = rng or random.randint
     args = {names[0].lstrip("-").replace("-", "_"): None for names, _ in _SGLANG_FLAGS}
     args.update(vars(ns))
@@ -461,7 +505,8 @@ def resolve_server_args(
         raise ValueError(f"--mem-fraction-static must be in (0, 1), not {args['mem_fraction_static']}")
     if args["enable_return_hidden_states"] and args["return_hidden_states_mode"] is None:
         args["return_hidden_states_mode"] = "full"
-    _resolve_aux_capture(args, model)
+    _resolve_aux_capture(args, model)  # before speculative decoding, as SGLang's pipeline orders them
+    resolve_speculative(args, model.architecture, warn or (lambda _message: None))
     if args["return_hidden_states_mode"] is not None:
         args["enable_return_hidden_states"] = True
     return args

@@ -142,8 +142,11 @@ class GpuMemoryHolder:
         self._tensors: list[Any] = []
 
     @classmethod
-    def open(cls, target_gb: float, tp_rank: int) -> tuple[GpuMemoryHolder | None, str]:
-        """A holder on GPU ``tp_rank % device_count``, or (None, why not)."""
+    def open(cls, target_gb: float, gpu_id: int) -> tuple[GpuMemoryHolder | None, str]:
+        """A holder on GPU ``gpu_id % device_count``, or (None, why not).
+
+        ``gpu_id`` is SGLang's ``base_gpu_id + tp_rank * gpu_id_step``: as in SGLang, it indexes the GPUs
+        CUDA shows (after ``CUDA_VISIBLE_DEVICES``)."""
         try:
             import torch
         except Exception as exc:  # noqa: BLE001 - no torch (or a broken one): emulated numbers instead
@@ -151,7 +154,7 @@ class GpuMemoryHolder:
         try:
             if not torch.cuda.is_available() or torch.cuda.device_count() == 0:
                 return None, "torch sees no CUDA device"
-            index = tp_rank % torch.cuda.device_count()
+            index = gpu_id % torch.cuda.device_count()
             torch.cuda.set_device(index)
         except Exception as exc:  # noqa: BLE001
             return None, f"CUDA is not usable ({exc})"

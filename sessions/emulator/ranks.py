@@ -33,6 +33,7 @@ import time
 import traceback
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
+from pathlib import Path
 from typing import Any, NoReturn
 
 from sessions.emulator import pacing
@@ -50,6 +51,13 @@ from sessions.emulator.faults import (
 from sessions.emulator.gpu_memory import GIB, GpuMemoryHolder, MemoryPlan, kv_dtype_name, plan_memory
 from sessions.emulator.model_config import ModelConfig, load_model_config
 from sessions.emulator.pacing import Pacing
+from sessions.emulator.speculative import (
+    check_draft_model,
+    draft_architecture,
+    draft_weight_gb,
+    is_speculative,
+    read_draft_config,
+)
 
 _PR_SET_PDEATHSIG = 1
 
@@ -374,7 +382,7 @@ class ModelRunner:
         if gb is None:
             self.tp_group.send("gpu", self.tp_rank, "emulated", "no --emulate-gpu-memory-gb")
             return None
-        holder, note = GpuMemoryHolder.open(gb, self.tp_rank)
+        holder, note = GpuMemoryHolder.open(gb, self.scheduler.spec.gpu_id)
         self.tp_group.send("gpu", self.tp_rank, "real" if holder else "emulated", note)
         self.console.log(
             f"[emulator] GPU memory: {note}" + ("" if holder else "; publishing emulated numbers")
@@ -393,6 +401,9 @@ class ModelRunner:
         self.init_memory_pool()
         self.init_attention_backends()
         self.init_device_graphs()
+        if is_speculative(self.args):
+            # The EAGLE worker builds its draft model runner after the target's (eagle_worker_v2.py).
+            DraftWorker(self).initialize()
 
     # -- parallel init --------------------------------------------------------------------------------
 
@@ -627,9 +638,13 @@ class CudaGraphRunner:
     def capture(self) -> None:
         runner = self.runner
         begin = time.monotonic()
+        # With speculative decoding the target's graph is the verify graph over num_draft_tokens tokens.
+        spec = is_speculative(runner.args)
+        self.phase = "verify" if spec else "decode"
+        per_req = runner.args["speculative_num_draft_tokens"] if spec else 1
         runner.console.log(
-            f"Capture target decode CUDA graph begin. backend={runner.args['cuda_graph_backend_decode']}, "
-            f"num_tokens_per_req=1, avail mem={runner.plan.avail_gb('decode_graph', 0.0):.2f} GB"
+            f"Capture target {self.phase} CUDA graph begin. backend={runner.args['cuda_graph_backend_decode']}, "
+            f"num_tokens_per_req={per_req}, avail mem={runner.plan.avail_gb('decode_graph', 0.0):.2f} GB"
         )
         bar = ProgressBar(runner.console, len(self.capture_bs), enabled=runner.tp_rank == 0)
         total = len(self.capture_bs)
@@ -643,9 +658,9 @@ class CudaGraphRunner:
             bar.update(1)
         bar.close()
         elapsed = time.monotonic() - begin
-        runner.cuda_graph_timings["target_decode"] = elapsed
+        runner.cuda_graph_timings[f"target_{self.phase}"] = elapsed
         runner.console.log(
-            f"Capture target decode CUDA graph end. bs={self.capture_bs}, elapsed={elapsed:.2f} s, "
+            f"Capture target {self.phase} CUDA graph end. bs={self.capture_bs}, elapsed={elapsed:.2f} s, "
             f"mem usage={runner.plan.decode_graph_gb:.2f} GB, "
             f"avail mem={runner.plan.avail_gb('decode_graph'):.2f} GB."
         )
@@ -662,6 +677,61 @@ class CudaGraphRunner:
         # The captured forward's all-reduce (custom all-reduce / NCCL); it never completes under
         # hang-in-graph-capture.
         self.runner.tp_group.all_reduce(f"cuda_graph_capture:{index}")
+
+
+class DraftWorker:
+    """The EAGLE/EAGLE3 draft model's start-up on one rank: its weights (every rank), then its CUDA graphs
+    (TP0 logs them: ``log_info_on_rank0``), in SGLang 0.5.23's lines (sessions/emulator/speculative.py)."""
+
+    def __init__(self, runner: ModelRunner) -> None:
+        self.runner = runner
+        self.args = runner.args
+
+    def initialize(self) -> None:
+        runner = self.runner
+        path = self.args["speculative_draft_model_path"]
+        begin = time.monotonic()
+        avail = runner.plan.avail_gb("decode_graph")
+        runner.console.log(f"Load weight begin. avail mem={avail:.2f} GB")
+        if path is None:
+            # EAGLE3 on a target without MTP and no draft path: the draft's config load gets None (as read).
+            raise TypeError("expected str, bytes or os.PathLike object, not NoneType")
+        config = read_draft_config(path)
+        check_draft_model(config, self.args["speculative_algorithm"])
+        size_gb = draft_weight_gb(config, Path(path).expanduser())
+        runner.pacing.sleep(max(pacing.WEIGHT_LOAD_MIN_S / 4, size_gb / pacing.WEIGHT_LOAD_GB_PER_S))
+        elapsed = time.monotonic() - begin
+        runner.timings["load_weight"] = runner.timings.get("load_weight", 0.0) + elapsed
+        runner.console.log(
+            f"Load weight end. elapsed={elapsed:.2f} s, type={draft_architecture(config)}, "
+            f"avail mem={avail - size_gb:.2f} GB, mem usage={size_gb:.2f} GB."
+        )
+        if runner.tp_rank == 0 and self.args["cuda_graph_backend_decode"] != "disabled":
+            self.capture_graphs(avail - size_gb)
+
+    def capture_graphs(self, avail_gb: float) -> None:
+        runner, args = self.runner, self.args
+        backend = args["decode_attention_backend"]
+        sizes = list(args["cuda_graph_bs_decode"])
+        phases = []
+        if args["speculative_num_steps"] > 1:
+            phases.append(("decode", args["speculative_eagle_topk"]))
+        phases.append(("extend", args["speculative_num_draft_tokens"]))
+        for phase, per_req in phases:
+            begin = time.monotonic()
+            runner.console.log(
+                f"Capture draft {phase} CUDA graph begin. backend={backend}, num_tokens_per_req={per_req}, "
+                f"bs={sizes}, avail mem={avail_gb:.2f} GB"
+            )
+            runner.pacing.sleep(pacing.DECODE_GRAPH_S / 4)
+            used = 0.05 * len(sizes) / 52
+            avail_gb -= used
+            elapsed = time.monotonic() - begin
+            runner.cuda_graph_timings[f"draft_{phase}"] = elapsed
+            runner.console.log(
+                f"Capture draft {phase} CUDA graph end. elapsed={elapsed:.2f} s, mem usage={used:.2f} GB, "
+                f"avail mem={avail_gb:.2f} GB."
+            )
 
 
 def _layers_to_capture(model: ModelConfig, args: dict[str, Any]) -> list[int] | None:

@@ -117,8 +117,13 @@ class Engine:
     def launch_server(self) -> int:
         started = time.time()
         model = load_model_config(self.ns.model_path)
-        args = resolve_server_args(self.ns, model)
+        args = resolve_server_args(self.ns, model, warn=lambda note: self.console.log(note, logging.WARNING))
         self.args, self.model = args, model
+        accept = self.options.spec_accept_length
+        if accept is not None and args["speculative_num_draft_tokens"] and not (
+                1 <= accept <= args["speculative_num_draft_tokens"]):
+            raise ValueError(f"--emulate-spec-accept-length {accept} must be between 1 and "
+                             f"speculative_num_draft_tokens={args['speculative_num_draft_tokens']}")
         for note in deprecation_warnings(self.ns):
             self.console.log(note, logging.WARNING)
         self.pacing.sleep(pacing.MAIN_RESOLVE_S)

@@ -319,7 +319,8 @@ class ExtractionClient:
     def __init__(self, base_url: str, *, concurrency: int = 8, retry: RetryPolicy | None = None,
                  request_timeout_s: float = 600.0, max_consecutive_failures: int = 20,
                  server_down_timeout_s: float = 0.0, probe_interval_s: float = 1.0,
-                 on_server_state: Callable[[bool, str | None], None] | None = None) -> None:
+                 on_server_state: Callable[[bool, str | None], None] | None = None,
+                 identity_check: Callable[[], Awaitable[str | None]] | None = None) -> None:
         self.base_url = base_url.rstrip("/")
         self.concurrency = concurrency
         self.retry = retry or RetryPolicy()
@@ -327,6 +328,8 @@ class ExtractionClient:
         self.server_down_timeout_s = server_down_timeout_s
         self.probe_interval_s = probe_interval_s
         self.on_server_state = on_server_state
+        # Before continuing after the server was down: None when the server is the job's own, else why not.
+        self.identity_check = identity_check
         self.consecutive_failures = 0
         self.attempts = 0
         self.retries = 0
@@ -440,16 +443,37 @@ class ExtractionClient:
         if self._prober is None or self._prober.done():
             self._prober = asyncio.get_running_loop().create_task(self._probe_until_up())
 
+    def hold(self, reason: str) -> None:
+        """Treat the server as down with ``reason`` (e.g. another server answers): nothing is sent until the
+        prober finds the job's own server ready again."""
+        if self._server_up.is_set():
+            self._server_up.clear()
+            self.server_down_since = time.monotonic()
+        self.down_reason = reason
+        if self.on_server_state:
+            self.on_server_state(False, reason)
+        if self._prober is None or self._prober.done():
+            self._prober = asyncio.get_running_loop().create_task(self._probe_until_up())
+
     async def _probe_until_up(self) -> None:
         while True:
             await asyncio.sleep(self.probe_interval_s)
-            if await self.probe_ready():
-                self.server_down_since = None
-                self.down_reason = None
-                self._server_up.set()
-                if self.on_server_state:
-                    self.on_server_state(True, None)
+            if self._stopped.is_set():
                 return
+            if await self.probe_ready():
+                problem = await self.identity_check() if self.identity_check is not None else None
+                if problem is None:
+                    self.server_down_since = None
+                    self.down_reason = None
+                    self._server_up.set()
+                    if self.on_server_state:
+                        self.on_server_state(True, None)
+                    return
+                if problem != self.down_reason:  # up, but not the job's server: stay paused, say why
+                    self.down_reason = problem
+                    if self.on_server_state:
+                        self.on_server_state(False, problem)
+                continue
             down_for = time.monotonic() - (self.server_down_since or time.monotonic())
             if self.server_down_timeout_s and down_for > self.server_down_timeout_s:
                 self.abort_reason = (f"the server at {self.base_url} stayed down for {down_for:.0f} s "

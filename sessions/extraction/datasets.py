@@ -7,10 +7,13 @@ a bad line never stops the reader (STYLE: errors are values at the edges).  A re
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from sessions.safe_files import open_regular
 
 # ShareGPT speakers (`from`) and OpenAI roles, mapped to the roles chat templates understand.
 _ROLE_NAMES = {
@@ -48,6 +51,44 @@ class DatasetLineError:
 
 class _LineProblem(ValueError):
     pass
+
+
+REASON_MAX_CHARS = 300
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def cut_reason(reason: str, limit: int = REASON_MAX_CHARS) -> str:
+    """A reason fit for one JSONL line: at most ``limit`` characters and always encodable as UTF-8.
+
+    A bad line's reason may quote the line (a 2 MB key, a lone surrogate): without the cut, errors.jsonl and
+    manifest.jsonl would copy the bad line whole, and a surrogate would make the write itself fail.
+    """
+    text = str(reason)
+    if _SURROGATE.search(text):
+        text = text.encode("utf-8", "backslashreplace").decode("utf-8")
+    if len(text) > limit:
+        text = f"{text[:limit]}… ({len(text) - limit} more characters)"
+    return text
+
+
+def _check_strings(row: Any) -> None:
+    """Every string in the row must be valid Unicode: a lone surrogate (``"\\ud800"``, common in scraped
+    data) passes ``json.loads`` but makes the tokenizer raise.  Iterative, so depth never recurses."""
+    stack: list[tuple[Any, str]] = [(row, "")]
+    while stack:
+        value, where = stack.pop()
+        if isinstance(value, str):
+            if (m := _SURROGATE.search(value)) is not None:
+                code = f"\\u{ord(m.group(0)):04x}"
+                raise _LineProblem(f"{where or 'a value'} holds a lone surrogate {code} at character "
+                                   f"{m.start()} (not valid Unicode)")
+        elif isinstance(value, dict):
+            for key, item in value.items():
+                if _SURROGATE.search(key):
+                    raise _LineProblem("an object key holds a lone surrogate (not valid Unicode)")
+                stack.append((item, f"{where}.{key}" if where else key))
+        elif isinstance(value, list):
+            stack.extend((item, f"{where}[{n}]") for n, item in enumerate(value))
 
 
 def _normalise_content(content: Any, where: str) -> str:
@@ -147,6 +188,7 @@ def parse_line(raw: bytes, index: int, dataset_format: str = "auto") -> DatasetR
             raise _LineProblem(f"not JSON: {exc.msg} at column {exc.colno}") from None
         if not isinstance(row, dict):
             raise _LineProblem(f"a line must be a JSON object, not {type(row).__name__}")
+        _check_strings(row)
         if dataset_format == "auto":
             for fmt, key in _FORMAT_KEYS.items():
                 if key in row:
@@ -164,7 +206,11 @@ def parse_line(raw: bytes, index: int, dataset_format: str = "auto") -> DatasetR
     except UnicodeDecodeError as exc:
         return DatasetLineError(index, line, f"not UTF-8: {exc.reason} at byte {exc.start}")
     except _LineProblem as exc:
-        return DatasetLineError(index, line, str(exc))
+        return DatasetLineError(index, line, cut_reason(str(exc)))
+    except RecursionError:
+        return DatasetLineError(index, line, "nested too deeply to parse (JSON nesting beyond Python's limit)")
+    except Exception as exc:  # noqa: BLE001 - any line that cannot be parsed is a bad line, never a stop
+        return DatasetLineError(index, line, cut_reason(f"cannot parse: {type(exc).__name__}: {exc}"))
 
 
 def iter_dataset(path: Path, dataset_format: str = "auto", skip: frozenset[int] | set[int] = frozenset(),
@@ -174,7 +220,7 @@ def iter_dataset(path: Path, dataset_format: str = "auto", skip: frozenset[int] 
     ``limit`` counts non-blank lines, so a job with ``num_samples`` sees the same lines on every resume.
     """
     seen = 0
-    with open(path, "rb") as fh:
+    with open_regular(path, "dataset") as fh:
         for index, raw in enumerate(fh):
             raw = raw.rstrip(b"\r\n")
             if not raw.strip():
@@ -190,7 +236,7 @@ def iter_dataset(path: Path, dataset_format: str = "auto", skip: frozenset[int] 
 def count_lines(path: Path, limit: int | None = None) -> int:
     """Non-blank lines (the job's total), without parsing them."""
     n = 0
-    with open(path, "rb") as fh:
+    with open_regular(path, "dataset") as fh:
         for raw in fh:
             if raw.strip():
                 n += 1
@@ -205,7 +251,7 @@ def dataset_fingerprint(path: Path) -> dict[str, Any]:
 
     digest = hashlib.sha256()
     size = 0
-    with open(path, "rb") as fh:
+    with open_regular(path, "dataset") as fh:
         while chunk := fh.read(1 << 20):
             digest.update(chunk)
             size += len(chunk)

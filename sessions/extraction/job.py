@@ -19,6 +19,7 @@ import subprocess
 import sys
 import threading
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -80,7 +81,6 @@ def write_spec_copy(spec: JobSpec, path: Path) -> None:
 
 def resolve_spec(spec: JobSpec, home: Home) -> JobSpec:
     """Fill server_url, capture_dir, rid_prefix and model_path from ``session`` (the spec's own values win)."""
-    from dataclasses import replace
 
     if not spec.session:
         return replace(spec, rid_prefix=spec.rid_prefix or DEFAULT_RID_PREFIX)
@@ -107,8 +107,12 @@ def resolve_spec(spec: JobSpec, home: Home) -> JobSpec:
         from sessions.capture.toggle import capture_dir as profile_capture_dir
 
         capture_dir = Path(profile_capture_dir(profile))  # the profile's, or the default the launch used
+    python = spec.python
+    if python is None and not _is_this_python(profile.server.python):
+        python = Path(profile.server.python)  # the server's interpreter: it has torch on a GPU host
     return replace(
         spec,
+        python=python,
         server_url=f"http://{host}:{port}",
         capture_dir=Path(capture_dir),
         rid_prefix=spec.rid_prefix or capture.rid_prefix or DEFAULT_RID_PREFIX,
@@ -147,11 +151,12 @@ def create_job(spec_path: Path | str, home: Home | None = None) -> tuple[str, Pa
     problems = check_paths(spec)
     if problems:
         raise JobError(f"{spec_path}: " + "; ".join(str(p) for p in problems), code=2)
-    resolve_spec(spec, home)  # a named session must exist and have capture on
+    resolved = resolve_spec(spec, home)  # a named session must exist and have capture on
+    check_job_python(job_python(resolved))
     _preflight_output_dir(spec)
     job_id = new_job_id(spec.name)
     path = ensure_private_dir(home.jobs_dir / job_id)
-    write_spec_copy(spec, path / SPEC_FILE)
+    write_spec_copy(replace(spec, python=resolved.python), path / SPEC_FILE)
     atomic_write_json(path / JOB_FILE, {"job_id": job_id, "created_at": time.time(),
                                          "spec_source": str(spec.source_path), "home_demo": home.demo})
     _write_progress(path, job_id=job_id, name=spec.name, state="starting", output_dir=str(spec.output_dir),
@@ -159,17 +164,81 @@ def create_job(spec_path: Path | str, home: Home | None = None) -> tuple[str, Pa
     return job_id, path
 
 
+# What the job process imports besides our own `sessions` package (torch only once it collects).
+JOB_MODULES = ("torch", "transformers", "safetensors", "tokenizers", "jinja2", "httpx", "psutil")
+
+
+def _is_this_python(python: str) -> bool:
+    # By path, not by realpath: every venv's python is a link to the same base interpreter.
+    return os.path.abspath(os.path.expanduser(python)) == os.path.abspath(sys.executable)
+
+
+def job_python(spec: JobSpec) -> str:
+    """The interpreter that runs the job: the spec's `python`, or the session profile's (see resolve_spec),
+    or this one."""
+    return str(spec.python) if spec.python is not None else sys.executable
+
+
+def check_job_python(python: str) -> None:
+    """Refuse a job whose interpreter lacks what extraction imports, naming the interpreter and the modules.
+
+    For this interpreter the check only looks the modules up; another one (SGLang's) is asked in a child
+    process, since its packages are not ours to import."""
+    if _is_this_python(python):
+        import importlib.util
+
+        missing = [m for m in JOB_MODULES if importlib.util.find_spec(m) is None]
+    else:
+        probe = ("import importlib.util, sys; "
+                 f"print(' '.join(m for m in {JOB_MODULES!r} if importlib.util.find_spec(m) is None))")
+        try:
+            done = subprocess.run([python, "-I", "-c", probe], capture_output=True, text=True, timeout=60,
+                                  stdin=subprocess.DEVNULL, check=False)
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            raise JobError(f"job.python: cannot run {python}: {exc}", code=2) from None
+        if done.returncode != 0:
+            raise JobError(f"job.python: {python} is not a working Python interpreter: "
+                           f"{(done.stderr.strip().splitlines() or ['exit ' + str(done.returncode)])[-1]}",
+                           code=2)
+        missing = done.stdout.split()
+    if missing:
+        raise JobError(
+            f"job.python: {python} cannot import {', '.join(missing)}, which extraction needs. Point the job "
+            "spec's `python` (or the session profile's server.python) at SGLang's interpreter, which has "
+            "them, or install eagle3-tui[extract] next to this one", code=2)
+
+
+def _job_pythonpath(python: str, home_state: Path) -> str:
+    """PYTHONPATH entry that makes our `sessions` package importable in the job's interpreter.
+
+    Under this interpreter it is the folder holding the package.  Under another one (SGLang's venv) it is a
+    private folder holding only a link to the package, so none of this venv's other packages (its textual,
+    httpx, ...) shadow the ones that interpreter has."""
+    package = Path(__file__).resolve().parents[1]
+    if _is_this_python(python):
+        return str(package.parent)
+    folder = ensure_private_dir(home_state / "job-pythonpath")
+    link = folder / package.name
+    if not (link.is_symlink() and os.readlink(link) == str(package)):
+        tmp = folder / f".{package.name}.{secrets.token_hex(4)}"
+        os.symlink(package, tmp)
+        os.replace(tmp, link)
+    return str(folder)
+
+
 def spawn(path: Path, resume: bool) -> int:
     """Start the job process detached; return its pid (also recorded in progress.json)."""
     import psutil
 
-    project_root = str(Path(__file__).resolve().parents[2])
+    spec = load_job_spec(path / SPEC_FILE)
+    python = job_python(spec)
     env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (project_root, env.get("PYTHONPATH", "")) if p)
+    entry = _job_pythonpath(python, path.parent.parent)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (entry, env.get("PYTHONPATH", "")) if p)
     env.setdefault("HF_HUB_OFFLINE", "1")  # local files only: a job never reaches a hub
     env.setdefault("TRANSFORMERS_OFFLINE", "1")
     env["PYTHONUNBUFFERED"] = "1"
-    argv = [sys.executable, "-m", "sessions.extraction.runner", "--job-dir", str(path)]
+    argv = [python, "-m", "sessions.extraction.runner", "--job-dir", str(path)]
     if resume:
         argv.append("--resume")
     atomic_write_json(path / CONTROL_FILE, {"pause": False, "cancel": False})
@@ -181,7 +250,7 @@ def spawn(path: Path, resume: bool) -> int:
     except psutil.NoSuchProcess:
         create_time = None
     _write_progress(path, pid=proc.pid, create_time=create_time, state="starting", reason=None,
-                    paused_by_user=False)
+                    paused_by_user=False, python=python)
     # Reap it when it ends, so a long-lived parent (the TUI) does not collect zombies; nothing waits on it.
     threading.Thread(target=proc.wait, name=f"reap-{path.name}", daemon=True).start()
     return proc.pid

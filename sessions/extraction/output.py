@@ -61,6 +61,13 @@ class ManifestEntry:
     checksum: str | None = None
     reason: str | None = None
 
+    def __post_init__(self) -> None:
+        # The one place every outcome passes: no reason, whatever raised it, is copied whole into a line.
+        if self.reason is not None:
+            from sessions.extraction.datasets import cut_reason
+
+            object.__setattr__(self, "reason", cut_reason(self.reason))
+
     def to_json(self) -> str:
         record = {k: v for k, v in asdict(self).items() if v is not None}
         return json.dumps(record, sort_keys=True)

@@ -56,6 +56,7 @@ class JobProgress:
     capture_fill: float | None = None
     paused_by_user: bool = False
     job_dir: str = ""
+    python: str | None = None  # the interpreter running the job
 
     @property
     def fraction(self) -> float:
@@ -98,7 +99,8 @@ def read_progress(job_dir: Path) -> JobProgress | None:
     if progress.state in LIVE_STATES and not process_alive(progress.pid, progress.create_time):
         from dataclasses import replace
 
-        progress = replace(progress, state="interrupted",
+        progress = replace(progress, state="interrupted", eta_s=None, samples_per_s=0.0, tokens_per_s=0.0,
+                           gb_per_s=0.0,
                            reason="the job process is gone (killed, or the machine restarted); "
                                   "`extract resume` continues it")
     return progress
@@ -115,24 +117,36 @@ def list_jobs(home: Home) -> list[JobProgress]:
 
 @dataclass
 class RateMeter:
-    """Rates over a sliding window of (time, samples, tokens, bytes) readings."""
+    """Rates over a sliding window of (time, samples, tokens, bytes) readings of this run only.
+
+    ``start`` sets the baseline when this run begins sending, so a resume's recorded samples never count
+    as this run's work.  The rates divide by the time up to now (not to the last reading): a batch of
+    outcomes recorded in one instant, or a job that stopped moving, never reads as absurd speed.  No
+    rate is given before ``MIN_SPAN_S`` of this run has passed.
+    """
 
     window_s: float = 15.0
     _points: deque = field(default_factory=deque)
+    MIN_SPAN_S = 1.0
+
+    def start(self, samples: int, tokens: int, nbytes: int, now: float | None = None) -> None:
+        self._points.clear()
+        self._points.append((time.monotonic() if now is None else now, samples, tokens, nbytes))
 
     def add(self, samples: int, tokens: int, nbytes: int, now: float | None = None) -> None:
         now = time.monotonic() if now is None else now
         self._points.append((now, samples, tokens, nbytes))
-        while len(self._points) > 2 and now - self._points[0][0] > self.window_s:
+        while len(self._points) > 2 and now - self._points[1][0] > self.window_s:
             self._points.popleft()
 
-    def rates(self) -> tuple[float, float, float]:
-        """(samples/s, tokens/s, bytes/s); zeros until two readings exist."""
+    def rates(self, now: float | None = None) -> tuple[float, float, float]:
+        """(samples/s, tokens/s, bytes/s); zeros until two readings and ``MIN_SPAN_S`` exist."""
         if len(self._points) < 2:
             return 0.0, 0.0, 0.0
+        now = time.monotonic() if now is None else now
         t0, s0, k0, b0 = self._points[0]
-        t1, s1, k1, b1 = self._points[-1]
-        span = t1 - t0
-        if span <= 0:
+        _t1, s1, k1, b1 = self._points[-1]
+        span = now - t0
+        if span < self.MIN_SPAN_S:
             return 0.0, 0.0, 0.0
         return (s1 - s0) / span, (k1 - k0) / span, (b1 - b0) / span

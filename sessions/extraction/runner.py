@@ -52,6 +52,10 @@ COMMIT_MAX_BATCH = 256
 PREFLIGHT_SAMPLE_LINES = 64
 CANCEL_GRACE_S = 20.0
 _OUT_OF_SPACE = (errno.ENOSPC, errno.EDQUOT)
+# A write that fails while the output filesystem has less than this (plus the write's own size) free is a
+# full disk, whatever it raised.
+LOW_SPACE_MARGIN_BYTES = 4 << 20
+OUTPUT_FULL_RETRY_S = 1.0
 
 
 class JobFailure(Exception):
@@ -132,6 +136,7 @@ class JobRun:
         self.pipeline_started_at: float | None = None
         self.done_at_pipeline_start = 0
         self._uncommitted: list[ManifestEntry] = []
+        self._unappended: list[ManifestEntry] = []  # non-ok outcomes waiting for room on the output disk
 
     # -- reporting ---------------------------------------------------------------------------------------
     def log(self, message: str) -> None:
@@ -146,7 +151,7 @@ class JobRun:
         remaining = max(0, self.total - self.done)
         state = self.state
         reason = self.reason
-        if state == "running" and self.pause_reasons:
+        if state in ("running", "starting") and self.pause_reasons:
             state = "paused"
             reason = "; ".join(self.pause_reasons.values())
         spec = self.spec
@@ -159,6 +164,7 @@ class JobRun:
             "name": spec.name if spec else "",
             "pid": os.getpid(),
             "create_time": _own_create_time(),
+            "python": str(spec.python) if spec and spec.python else sys.executable,
             "state": state,
             "reason": reason,
             "total": self.total,
@@ -173,7 +179,9 @@ class JobRun:
             "samples_per_s": round(samples_s, 3),
             "tokens_per_s": round(tokens_s, 1),
             "gb_per_s": round(bytes_s / 1e9, 4),
-            "eta_s": round(remaining / samples_s, 1) if samples_s > 0 and remaining else (0.0 if not remaining else None),
+            # An ETA only while it runs: a paused, cancelled or failed job has no arrival time.
+            "eta_s": (round(remaining / samples_s, 1) if samples_s > 0 and remaining else None)
+            if state == "running" else None,
             "output_dir": str(spec.output_dir) if spec else "",
             "dataset": str(spec.dataset) if spec else "",
             "server_url": spec.server_url if spec else None,
@@ -224,17 +232,17 @@ class JobRun:
             raise JobFailure(f"dataset {spec.dataset} changed since the job started (sha256 "
                              f"{known.get('sha256', '')[:12]}… → {fingerprint['sha256'][:12]}…); line numbers "
                              "would no longer name the same samples. Start a new job")
-        report = self.output.reconcile()
+        self.total = count_lines(spec.dataset, spec.num_samples)  # before any write: a paused start shows it
+        report = self._until_space("reconciling the output", self.output.reconcile)
         if report.redo_missing_files or report.removed_orphans or report.removed_tmp or report.retried_failed:
             self.log(f"reconciled output: {len(report.entries)} recorded, {report.redo_missing_files} to redo "
                      f"(file missing or short), {report.removed_orphans} unrecorded files and "
                      f"{report.removed_tmp} tmp files removed, {report.retried_failed} failed samples to retry")
         for entry in report.entries.values():
             self._count(entry, rate=False)
-        self.total = count_lines(spec.dataset, spec.num_samples)
         self.dims = read_model_dims(spec.model_path)
         self.renderer = self._load_renderer(spec)
-        self._write_dataset_json(complete=False)
+        self._until_space("writing dataset.json", lambda: self._write_dataset_json(complete=False))
         self._clear_stale_dumps()
         records = iter_dataset(spec.dataset, spec.dataset_format, skip=set(report.entries),
                                limit=spec.num_samples)
@@ -274,6 +282,9 @@ class JobRun:
                 yield self.renderer.render(record)
             except RenderError as exc:
                 yield self._entry(record.index, record.line, exc.status, reason=str(exc))
+            except Exception as exc:  # noqa: BLE001 - a tokenizer or template error on one line: a bad line
+                yield self._entry(record.index, record.line, "error",
+                                  reason=f"cannot render: {type(exc).__name__}: {exc}")
 
     def _entry(self, index: int, line: int, status: str, **fields: Any) -> ManifestEntry:
         return ManifestEntry(index=index, line=line, sample_id=f"{self.job_id}-{index}", status=status, **fields)
@@ -383,17 +394,47 @@ class JobRun:
         if entry.status == "ok" and entry.path:
             self._uncommitted.append(entry)
             return
-        self.output.append(entry)
+        if self._unappended:  # keep the manifest in outcome order behind lines waiting for space
+            self._unappended.append(entry)
+            return
+        try:
+            self.output.append(entry)
+        except Exception as exc:
+            if not self._output_full(exc):
+                raise
+            self._pause_for_space(exc)
+            self._unappended.append(entry)  # the commit loop appends it once there is room
+            return
         self._count(entry)
 
     async def _commit(self) -> None:
         """Make the written samples durable with one flush, then append their manifest lines."""
         assert self.output is not None
+        while self._unappended:
+            entry = self._unappended[0]
+            try:
+                self.output.append(entry)
+            except Exception as exc:
+                if not self._output_full(exc):
+                    raise
+                self._pause_for_space(exc)
+                return
+            self._unappended.pop(0)
+            self._count(entry)
+            if not self._unappended:
+                self._space_again()
         while self._uncommitted:
             batch, self._uncommitted = self._uncommitted[:COMMIT_MAX_BATCH], self._uncommitted[COMMIT_MAX_BATCH:]
             try:
                 await asyncio.to_thread(self.output.commit, batch)
-            except OSError as exc:
+            except Exception as exc:
+                if self._output_full(exc) and not (self.cancel_requested or self.abort_reason):
+                    # Nothing of the batch is recorded yet: keep it, pause, and commit it once there is room.
+                    self._uncommitted = batch + self._uncommitted
+                    self._pause_for_space(exc)
+                    return
+                if not isinstance(exc, OSError):
+                    raise
                 # Nothing of the batch is recorded: their files are removed by the next reconcile and the
                 # samples written again by a resume.  Stop here rather than write into a failing disk.
                 if not self.abort_reason:
@@ -404,14 +445,25 @@ class JobRun:
                 return
             for entry in batch:
                 self._count(entry)
+            if not self._unappended:
+                self._space_again()
 
     async def _commit_loop(self, stop: asyncio.Event) -> None:
         # Stopped by the event, never cancelled: a cancel inside ``to_thread`` would record a batch
         # without counting it.
-        while not stop.is_set():
+        while not stop.is_set() or self._waiting_for_space():
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), COMMIT_INTERVAL_S)
+            if stop.is_set() and self._waiting_for_space():
+                self._read_control()  # a cancel while the disk is full ends the wait: a resume redoes them
+                self.write_progress()
+                await asyncio.sleep(OUTPUT_FULL_RETRY_S)
             await self._commit()
+
+    def _waiting_for_space(self) -> bool:
+        """Outcomes are held back by a full output disk and the job was not cancelled."""
+        return bool((self._uncommitted or self._unappended) and "output" in self.pause_reasons
+                    and not self.cancel_requested and not self.abort_reason)
 
     def _on_server_state(self, up: bool, reason: str | None) -> None:
         if up:
@@ -421,6 +473,31 @@ class JobRun:
             self.pause_reasons["server"] = reason or "server unreachable"
             self.log(f"paused: {reason}")
         self.write_progress()
+
+    async def _identity_problem(self) -> str | None:
+        """None when the server at the job's URL is the one the job started with (recorded on first
+        contact), else the pause reason naming what differs."""
+        from sessions.extraction.identity import (
+            IdentityUnavailable,
+            identity_differences,
+            mismatch_reason,
+            server_identity,
+        )
+
+        spec = self.spec
+        assert spec is not None and spec.server_url is not None
+        try:
+            found = await asyncio.to_thread(server_identity, spec.server_url)
+        except IdentityUnavailable as exc:
+            return f"server unreachable at {spec.server_url}: {exc}"
+        expected = self.meta.get("server_identity")
+        if not isinstance(expected, dict):
+            self.meta["server_identity"] = found
+            atomic_write_json(self.job_dir / JOB_FILE, self.meta)
+            self.log("server identity: " + ", ".join(f"{k} {v}" for k, v in found.items()))
+            return None
+        differences = identity_differences(expected, found)
+        return mismatch_reason(spec.server_url, differences) if differences else None
 
     def _read_control(self) -> None:
         control = read_json(self.job_dir / CONTROL_FILE, default={}) or {}
@@ -472,6 +549,7 @@ class JobRun:
             retry=RetryPolicy(spec.max_retries, spec.retry_backoff_s, spec.retry_backoff_max_s),
             request_timeout_s=spec.request_timeout_s, max_consecutive_failures=spec.max_consecutive_failures,
             server_down_timeout_s=spec.server_down_timeout_s, on_server_state=self._on_server_state,
+            identity_check=self._identity_problem,
         )
         self.gate = CaptureSpaceGate(spec.capture_dir, spec.capture_fill_threshold, spec.capture_budget_bytes)
         self.pool = ThreadPoolExecutor(max_workers=max(2, min(8, spec.concurrency)),
@@ -479,6 +557,10 @@ class JobRun:
         self.state = "running"
         self.pipeline_started_at = time.time()
         self.done_at_pipeline_start = self.done
+        self.rates.start(self.done, self.tokens, self.bytes)  # this run's own window, not the resumed past
+        problem = await self._identity_problem()
+        if problem is not None:
+            self.client.hold(problem)  # a resume against another server waits: nothing is sent to it
         reporter = loop.create_task(self._report_loop())
         commit_stop = asyncio.Event()
         committer = loop.create_task(self._commit_loop(commit_stop))
@@ -612,24 +694,78 @@ class JobRun:
                            supervised_tokens=sum(sample.loss_mask), path=rel, bytes=size, checksum=checksum)
 
     def _write_until_space(self, index: int, data: dict[str, Any]) -> tuple[str, int, str]:
-        """Write the sample; when the output filesystem is full, pause (no crash) and retry."""
+        """Write the sample; when the output filesystem is full, pause (no crash, no failed sample) and retry.
+
+        Full is judged by the filesystem, not by the exception: ``torch.save`` into a full disk raises
+        ``RuntimeError: ... unexpected pos ...``, not ``OSError(ENOSPC)``.
+        """
         assert self.output is not None
+        needed = sum(getattr(t, "nbytes", 0) for t in data.values())
         while True:
             try:
                 result = self.output.write_sample(index, data)
-                if "output" in self.pause_reasons:
-                    self.pause_reasons.pop("output", None)
-                    self.log("output filesystem has space again; continuing")
-                return result
-            except OSError as exc:
-                if exc.errno not in _OUT_OF_SPACE:
+            except Exception as exc:
+                if not self._output_full(exc, needed):
                     raise
                 if self.cancel_requested or self.abort_reason:
                     raise AttemptFailed("output filesystem full at cancel", retryable=False) from None
-                if "output" not in self.pause_reasons:
-                    self.pause_reasons["output"] = f"output filesystem full at {self.output.root}: {exc.strerror}"
-                    self.log(f"paused: {self.pause_reasons['output']}")
-                time.sleep(2.0)
+                self._pause_for_space(exc)
+                time.sleep(OUTPUT_FULL_RETRY_S)
+                continue
+            self._space_again()
+            return result
+
+    def _output_full(self, exc: BaseException, needed: int = 0) -> bool:
+        """The write failed because the output filesystem is (nearly) full, whatever ``exc``'s type."""
+        seen: BaseException | None = exc
+        while seen is not None:  # ENOSPC anywhere in the chain (a wrapped OSError)
+            if isinstance(seen, OSError) and seen.errno in _OUT_OF_SPACE:
+                return True
+            seen = seen.__cause__ or seen.__context__
+        root = self._output_root()
+        if root is None:
+            return False
+        try:
+            free = shutil.disk_usage(root).free
+        except OSError:
+            return False
+        return free < needed + LOW_SPACE_MARGIN_BYTES
+
+    def _output_root(self) -> Path | None:
+        if self.output is not None:
+            return self.output.root
+        return self.spec.output_dir if self.spec is not None else None
+
+    def _pause_for_space(self, exc: BaseException) -> None:
+        if "output" not in self.pause_reasons:
+            root = self._output_root()
+            try:
+                free = f"{shutil.disk_usage(root).free / 1e6:.1f} MB free" if root else "free space unknown"
+            except OSError:
+                free = "free space unknown"
+            detail = getattr(exc, "strerror", None) or f"{type(exc).__name__}: {str(exc)[:240]}"
+            self.pause_reasons["output"] = (f"output filesystem full at {root} ({free}; {detail}); "
+                                            "continues when there is room")
+            self.log(f"paused: {self.pause_reasons['output']}")
+
+    def _space_again(self) -> None:
+        if self.pause_reasons.pop("output", None) is not None:
+            self.log("output filesystem has space again; continuing")
+
+    def _until_space(self, what: str, action: Any) -> Any:
+        """Run a start-up or end-of-job write, pausing (progress says why) while the output disk is full."""
+        while True:
+            try:
+                result = action()
+            except Exception as exc:
+                if not self._output_full(exc) or self.cancel_requested:
+                    raise
+                self._pause_for_space(exc)
+                self.write_progress()
+                time.sleep(OUTPUT_FULL_RETRY_S)
+                continue
+            self._space_again()
+            return result
 
     # -- the end -----------------------------------------------------------------------------------------
     def finish(self) -> None:
@@ -653,7 +789,7 @@ class JobRun:
                 self.state = "failed"
                 self.reason = (f"{self.total - self.done} lines have no outcome; `extract resume` retries them")
         self.pause_reasons.clear()
-        self._write_dataset_json(complete=self.state == "done")
+        self._until_space("writing dataset.json", lambda: self._write_dataset_json(complete=self.state == "done"))
         self.log(f"{self.state}: {self.counts['ok']} samples written, {self.counts['skipped']} skipped, "
                  f"{self.counts['error']} bad lines, {self.counts['failed']} failed"
                  + (f" ({self.reason})" if self.reason else ""))

@@ -53,6 +53,9 @@ class JobSpec:
     output_dir: Path
     server_url: str | None = None
     session: str | None = None
+    # The interpreter that runs the job (it needs torch): by default the session profile's `python`, which
+    # on a GPU host is SGLang's own, so one torch serves the server, the capture plugin and the job.
+    python: Path | None = None
     model_path: Path | None = None
     capture_dir: Path | None = None
     rid_prefix: str | None = None
@@ -149,6 +152,7 @@ _FIELDS: dict[str, _Field] = {
     "name": _Field("name", "str", _name),
     "server_url": _Field("server_url", "str", _url),
     "session": _Field("session", "str", _session_id),
+    "python": _Field("python", "path"),
     "dataset": _Field("dataset", "path"),
     "dataset_format": _Field("dataset_format", "choice", choices=DATASET_FORMATS),
     "output_dir": _Field("output_dir", "path"),
@@ -291,17 +295,25 @@ def _similar(a: str, b: str) -> bool:
 
 def load_job_spec(path: Path | str) -> JobSpec:
     """Read a spec file; raises ``JobSpecError`` (problems name key and line) or ``OSError``."""
+    from sessions.safe_files import read_regular_text
+
     path = Path(path).expanduser()
-    text = path.read_text(encoding="utf-8")
+    text = read_regular_text(path, "job spec")  # a FIFO or device is refused at once (SpecialFileError)
     spec = parse_job_spec(text, source=str(path), base_dir=path.parent.resolve())
     return replace(spec, source_path=path.resolve())
 
 
 def check_paths(spec: JobSpec) -> list[SpecProblem]:
     """What exists on disk: the dataset file, the model dir (tokenizer), and an output dir we may use."""
+    from sessions.safe_files import SpecialFileError, check_regular
+
     problems: list[SpecProblem] = []
-    if not spec.dataset.is_file():
-        problems.append(SpecProblem("job.dataset", f"{spec.dataset} is not a file"))
+    try:
+        check_regular(spec.dataset, "dataset")
+    except SpecialFileError as exc:
+        problems.append(SpecProblem("job.dataset", exc.strerror))
+    except OSError as exc:
+        problems.append(SpecProblem("job.dataset", f"{spec.dataset} cannot be read: {exc.strerror or exc}"))
     if spec.model_path is not None and not (spec.model_path / "config.json").is_file():
         problems.append(SpecProblem("job.model_path", f"{spec.model_path} has no config.json"))
     out = spec.output_dir

@@ -1,14 +1,15 @@
 """A server log as the UI reads it: the tail first, any window of lines on demand, new lines as they come.
 
 toolong's way (STYLE.md): the file is never loaded.  An index of newline counts per 256 KiB block is
-built with C-speed ``bytes.count`` over ``os.pread`` chunks, lazily or in the background; line text is
-read with ``os.pread`` and kept in a bounded LRU.  Opening a 2 GB log reads only its end: the tail is
+built with C-speed ``bytes.count`` over ``os.pread`` chunks, lazily or in a background thread; line text
+is read with ``os.pread`` and kept in a bounded LRU.  Opening a 2 GB log reads only its end: the tail is
 found by scanning backwards for newlines, and line numbers appear once the index has counted that far.
 
 What toolong lacks is here too: ``poll()`` notices truncation (size below the read offset, or the byte
 before it no longer a newline) and rotation (another inode at the path: the old file is drained first),
-and says so.  Display text has ANSI codes stripped and ``\\r`` updates collapsed to the last state of the
-bar.  Filters match a substring, a regex and/or a TP rank (continuation lines keep their rank).
+and says so.  Every line is cleaned and ranked by `sessions.logs.lines` (a line read out of order takes
+the rank of the lines before it), and filtered by `sessions.logs.filter.LogFilter`.  The file is opened
+by `sessions.logs.source.open_log`: a FIFO, a device, a directory or a socket is an error at once.
 
 All public methods take one lock, so a worker thread may poll while another builds the index.
 """
@@ -16,7 +17,6 @@ from __future__ import annotations
 
 import os
 import re
-import stat
 import threading
 from array import array
 from bisect import bisect_left
@@ -26,27 +26,26 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Self
 
-from sessions.phases import ANSI_RE, PREFIX_RE, RANK_TOKEN_RE, collapse_cr
+from sessions.logs.filter import LogFilter
+from sessions.logs.lines import INHERIT, LogLine, clean, own_rank, rank_from_context
+from sessions.logs.source import open_log
 
 BLOCK_BYTES = 256 * 1024  # index granularity: one newline count per block
 INDEX_STEP_BYTES = 16 << 20  # bytes counted per index step (the lock is held that long, ~10 ms)
+BACKGROUND_STEP_BYTES = 4 << 20  # the background count's step, then a pause that yields the GIL
+BACKGROUND_PAUSE_S = 0.001
 ROTATION_DRAIN_BYTES = 256 << 20  # what is read of a rotated-away file before switching
 POLL_MAX_BYTES = 8 << 20  # per poll; `PollResult.more` says when more is waiting (back-pressure)
 TAIL_SCAN_BYTES = 1 << 20
 LINE_HEAD_BYTES = 32 * 1024  # a longer line is shown as head … tail
 LINE_TAIL_BYTES = 8 * 1024
 CACHE_MAX_CHARS = 16 << 20  # the LRU of decoded lines holds at most this much text
+CONTEXT_BYTES = 64 * 1024  # read back this far for the rank a continuation line inherits
 _MARK = " \u2026 ".encode()
-
-
-@dataclass(frozen=True, slots=True)
-class LogLine:
-    """One line of the log. ``number`` is 1-based, or None while the index has not counted that far."""
-
-    number: int | None
-    text: str  # what a terminal would show: ANSI stripped, ``\r`` updates collapsed
-    raw: str  # the decoded line as written (ANSI, ``\r`` kept; a huge line is cut to head … tail)
-    offset: int  # byte offset of the line's start
+# Chunks where a plain substring found in the bytes is also where it is in the shown text (no escapes,
+# tabs or control characters that cleaning would change): only the lines holding it are decoded.
+_CLEANING_BYTES_RE = re.compile(rb"[\x00-\x08\x0b-\x1f\x7f]")
+_UNKNOWN = object()
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,43 +64,15 @@ class PollResult:
         return self.lines
 
 
-def display_text(raw: str) -> str:
-    """The line as a terminal shows it: last ``\\r`` state of a bar, no ANSI escapes."""
-    if "\r" in raw:
-        raw = collapse_cr(raw)
-    if "\x1b" in raw:
-        raw = ANSI_RE.sub("", raw)
-    return raw
-
-
 def _cut(data: bytes) -> bytes:
     if len(data) <= LINE_HEAD_BYTES + LINE_TAIL_BYTES + len(_MARK):
         return data
     return data[:LINE_HEAD_BYTES] + _MARK + data[-LINE_TAIL_BYTES:]
 
 
-def _make_line(number: int | None, data: bytes, offset: int) -> LogLine:
+def _decode(data: bytes) -> str:
     raw = _cut(data).decode("utf-8", "replace")
-    if raw.endswith("\r"):
-        raw = raw.rstrip("\r")
-    return LogLine(number, display_text(raw), raw, offset)
-
-
-def line_rank(text: str) -> int | None:
-    """The TP number in an SGLang line's ``[... TPn]`` prefix (0 when it has ranks but no TP), else None."""
-    m = PREFIX_RE.match(text)
-    if m is None or not m.group("ranks"):
-        return None
-    tokens = dict(RANK_TOKEN_RE.findall(m.group("ranks")))
-    return int(tokens.get("TP", 0))
-
-
-def _is_continuation(text: str) -> bool:
-    """A traceback or multi-line message line: it belongs to the rank of the line before it."""
-    return text[:1].isspace() or text.startswith(("Traceback", "During handling", "The above exception")) or (
-        bool(text) and text.split(":", 1)[0].replace(".", "").replace("_", "").isalnum()
-        and ":" in text and " " not in text.split(":", 1)[0]
-    )
+    return raw.rstrip("\r") if raw.endswith("\r") else raw
 
 
 class LogFile:
@@ -141,22 +112,42 @@ class LogFile:
         self._pending_cut = False
         self._cache: OrderedDict[int, LogLine] = OrderedDict()
         self._cache_chars = 0
+        self._rank: object = None  # rank of the last line poll() delivered (None at the file's start)
+
+    def _context_rank(self, offset: int) -> int | None:
+        """The rank a continuation line at ``offset`` inherits, read back from the lines before it."""
+        if self._fd is None or offset <= 0:
+            return None
+        start = max(0, offset - CONTEXT_BYTES)
+        parts = os.pread(self._fd, offset - start, start).split(b"\n")
+        if parts and parts[-1] == b"":
+            parts.pop()
+        if start > 0 and parts:
+            parts = parts[1:]  # cut in the middle
+        return rank_from_context([clean(_decode(p)) for p in parts])
+
+    def _line(self, number: int | None, data: bytes, offset: int, previous: object = _UNKNOWN) -> LogLine:
+        """A cleaned, ranked line; ``previous`` is the rank of the line before it, when the reader knows it."""
+        raw = _decode(data)
+        text = clean(raw)
+        rank = own_rank(text)
+        if rank == INHERIT:
+            rank = self._context_rank(offset) if previous is _UNKNOWN else previous  # type: ignore[assignment]
+        return LogLine(number, raw, text, rank, offset)
 
     def _open_if_there(self, from_start: bool = False) -> bool:
         try:
-            fd = os.open(self.path, os.O_RDONLY)
-        except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
+            fd = open_log(self.path)  # a FIFO, device, directory or socket: LogFileError, at once
+        except (FileNotFoundError, NotADirectoryError):
             return False
         st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            os.close(fd)
-            return False
         self._fd = fd
         self._identity = (st.st_dev, st.st_ino)
         self._reset_state()
         if self._follow_from == "end" and not from_start:
             self._follow_offset = self._read_to = self._last_newline_end(st.st_size)
             self._next_number = None if self._follow_offset else 1
+            self._rank = _UNKNOWN if self._follow_offset else None
         return True
 
     def close(self) -> None:
@@ -179,6 +170,12 @@ class LogFile:
     def size_bytes(self) -> int:
         with self._lock:
             return os.fstat(self._fd).st_size if self._fd is not None else 0
+
+    @property
+    def delivered_offset(self) -> int:
+        """``poll()`` has delivered every complete line before this byte offset (at open: where it starts)."""
+        with self._lock:
+            return self._follow_offset
 
     # -- the index -------------------------------------------------------------------------------------
 
@@ -217,10 +214,12 @@ class LogFile:
         def run() -> None:
             while not self._stop_index.is_set():
                 try:
-                    if self.index_step():
+                    if self.index_step(BACKGROUND_STEP_BYTES):
                         return
                 except OSError:
                     return
+                # Let go of the GIL between steps, so the UI thread next to the count gets it at once.
+                self._stop_index.wait(BACKGROUND_PAUSE_S)
 
         self._index_thread = threading.Thread(target=run, name=f"log-index:{self.path.name}", daemon=True)
         self._index_thread.start()
@@ -260,6 +259,11 @@ class LogFile:
         if offset == start:
             return self._cum[block]
         return self._cum[block] + os.pread(self._fd, offset - start, start).count(b"\n")
+
+    def line_number_at(self, offset: int) -> int | None:
+        """How many lines come before byte ``offset`` (a line start), once the index has counted that far."""
+        with self._lock:
+            return self._newlines_before(offset)
 
     def _ensure_indexed_newlines(self, k: int) -> bool:
         """Index until at least ``k`` newlines are counted (or the end); True if there are that many."""
@@ -345,12 +349,14 @@ class LogFile:
                 return out
             start = self._line_start(number)
             size = os.fstat(self._fd).st_size
+            previous: object = out[-1].rank if out else _UNKNOWN
             while start is not None and start < size and number < first + count:
                 data, after, terminated = self._read_line_at(start, size)
-                line = _make_line(number, data, start)
+                line = self._line(number, data, start, previous)
                 if terminated:  # an unterminated last line may still grow: not cached
                     self._remember(line)
                 out.append(line)
+                previous = line.rank
                 number += 1
                 start = after
             return out
@@ -398,11 +404,13 @@ class LogFile:
             before = self._newlines_before(starts[0])
             size = os.fstat(self._fd).st_size
             out: list[LogLine] = []
+            previous: object = _UNKNOWN
             for i, start in enumerate(starts):
                 data, _, _ = self._read_line_at(start, size)
-                line = _make_line(before + 1 + i if before is not None else None, data, start)
+                line = self._line(before + 1 + i if before is not None else None, data, start, previous)
                 self._remember(line)
                 out.append(line)
+                previous = line.rank
             return out
 
     # -- following -------------------------------------------------------------------------------------
@@ -482,7 +490,7 @@ class LogFile:
             pos = first_nl + 1
         while pos <= last_nl:
             nl = data.find(b"\n", pos)
-            out.append(_make_line(self._take_number(), data[pos:nl], start + pos))
+            out.append(self._delivered(self._line(self._take_number(), data[pos:nl], start + pos, self._rank)))
             pos = nl + 1
         if last_nl >= 0:
             self._follow_offset = start + last_nl + 1
@@ -492,6 +500,10 @@ class LogFile:
         if index_caught_up:
             self.index_step(read_to - self._indexed_to)
         return out, read_to < size
+
+    def _delivered(self, line: LogLine) -> LogLine:
+        self._rank = line.rank
+        return line
 
     def _take_number(self) -> int | None:
         number = self._next_number
@@ -512,7 +524,7 @@ class LogFile:
         return data
 
     def _pending_as_line(self) -> LogLine:
-        line = _make_line(self._take_number(), self._pending_bytes(), self._follow_offset)
+        line = self._delivered(self._line(self._take_number(), self._pending_bytes(), self._follow_offset, self._rank))
         self._pending = bytearray()
         self._pending_cut = False
         return line
@@ -520,7 +532,7 @@ class LogFile:
     def _partial_text(self) -> str | None:
         if not self._pending:
             return None
-        return display_text(_cut(self._pending_bytes()).decode("utf-8", "replace")) or None
+        return clean(_decode(self._pending_bytes())) or None
 
     def partial_line(self) -> str | None:
         """The unterminated last line as shown (a tqdm bar being drawn), as of the last ``poll``."""
@@ -530,23 +542,15 @@ class LogFile:
     # -- filtering -------------------------------------------------------------------------------------
 
     def iter_filtered(
-        self,
-        pattern: str | None = None,
-        *,
-        regex: bool = False,
-        ignore_case: bool = False,
-        rank: int | None = None,
-        start_line: int = 1,
-        chunk_bytes: int = 4 << 20,
+        self, log_filter: LogFilter | None = None, *, start_line: int = 1, chunk_bytes: int = 4 << 20
     ) -> Iterator[LogLine]:
-        """Every complete line from ``start_line`` whose shown text contains ``pattern`` (a substring,
-        or a regex with ``regex=True``) and whose TP rank is ``rank`` (lines of a traceback keep the rank
-        of the line that started it; tqdm bars belong to TP0).  Numbers are exact (counted here).
-
-        Streams the file with bounded memory; the lock is held per chunk, so polls interleave.
-        """
-        matcher = self._matcher(pattern, regex, ignore_case)
-        needle = pattern.encode() if (pattern and not regex and not ignore_case and rank is None) else None
+        """Every complete line from ``start_line`` that ``log_filter`` keeps (all of them without one),
+        with exact numbers (counted here) and ranks.  Streams the file with bounded memory; the lock is
+        held per chunk, so polls interleave."""
+        if log_filter is not None and not log_filter.active:
+            log_filter = None
+        literal = log_filter.literal if log_filter is not None and log_filter.rank is None else None
+        needle = literal.lower().encode() if literal is not None and literal.isascii() else None
         with self._lock:
             if self._fd is None:
                 return
@@ -554,7 +558,7 @@ class LogFile:
         if offset is None:
             return
         number = start_line
-        state = {"rank": None}
+        previous: object = _UNKNOWN
         while True:
             with self._lock:
                 if self._fd is None:
@@ -568,62 +572,44 @@ class LogFile:
                     one, after, terminated = self._read_line_at(offset, size)
                     if not terminated:
                         return
-                    line = _make_line(number, one, offset)
-                    if self._keep(line, matcher, rank, state):
+                    line = self._line(number, one, offset, previous)
+                    previous = line.rank
+                    if log_filter is None or log_filter.matches(line):
                         yield line
                     offset, number = after, number + 1
                     continue
-            if needle is not None and b"\x1b" not in data:
-                yield from self._substring_scan(data, last_nl, offset, number, needle, matcher)
+            if needle is not None and _CLEANING_BYTES_RE.search(data, 0, last_nl) is None:
+                assert log_filter is not None
+                yield from self._substring_scan(data, last_nl, offset, number, needle, log_filter)
+                previous = _UNKNOWN
             else:
                 pos, n = 0, number
                 while pos <= last_nl:
                     nl = data.find(b"\n", pos)
-                    line = _make_line(n, data[pos:nl], offset + pos)
-                    if self._keep(line, matcher, rank, state):
+                    line = self._line(n, data[pos:nl], offset + pos, previous)
+                    previous = line.rank
+                    if log_filter is None or log_filter.matches(line):
                         yield line
                     pos, n = nl + 1, n + 1
             number += data.count(b"\n", 0, last_nl + 1)
             offset += last_nl + 1
 
-    @staticmethod
-    def _keep(line: LogLine, matcher, rank: int | None, state: dict) -> bool:
-        if rank is not None:
-            own = line_rank(line.text)
-            if own is not None:
-                state["rank"] = own
-            elif _is_continuation(line.text):
-                own = state["rank"]
-            elif "%|" in line.text or "% Completed" in line.text:
-                own = 0  # tqdm bars are drawn by TP0 only (sglang-facts §1.5)
-            if own != rank:
-                return False
-        return matcher is None or matcher(line.text)
-
-    @staticmethod
-    def _matcher(pattern: str | None, regex: bool, ignore_case: bool):
-        if not pattern:
-            return None
-        if regex:
-            compiled = re.compile(pattern, re.IGNORECASE if ignore_case else 0)
-            return lambda text: compiled.search(text) is not None
-        if ignore_case:
-            folded = pattern.casefold()
-            return lambda text: folded in text.casefold()
-        return lambda text: pattern in text
-
-    @staticmethod
-    def _substring_scan(data: bytes, last_nl: int, offset: int, number: int, needle: bytes, matcher) -> Iterator[LogLine]:
-        """Jump from one occurrence of ``needle`` to the next; only those lines are decoded."""
+    def _substring_scan(
+        self, data: bytes, last_nl: int, offset: int, number: int, needle: bytes, log_filter: LogFilter
+    ) -> Iterator[LogLine]:
+        """Jump from one occurrence of ``needle`` (ASCII, lower case) to the next in the lower-cased
+        chunk; only those lines are decoded, and the filter has the last word on each."""
+        folded = data.lower()
         counted_to = 0
         n = number
-        pos = data.find(needle, 0, last_nl + 1)
+        pos = folded.find(needle, 0, last_nl + 1)
         while pos >= 0:
             line_start = data.rfind(b"\n", 0, pos) + 1
             line_end = data.find(b"\n", pos)
             n += data.count(b"\n", counted_to, line_start)
             counted_to = line_start
-            line = _make_line(n, data[line_start:line_end], offset + line_start)
-            if matcher(line.text):
+            with self._lock:
+                line = self._line(n, data[line_start:line_end], offset + line_start)
+            if log_filter.matches(line):
                 yield line
-            pos = data.find(needle, line_end + 1, last_nl + 1)
+            pos = folded.find(needle, line_end + 1, last_nl + 1)
