@@ -314,6 +314,9 @@ def run_tui(demo: bool = False) -> int:
     app = Eagle3App(resolved, demo=demo)
     app.run()
     message = exit_message(app)
-    if message:
-        print(message, file=sys.stderr)
+    if message and not app.hangup_received:  # after a hangup nobody is there to read it (and EIO)
+        try:
+            print(message, file=sys.stderr)
+        except OSError:
+            pass
     return app.return_code or 0
