@@ -233,9 +233,15 @@ class LaunchProfile:
         return _line_of(self.key_lines, dotted_key)
 
     def to_toml(self) -> str:
-        """The profile as TOML (loads back to an equal profile).  Comments of the source are not kept."""
+        """The profile as a new TOML file (loads back to an equal profile); `save_profile` edits an existing
+        file in place instead (`sessions.profile_toml`), keeping its comments."""
         import tomli_w
 
+        header = f"# eagle3-tui launch profile '{self.name}'\n"
+        return header + tomli_w.dumps(self.to_doc())
+
+    def to_doc(self) -> dict[str, Any]:
+        """The profile as TOML tables: section -> key -> value, only what the file needs to hold."""
         doc: dict[str, Any] = {}
         for section in SECTIONS:
             if section == "emulator" and self.server.launcher != "emulator" and not self._touched(section):
@@ -243,8 +249,7 @@ class LaunchProfile:
             values = self._section_doc(section)
             if values:
                 doc[section] = values
-        header = f"# eagle3-tui launch profile '{self.name}'\n"
-        return header + tomli_w.dumps(doc)
+        return doc
 
     def _touched(self, section: str) -> bool:
         current, default = getattr(self, section), _SECTION_TYPES[section]()
@@ -449,8 +454,32 @@ def save_profile(profile: LaunchProfile, path: str | Path | None = None, home: H
         target = (home or resolve_home()).ensure().profiles_dir / f"{profile.name}.toml"
     if not target.parent.exists():
         ensure_private_dir(target.parent)
-    atomic_write_text(target, profile.to_toml(), mode=0o600)
+    atomic_write_text(target, _profile_text(profile, target), mode=0o600)
     return target
+
+
+def _profile_text(profile: LaunchProfile, target: Path) -> str:
+    """The file's new text: its old text with the changed values edited in (comments and layout kept),
+    or a new file when there is none or it is not TOML."""
+    from sessions.profile_toml import updated_toml
+
+    try:
+        original = target.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError):
+        return profile.to_toml()
+    edited = updated_toml(original, profile.to_doc(), tuple(SECTIONS))
+    if edited is None:
+        return profile.to_toml()
+    try:  # the edit must describe exactly this profile; otherwise write it anew
+        if _doc_equal(tomllib.loads(edited), profile.to_doc()):
+            return edited
+    except tomllib.TOMLDecodeError:
+        pass
+    return profile.to_toml()
+
+
+def _doc_equal(loaded: dict[str, Any], doc: dict[str, Any]) -> bool:
+    return {k: v for k, v in loaded.items() if v} == {k: v for k, v in doc.items() if v}
 
 
 def _toml_error(exc: tomllib.TOMLDecodeError) -> tuple[str, int | None]:
