@@ -36,6 +36,7 @@ from sessions.demo import (
     tiny_model_dir,
 )
 from sessions.home import Home, resolve_home
+from widgets.confirm_modal import ConfirmModal
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -239,9 +240,13 @@ def test_demo_user_launches_capture_sees_it_confirmed_runs_kills_resumes_and_ver
 
             # c toggles capture (off, then on again), saved in the profile.
             await pilot.press("c")
+            await wait_until(pilot, lambda: isinstance(app.screen, ConfirmModal), "the capture question")
+            await pilot.press("y")
             await wait_until(pilot, lambda: not load_profile(CAPTURE_PROFILE, demo_home).capture.enabled,
                              "capture turned off in the profile")
             await pilot.press("c")
+            await wait_until(pilot, lambda: isinstance(app.screen, ConfirmModal), "the capture question")
+            await pilot.press("y")
             await wait_until(pilot, lambda: load_profile(CAPTURE_PROFILE, demo_home).capture.enabled,
                              "capture turned on again")
 

@@ -304,15 +304,114 @@ def test_capture_key_toggles_the_profile_and_shows_the_capture_panel(make_emulat
         app, pilot = ui.app, ui.pilot
         assert not app.dashboard.query_one("#capture-slot").display
         await pilot.press("c")
+        await ui.question("the capture question")
+        await pilot.press("y")
         toggled = await ui.message(CaptureToggled, "toggled on")
         assert toggled[0].enabled and load_profile("emu", home).capture.enabled
         await ui.until(lambda: app.dashboard.query_one("#capture-slot").display, "the panel")
         await pilot.pause()
         assert "CAPTURE ON" in screen_text(app)
         await pilot.press("c")
+        await ui.question("the capture question again")
+        await pilot.press("y")
         await ui.until(lambda: any(not m.enabled for m in ui.posted(CaptureToggled)), "toggled off")
         assert not load_profile("emu", home).capture.enabled
         await ui.until(lambda: not app.dashboard.query_one("#capture-slot").display, "no panel")
+
+    drive(scenario)
+
+
+COMMENTED_PROFILE = """\
+# The team's emulator profile: keep these notes.
+[server]
+launcher = "emulator"   # no GPU in CI
+python = {python!r}
+model_path = {model!r}
+tp_size = 2
+host = "127.0.0.1"
+port = {port}
+radix_cache = true      # set on purpose; capture must drop it
+
+# watch settings
+[watch]
+stall_after_s = 300
+
+[emulator]
+time_scale = 0.003
+fault = "none"
+"""
+
+
+def _commented_profile(home, emulator_model_dir) -> Any:
+    import sys
+
+    from tests.conftest import get_free_port
+
+    path = home.profiles_dir / "emu.toml"
+    path.write_text(COMMENTED_PROFILE.format(python=sys.executable, model=str(emulator_model_dir),
+                                             port=get_free_port()))
+    return path
+
+
+def _modal_text(app: Eagle3App) -> str:
+    modal = app.screen
+    assert isinstance(modal, ConfirmModal)
+    return f"{modal.question}\n{modal.detail}"
+
+
+@pytest.mark.parametrize("answer", ["n", "escape"])
+def test_capture_question_names_the_flags_and_no_changes_nothing(home, emulator_model_dir, drive, answer):
+    from app.screens.dashboard import CaptureToggled
+
+    path = _commented_profile(home, emulator_model_dir)
+    before = path.read_bytes()
+
+    async def scenario(ui: Driven) -> None:
+        app, pilot = ui.app, ui.pilot
+        await pilot.press("c")
+        await ui.question("the capture question")
+        text = _modal_text(app)
+        assert "Turn capture on for emu?" in text
+        for flag in ("+ --enable-return-aux-hidden-states", "+ --speculative-algorithm EAGLE3",
+                     "+ --disable-radix-cache", "+ env EAGLE3_CAPTURE=", "+ env PYTHONPATH="):
+            assert flag in text, flag
+        assert "radix cache: on -> off" in text
+        assert "radix_cache = true is removed" in text
+        await ui.until(lambda: "--enable-return-aux-hidden-states" in screen_text(app), "the flags on screen")
+        await pilot.press(answer)
+        await ui.until(lambda: not isinstance(app.screen, ConfirmModal), "the question closed")
+        await pilot.pause()
+        assert not ui.posted(CaptureToggled)
+
+    drive(scenario, size=(80, 24))
+    assert path.read_bytes() == before
+
+
+def test_capture_question_yes_toggles_and_keeps_the_comments(home, emulator_model_dir, drive):
+    from app.screens.dashboard import CaptureToggled
+
+    path = _commented_profile(home, emulator_model_dir)
+
+    async def scenario(ui: Driven) -> None:
+        app, pilot = ui.app, ui.pilot
+        await pilot.press("c")
+        await ui.question("capture on?")
+        await pilot.press("y")
+        await ui.message(CaptureToggled, "toggled on")
+        text = path.read_text()
+        assert load_profile("emu", home).capture.enabled
+        for kept in ("# The team's emulator profile: keep these notes.", "# no GPU in CI", "# watch settings"):
+            assert kept in text, kept
+        assert "radix_cache" not in text  # the explicit true went with the toggle, as the question said
+        await pilot.press("c")
+        await ui.question("capture off?")
+        text_off = _modal_text(app)
+        assert "Turn capture off for emu?" in text_off
+        assert "- --enable-return-aux-hidden-states" in text_off and "- env EAGLE3_CAPTURE=" in text_off
+        await pilot.press("y")
+        await ui.until(lambda: any(not m.enabled for m in ui.posted(CaptureToggled)), "toggled off")
+        assert not load_profile("emu", home).capture.enabled
+        assert "# The team's emulator profile: keep these notes." in path.read_text()
 
     drive(scenario)
 

@@ -613,25 +613,67 @@ class DashboardScreen(Screen):
         self.app.push_screen(screen_class(self.feed.home, status.session_id if ready else None))
 
     def action_capture(self) -> None:
+        """c: show what toggling capture changes in the launch command, then ask y/N before saving."""
         name = self.selected_profile or self.query_one(ProfileList).highlighted_id
         if not name:
             self.notify("No profile selected.", severity="warning")
             return
-        toggle = self._optional("sessions.capture.toggle", "toggle_capture", "Capture")
-        if toggle is not None:
-            self.run_worker(
-                partial(self._toggle_capture, toggle, name),
-                name="capture-toggle",
-                group="action",
-                thread=True,
-                exit_on_error=False,
-            )
+        self.run_worker(
+            partial(self._capture_preview, name),
+            name="capture-preview",
+            group="action",
+            thread=True,
+            exit_on_error=False,
+        )
 
-    def _toggle_capture(self, toggle: Any, name: str) -> None:
+    def _capture_preview(self, name: str) -> None:
+        from sessions.capture.toggle import toggle_summary, toggled
+        from sessions.profiles import load_profile
+        from sessions.server import flag_diff
+
+        try:
+            profile = load_profile(name, self.feed.home)
+            new = toggled(profile)
+            lines = toggle_summary(profile, new)
+            diff = flag_diff(profile, new)  # builds both launch commands (off the UI thread)
+        except Exception as exc:  # noqa: BLE001 - ProfileError names the field
+            self.app.call_from_thread(self._report_failure, f"Capture toggle for {name} failed", exc)
+            return
+        self.app.call_from_thread(self._confirm_capture, name, bool(profile.capture.enabled), lines, diff)
+
+    def _confirm_capture(self, name: str, was_on: bool, lines: list[str], diff: list[str]) -> None:
+        flags = "\n".join(diff) if diff else "(none)"
+        detail = "\n".join(lines) + "\n\nLaunch command (+ added, - removed, ~ changed):\n" + flags
+        live = next(
+            (p.live_session for p in (self.last_snapshot.profiles if self.last_snapshot else ())
+             if p.name == name and p.live_session),
+            None,
+        )
+        if live:
+            detail += f"\n\n{live} keeps running as it is until restarted (r)."
+
+        def answered(yes: bool | None) -> None:
+            if yes:
+                self.run_worker(
+                    partial(self._toggle_capture, name, was_on),
+                    name="capture-toggle",
+                    group="action",
+                    thread=True,
+                    exit_on_error=False,
+                )
+
+        verb = "off" if was_on else "on"
+        self.app.push_screen(ConfirmModal(f"Turn capture {verb} for {name}?", detail), answered)
+
+    def _toggle_capture(self, name: str, was_on: bool) -> None:
+        from sessions.capture.toggle import toggle_capture
         from sessions.profiles import load_profile
 
         try:
-            profile = toggle(load_profile(name, self.feed.home), self.feed.home)
+            profile = load_profile(name, self.feed.home)
+            if bool(profile.capture.enabled) != was_on:  # edited elsewhere since the question: ask again
+                raise ValueError(f"{name}'s capture setting changed on disk meanwhile; nothing saved (press c)")
+            profile = toggle_capture(profile, self.feed.home)
         except Exception as exc:  # noqa: BLE001 - ProfileError names the field
             self.app.call_from_thread(self._report_failure, f"Capture toggle for {name} failed", exc)
             return

@@ -5,7 +5,8 @@
   sglang-facts §4.1) and the env that loads our plugin (``EAGLE3_CAPTURE`` + the generated PYTHONPATH dir).
   ``sessions.profiles.build_command`` calls it.
 * `capture_problems` — refusals with reasons (``validate_profile`` calls it).
-* `toggle_capture` — the TUI's ``c`` key: flip ``[capture] enabled`` and save.
+* `toggled`, `toggle_summary`, `toggle_capture` — the TUI's ``c`` key: what flipping ``[capture] enabled``
+  changes, then flip and save.
 * `capture_status` — a `CaptureStatus` snapshot for ``widgets.capture_panel.CapturePanel``.
 
 Nothing here imports torch or SGLang (the TUI imports this module).
@@ -368,20 +369,52 @@ def _disk_usage(directory: str) -> Any:
 
 
 # -- the toggle -----------------------------------------------------------------------------------------
-def toggle_capture(profile: LaunchProfile, home: Any = None) -> LaunchProfile:
-    """Flip ``[capture] enabled``, save the profile and return the saved copy.
+def toggled(profile: LaunchProfile) -> LaunchProfile:
+    """``profile`` with ``[capture] enabled`` flipped, not saved (the TUI shows the diff before saving).
 
     Turning capture on also drops an explicit ``radix_cache = true`` back to the default (which is the
     same value): capture disables the radix cache itself, and an explicit true would be refused.
     """
-    from sessions.profiles import save_profile
-
     enable = not profile.capture.enabled
     changed = profile.with_changes(capture={"enabled": enable})
     if enable and changed.server.radix_cache and changed.is_explicit("server.radix_cache"):
         changed = dataclasses.replace(changed, explicit_keys=changed.explicit_keys - {"server.radix_cache"})
+    return changed
+
+
+def toggle_capture(profile: LaunchProfile, home: Any = None) -> LaunchProfile:
+    """Flip ``[capture] enabled`` (see `toggled`), save the profile and return the saved copy."""
+    from sessions.profiles import save_profile
+
+    changed = toggled(profile)
     path = save_profile(changed, home=home)
     return dataclasses.replace(changed, path=path)
+
+
+def radix_cache_on(profile: LaunchProfile) -> bool:
+    """Whether a launch of ``profile`` runs with SGLang's radix (prefix) cache."""
+    s = profile.server
+    return s.radix_cache and not profile.capture.enabled and not _has_option(s.extra_args, RADIX_OFF_FLAG)
+
+
+def toggle_summary(old: LaunchProfile, new: LaunchProfile) -> list[str]:
+    """What a toggle from ``old`` to ``new`` changes besides the flags, in words: capture itself, the radix
+    cache, a key dropped from the file, and why a capture launch would be refused."""
+    word = {True: "on", False: "off"}
+    lines = [f"capture: {word[old.capture.enabled]} -> {word[new.capture.enabled]}"]
+    before, after = radix_cache_on(old), radix_cache_on(new)
+    if before != after:
+        why = (" (a cached prefix is not recomputed, so its hidden states would be missing)"
+               if not after else " (capture no longer disables it)")
+        lines.append(f"radix cache: {word[before]} -> {word[after]}{why}")
+    else:
+        lines.append(f"radix cache: stays {word[after]}")
+    if old.is_explicit("server.radix_cache") and not new.is_explicit("server.radix_cache"):
+        lines.append("the profile's radix_cache = true is removed (capture refuses it)")
+    if new.capture.enabled:
+        lines.append(f"capture dir: {capture_dir(new)}")
+        lines += [f"will refuse to launch: {p.field}: {p.message}" for p in capture_problems(new) if p.is_error]
+    return lines
 
 
 # -- status ---------------------------------------------------------------------------------------------
