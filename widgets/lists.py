@@ -53,6 +53,12 @@ class _KeyedList(PageSafeOptionList):
         self._entries: tuple | None = None
 
     @property
+    def needed_width(self) -> int:
+        """Cells the longest entry needs to be shown whole (the dashboard sizes its left column by it)."""
+        return max((o.prompt.cell_len if isinstance(o.prompt, Text) else len(str(o.prompt))
+                    for o in self.options), default=0)
+
+    @property
     def highlighted_id(self) -> str | None:
         option = self.highlighted_option
         return option.id if option is not None else None
@@ -117,13 +123,34 @@ class ProfileList(_KeyedList):
 
 
 class SessionList(_KeyedList):
-    """Sessions, newest first: live ones with their state, ended ones dimmed."""
+    """Sessions, newest first: live ones with their state, ended ones dimmed.
+
+    ``full_ids``: show each session's whole id (wide terminals, where the id is what `eagle3-tui stop`,
+    `logs` and `diagnose` take); otherwise its profile and the id's last part, to fit a narrow column."""
+
+    full_ids = False
 
     def update_entries(self, entries: tuple[SessionEntry, ...], prefer: str | None = None) -> bool:
-        options = [Option(self._prompt(e), id=e.session_id) for e in entries]
+        full = self.full_ids
+        options = [Option(self._full_prompt(e) if full else self._prompt(e), id=e.session_id) for e in entries]
         if not options:
             options = [Option(Text("none yet (l launches)", style="dim"), disabled=True)]
-        return self._replace(entries, options, prefer)
+        return self._replace((full, entries), options, prefer)
+
+    @staticmethod
+    def _full_prompt(entry: SessionEntry) -> Text:
+        glyph, _ = state_glyph(entry.state)
+        ended = entry.state in ("exited", "stopped", "crashed")
+        text = Text(
+            no_wrap=True, overflow="ellipsis", style="dim" if ended and entry.state != "crashed" else ""
+        )
+        text.append(f"{glyph} {entry.state:<8}", style="bold")
+        text.append(f" {entry.session_id}")
+        if not entry.session_id.startswith(entry.profile):  # the id carries a sanitized profile name
+            text.append(f" ({entry.profile})")
+        if entry.port:
+            text.append(f" :{entry.port}", style="dim")
+        return text
 
     @staticmethod
     def _prompt(entry: SessionEntry) -> Text:

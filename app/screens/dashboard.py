@@ -38,6 +38,10 @@ from widgets.state_line import StateLine
 
 REFRESH_S = 1.0
 STOP_GRACE_S = 30.0
+WIDE_AT = 110  # columns: from here on the lists sit left of the session pane (HORIZONTAL_BREAKPOINTS)
+LISTS_MIN_WIDTH = 44
+LISTS_MAX_SHARE = 0.45  # the left column grows to its longest name, up to this share of the screen
+LISTS_CHROME = 6  # the pane's border and padding (4) and a vertical scrollbar (2)
 
 
 # --- messages (tests and other components listen for them) --------------------------------------------------
@@ -102,7 +106,7 @@ class DashboardScreen(Screen):
         dataclasses.replace(KEYS_BY_ID["app.quit"].binding(), action="app.quit"),
         *bindings(DASHBOARD_KEYS),
     ]
-    HORIZONTAL_BREAKPOINTS: ClassVar[list[tuple[int, str]]] = [(0, "-narrow"), (110, "-wide")]
+    HORIZONTAL_BREAKPOINTS: ClassVar[list[tuple[int, str]]] = [(0, "-narrow"), (WIDE_AT, "-wide")]
     DEFAULT_CSS = """
     DashboardScreen { layout: vertical; }
     DashboardScreen .pane {
@@ -125,7 +129,7 @@ class DashboardScreen(Screen):
     DashboardScreen #filter-rank { width: 20; }
 
     DashboardScreen.-wide #top { layout: horizontal; }
-    DashboardScreen.-wide #lists { layout: vertical; width: 44; }
+    DashboardScreen.-wide #lists { layout: vertical; width: 44; }  /* then `_fit_lists` */
     DashboardScreen.-wide #status-pane { width: 1fr; min-height: 7; }
     DashboardScreen.-wide ProfileList, DashboardScreen.-wide SessionList { max-height: 10; }
 
@@ -200,10 +204,30 @@ class DashboardScreen(Screen):
     def on_resize(self) -> None:
         # Narrow terminals: the footer's room goes to the contract keys (ctrl+p stays bound, and in help).
         footer = self.query_one(Footer)
-        wide = self.size.width >= 110
+        wide = self.size.width >= WIDE_AT
         if footer.show_command_palette != wide:
             footer.show_command_palette = wide
             footer.refresh(recompose=True)
+        self._fit_lists()
+
+    def _fit_lists(self) -> None:
+        """Wide terminals: size the left column to the longest profile or session line (whole session ids),
+        capped to a share of the screen so the session pane keeps its room.  Narrow ones: the CSS's halves."""
+        wide = self.size.width >= WIDE_AT
+        lists = self.query_one("#lists")
+        sessions = self.query_one(SessionList)
+        if sessions.full_ids != wide:
+            sessions.full_ids = wide
+            if self.last_snapshot is not None:
+                sessions.update_entries(self.last_snapshot.sessions, prefer=self.selected_session)
+        if not wide:
+            if lists.styles.width is not None:
+                lists.styles.width = None
+            return
+        need = max(self.query_one(ProfileList).needed_width, sessions.needed_width) + LISTS_CHROME
+        width = max(LISTS_MIN_WIDTH, min(need, int(self.size.width * LISTS_MAX_SHARE)))
+        if lists.styles.width is None or lists.styles.width.value != width:
+            lists.styles.width = width
 
     # -- the refresh loop ---------------------------------------------------------------------------------
 
@@ -274,6 +298,7 @@ class DashboardScreen(Screen):
         sessions = self.query_one(SessionList)
         sessions.update_entries(snapshot.sessions, prefer=snapshot.selected)
         self.selected_session = snapshot.selected
+        self._fit_lists()
         status = snapshot.status
         self.query_one(StateLine).update_status(status)
         self.query_one(PhaseTimeline).update_status(status)
