@@ -153,3 +153,33 @@ def test_leaving_with_unsaved_changes_asks_and_no_keeps_the_editor(home, make_em
             assert load_profile("emu", home).server.port != 31999  # nothing was saved
 
     run(scenario)
+
+
+def test_switches_say_on_or_off_in_words_and_follow_a_flip(home, make_emulator_profile):
+    make_emulator_profile("emu", tp=2, radix_cache=False)
+    messages: list = []
+
+    async def scenario() -> None:
+        app, open_it = _open_editor(home, messages)
+        async with app.run_test(size=(80, 24), message_hook=messages.append) as pilot:
+            editor = await open_it(pilot)
+            switch = editor.query_one("#cuda_graph", Switch)
+            switch.scroll_visible(animate=False)
+            await pilot.pause()
+            text = screen_text(app)
+            for words in ("CUDA graph: on", "radix cache: off", "capture: off"):
+                assert words in text, words
+            switch.focus()
+            await pilot.press("space")  # the user's flip, by key
+            await wait_until(pilot, lambda: "CUDA graph: off" in screen_text(app), "the label follows")
+            assert switch.value is False and "radix cache: off" in screen_text(app)
+            await pilot.press("space")
+            await wait_until(pilot, lambda: "CUDA graph: on" in screen_text(app), "and back")
+            await pilot.resize_terminal(60, 20)  # too narrow for one row: one switch per row, all readable
+            await wait_until(pilot, lambda: editor.has_class("-tight"), "the tight layout")
+            await pilot.pause()
+            for widget_id in ("cuda_graph", "radix_cache", "capture_enabled"):
+                label = editor.query_one(f"#label-{widget_id}")
+                assert label.region.right <= 60 and label.region.width >= len(str(label.render())), widget_id
+
+    run(scenario)

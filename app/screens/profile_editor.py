@@ -122,6 +122,14 @@ class NameModal(ModalScreen[str | None]):
         self.dismiss(None)
 
 
+SWITCH_NAMES = {"cuda_graph": "CUDA graph", "radix_cache": "radix cache", "capture_enabled": "capture"}
+
+
+def switch_words(widget_id: str, value: bool) -> str:
+    """``CUDA graph: on`` / ``radix cache: off`` (padded so that a flip does not move the row)."""
+    return f"{SWITCH_NAMES[widget_id]}: {'on ' if value else 'off'}"
+
+
 class ProfileEditorScreen(Screen[str | None]):
     """Edit one profile; dismisses with the saved name (or None when nothing was saved)."""
 
@@ -148,6 +156,7 @@ class ProfileEditorScreen(Screen[str | None]):
     ProfileEditorScreen .switches { height: auto; margin-top: 1; }
     ProfileEditorScreen .switches Label { width: auto; padding: 0 1 0 0; }
     ProfileEditorScreen .switches Switch { margin-right: 3; }
+    ProfileEditorScreen.-tight .switches { layout: grid; grid-size: 2; grid-columns: 18 8; grid-rows: 1; }
     ProfileEditorScreen .field-problem { height: auto; padding-left: 22; color: $error; display: none; }
     ProfileEditorScreen .field-problem.-shown { display: block; }
     ProfileEditorScreen .field-problem.-warning { color: $warning; }
@@ -191,6 +200,10 @@ class ProfileEditorScreen(Screen[str | None]):
             yield Button("Save as (F2)", id="save-as", compact=True)
             yield Button("Close (Esc)", id="close", compact=True)
         yield Footer()
+
+    def on_resize(self) -> None:
+        # Under 80 columns the three switches do not fit one row: one per row, with their words.
+        self.set_class(self.size.width < 80, "-tight")
 
     def on_mount(self) -> None:
         self.run_worker(self._load, name="editor-load", group="editor-load", thread=True, exit_on_error=False)
@@ -272,17 +285,13 @@ class ProfileEditorScreen(Screen[str | None]):
             kind="integer",
             placeholder="auto (-1 turns chunking off)",
         )
-        widgets.append(
-            Horizontal(
-                Label("CUDA graph"),
-                Switch(bool(server.cuda_graph), id="cuda_graph"),
-                Label("radix cache"),
-                Switch(bool(server.radix_cache), id="radix_cache"),
-                Label("capture"),
-                Switch(bool(profile.capture.enabled), id="capture_enabled"),
-                classes="switches",
-            )
-        )
+        switches = (("cuda_graph", server.cuda_graph), ("radix_cache", server.radix_cache),
+                    ("capture_enabled", profile.capture.enabled))
+        row: list[Any] = []
+        for widget_id, value in switches:
+            row += [Label(switch_words(widget_id, bool(value)), id=f"label-{widget_id}"),
+                    Switch(bool(value), id=widget_id)]
+        widgets.append(Horizontal(*row, classes="switches"))
         for widget_id in ("cuda_graph", "radix_cache", "capture_enabled"):
             widgets.append(Static("", id=f"problem-{widget_id}", classes="field-problem"))
         widgets += self._input(
@@ -399,6 +408,13 @@ class ProfileEditorScreen(Screen[str | None]):
         return self.profile.with_changes(**changes), errors
 
     # -- live validation ----------------------------------------------------------------------------------
+
+    @on(Switch.Changed)
+    def _switch_changed(self, event: Switch.Changed) -> None:
+        """The switch's label says its state in words (a glyph alone is not read the same by everyone)."""
+        widget_id = event.switch.id or ""
+        if widget_id in SWITCH_NAMES:
+            self.query_one(f"#label-{widget_id}", Label).update(switch_words(widget_id, event.value))
 
     @on(Input.Changed)
     @on(Switch.Changed)
