@@ -37,7 +37,7 @@ from sessions.capture.plugin.eagle3_capture.spec import ENV_NAME, CaptureSpec
 from sessions.capture.plugin.eagle3_capture.writer import CaptureDirError, check_capture_dir
 
 if TYPE_CHECKING:  # pragma: no cover
-    from sessions.profiles import LaunchProfile, Problem
+    from sessions.profiles.model import LaunchProfile, Problem
 
 CAPTURE_FLAGS = ("--enable-return-aux-hidden-states", "--speculative-algorithm", "EAGLE3")
 LAYER_IDS_FLAG = "--return-aux-hidden-state-layer-ids"
@@ -81,7 +81,7 @@ class ModelFacts:
 
 
 def model_facts(model_path: str) -> ModelFacts:
-    from sessions.profiles import ModelConfigError, read_model_config
+    from sessions.profiles.model_config import ModelConfigError, read_model_config
 
     path = Path(os.path.expanduser(model_path or ""))
     if not model_path:
@@ -174,7 +174,7 @@ def capture_additions(profile: LaunchProfile) -> tuple[list[str], dict[str, str]
 
 # -- validation -----------------------------------------------------------------------------------------
 def _problem(field: str, message: str, severity: str = "error") -> Problem:
-    from sessions.profiles import Problem
+    from sessions.profiles.model import Problem
 
     return Problem(field, message, severity=severity)
 
@@ -384,7 +384,7 @@ def toggled(profile: LaunchProfile) -> LaunchProfile:
 
 def toggle_capture(profile: LaunchProfile, home: Any = None) -> LaunchProfile:
     """Flip ``[capture] enabled`` (see `toggled`), save the profile and return the saved copy."""
-    from sessions.profiles import save_profile
+    from sessions.profiles.toml_io import save_profile
 
     changed = toggled(profile)
     path = save_profile(changed, home=home)
