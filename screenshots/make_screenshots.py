@@ -224,10 +224,17 @@ async def scenario(out: Path, sizes: list[tuple[int, int]]) -> list[Path]:
             await shot.shoot("diagnose")
             await pilot.press("escape")
 
-        await pilot.press("c")  # capture on for the hang profile: the panel appears
+        await pilot.press("c")  # capture on for the hang profile: first the question with the flag diff
+        await shot.wait(lambda: isinstance(app.screen, ConfirmModal), "the capture question", 60)
+        await pilot.pause(0.3)
+        await shot.shoot("capture-question")
+        await pilot.press("y")  # the panel appears
         await shot.wait(lambda: app.dashboard.query_one("#capture-slot").display, "the capture panel", 30)
         await shot.shoot("capture")
         await pilot.press("c")
+        await shot.wait(lambda: isinstance(app.screen, ConfirmModal), "the capture question (off)", 60)
+        await pilot.press("y")
+        await shot.wait(lambda: not app.dashboard.query_one("#capture-slot").display, "capture off again", 30)
 
         try:
             from app.screens.jobs import JobsScreen

@@ -41,7 +41,12 @@ async def wait_until(pilot: Any, condition: Callable[[], Any], what: str, limit_
 
 
 def screen_text(app: Any) -> str:
-    """The current screen as plain text, one line per terminal row (what a user reads)."""
+    """The current screen as plain text, one line per terminal row (what a user reads).
+
+    This is the render call of Textual's own `App.export_screenshot` (private `_compositor`, kept in this
+    one place), printed as text instead of SVG.  pytest-textual-snapshot 1.1.0 was considered instead: it
+    pins syrupy==4.8.0, which needs pytest<9 (this project runs pytest 9), and it compares SVGs, whose diffs
+    a reviewer cannot read the way these text snapshots read."""
     width, height = app.size
     console = Console(
         width=width,
