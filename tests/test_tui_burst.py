@@ -53,7 +53,9 @@ def test_editor_saves_exactly_what_a_burst_typed(home, make_emulator_profile, ma
             await wait_until(pilot, lambda: isinstance(app.screen, ProfileEditorScreen) and app.screen.last_check,
                              "the editor")
             editor = app.screen
-            await burst(pilot, "end", *["backspace"] * 80, *str(new_model))
+            # 80 backspaces as in the report, more where the old path is longer (pytest-xdist's tmp paths are)
+            erase = max(80, len(editor.query_one("#model_path", Input).value))
+            await burst(pilot, "end", *["backspace"] * erase, *str(new_model))
             assert editor.query_one("#model_path", Input).value == str(new_model)
             editor.query_one("#mem_fraction_static", Input).focus()
             await burst(pilot, "end", *["backspace"] * 4, *"0.77", "ctrl+s")
@@ -202,3 +204,31 @@ def test_an_error_escaping_a_handler_is_written_to_the_crash_file(home, make_emu
     except ZeroDivisionError:
         pass  # run_test re-raises what escaped; the point is what was left behind
     assert app.crash_file is not None and "ZeroDivisionError" in app.crash_file.read_text()
+
+
+def test_two_answers_in_one_burst_close_only_the_question(home, make_emulator_profile):
+    """Enter, Enter (or y, y) typed ahead both reach a modal before it is popped: only the first answers, and
+    the screen below stays (the second dismiss used to raise InvalidStateError and pop the dashboard too)."""
+    from app.screens.jobs import SpecPathModal
+    from widgets.confirm_modal import ConfirmModal
+
+    make_emulator_profile("emu", tp=2)
+    answers: list = []
+
+    async def scenario() -> None:
+        app = _app(home)
+        async with app.run_test(size=(80, 24)) as pilot:
+            await first_poll(pilot, app)
+            dashboard = app.screen
+            for modal, keys in ((ConfirmModal("Really?"), ("y", "y", "n")),
+                                (SpecPathModal("/a/job.toml"), ("enter", "enter")),
+                                (ConfirmModal("Again?"), ("enter", "enter", "escape"))):
+                app.push_screen(modal, answers.append)
+                await wait_until(pilot, lambda m=modal: app.screen is m, f"{type(modal).__name__} is open")
+                await burst(pilot, *keys)
+                await wait_until(pilot, lambda: app.screen is dashboard, "back on the dashboard")
+                assert app.is_running and app.crash_file is None
+            assert answers == [True, "/a/job.toml", False]
+            assert len(app.screen_stack) == 2  # Textual's default screen and the dashboard, nothing popped
+
+    run(scenario)

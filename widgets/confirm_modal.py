@@ -6,7 +6,10 @@ button answer Yes (k9s#302: users could not confirm when focus was not on OK, so
 
 from __future__ import annotations
 
+from typing import Any
+
 from textual.app import ComposeResult
+from textual.await_complete import AwaitComplete
 from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.screen import ModalScreen
 from textual.widgets import Button, Static
@@ -14,7 +17,24 @@ from textual.widgets import Button, Static
 from widgets.bindings import CONFIRM_KEYS, bindings
 
 
-class ConfirmModal(ModalScreen[bool]):
+class DismissOnce:
+    """Mixin for a Screen: only its first `dismiss` counts.
+
+    Two answers in one burst (Enter, Enter; y, y: a paste, or type-ahead over SSH) both reach the screen
+    before it is popped.  Textual's `Screen.dismiss` would then run the result callback twice (its future
+    raises InvalidStateError, which ends the app) and pop a second screen, the one below.
+    """
+
+    _dismissed = False
+
+    def dismiss(self, result: Any = None) -> AwaitComplete:
+        if self._dismissed:
+            return AwaitComplete()
+        self._dismissed = True
+        return super().dismiss(result)  # type: ignore[misc]
+
+
+class ConfirmModal(DismissOnce, ModalScreen[bool]):
     """Ask ``question``; ``detail`` (e.g. a flag diff) is shown below it, scrollable."""
 
     BINDINGS = bindings(CONFIRM_KEYS)

@@ -18,6 +18,7 @@ from textual.screen import ModalScreen
 from textual.widgets import Button, DataTable, Input, Label, Static
 
 from sessions.redaction import REDACTED, is_secret_name
+from widgets.confirm_modal import DismissOnce
 from widgets.inputs import InOrderInput
 
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -27,7 +28,7 @@ def shown_value(name: str, value: str) -> str:
     return REDACTED if is_secret_name(name) and value else value
 
 
-class EnvRowModal(ModalScreen[tuple[str, str] | None]):
+class EnvRowModal(DismissOnce, ModalScreen[tuple[str, str] | None]):
     """Add or edit one variable; returns (name, value) or None."""
 
     BINDINGS: ClassVar[list[Binding]] = [Binding("escape", "cancel", "Cancel")]

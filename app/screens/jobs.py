@@ -25,6 +25,7 @@ from textual.css.query import NoMatches
 from textual.screen import ModalScreen, Screen
 from textual.widgets import Footer, Input, ListItem, ListView, ProgressBar, Static
 
+from widgets.confirm_modal import DismissOnce
 from widgets.inputs import InOrderInput
 
 POLL_INTERVAL_S = 1.0
@@ -167,7 +168,7 @@ def default_spec(home: Any) -> str:
     return str(path) if path.is_file() else ""
 
 
-class SpecPathModal(ModalScreen[str | None]):
+class SpecPathModal(DismissOnce, ModalScreen[str | None]):
     """Asks for a job spec path (Enter starts the job, Esc cancels); lists the specs under <config>/jobs."""
 
     DEFAULT_CSS = """

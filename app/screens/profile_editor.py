@@ -29,7 +29,7 @@ from textual.widgets import Button, Footer, Input, Label, Select, Static, Switch
 from textual.worker import Worker, WorkerState
 
 from app.keymap import EDITOR_KEYS, bindings
-from widgets.confirm_modal import ConfirmModal
+from widgets.confirm_modal import ConfirmModal, DismissOnce
 from widgets.env_table import EnvTable
 from widgets.inputs import InOrderInput
 from widgets.lists import PageSafeSelect
@@ -84,7 +84,7 @@ class ProfileSaved(Message):
         self.path = path
 
 
-class NameModal(ModalScreen[str | None]):
+class NameModal(DismissOnce, ModalScreen[str | None]):
     """Ask for a new profile name (Save as)."""
 
     DEFAULT_CSS = """
@@ -130,7 +130,7 @@ def switch_words(widget_id: str, value: bool) -> str:
     return f"{SWITCH_NAMES[widget_id]}: {'on ' if value else 'off'}"
 
 
-class ProfileEditorScreen(Screen[str | None]):
+class ProfileEditorScreen(DismissOnce, Screen[str | None]):
     """Edit one profile; dismisses with the saved name (or None when nothing was saved)."""
 
     BINDINGS = bindings(EDITOR_KEYS)
