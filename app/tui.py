@@ -39,9 +39,9 @@ class ActionsProvider(Provider):
 
     def _commands(self) -> list[tuple[str, Callable[[], Any], str]]:
         app = self.app
-        dashboard: DashboardScreen | None = getattr(app, "dashboard", None)
-        if dashboard is None:
+        if not isinstance(app, Eagle3App) or app.dashboard is None:  # this provider is Eagle3App's only
             return []
+        dashboard = app.dashboard
         commands: list[tuple[str, Callable[[], Any], str]] = [
             ("Launch selected profile", dashboard.action_launch, "Start the highlighted profile (l)"),
             ("Restart session", dashboard.action_restart, "Stop and relaunch, showing the flag diff (r)"),
@@ -236,8 +236,10 @@ def terminal_alive(fd: int | None = None) -> bool:
     """False once the controlling terminal hung up (tcgetattr fails with EIO/ENOTTY/EBADF)."""
     if fd is None:
         try:
+            if sys.__stdin__ is None:  # started without a stdin at all
+                return False
             fd = sys.__stdin__.fileno()
-        except (AttributeError, ValueError, OSError):
+        except (ValueError, OSError):
             return False
     try:
         termios.tcgetattr(fd)

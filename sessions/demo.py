@@ -22,6 +22,7 @@ import socket
 import subprocess
 import sys
 from pathlib import Path
+from typing import TypedDict
 
 from sessions.home import Home, atomic_write_text, ensure_private_dir, resolve_home
 
@@ -106,7 +107,16 @@ decode_tokens_per_s = 90
 
 # Not SGLang's default 30000: a real server of the user may be there.  Taken ports are replaced by free ones
 # when the demo home is created (a port taken later is reported, with its owner, at launch).
-_PROFILES = {
+class _EmulatorProfileValues(TypedDict):
+    """What differs between the two emulator demo profiles (fills _PROFILE_TEMPLATE)."""
+
+    port: int
+    stall_after_s: int
+    time_scale: float
+    fault: str
+
+
+_PROFILES: dict[str, _EmulatorProfileValues] = {
     HEALTHY_PROFILE: {"port": 31000, "stall_after_s": 120, "time_scale": 0.05, "fault": "none"},
     HANG_PROFILE: {"port": 31010, "stall_after_s": 20, "time_scale": 0.05, "fault": "hang-after-weights"},
 }
@@ -224,8 +234,8 @@ def ensure_demo_home(home: Home | None = None) -> Home:
         path = home.profiles_dir / f"{name}.toml"
         if path.exists():  # the user may have edited it in the demo; keep their version
             continue
-        values = dict(values, port=_usable_port(values["port"]))
-        text = _PROFILE_TEMPLATE.format(title=DEMO_TITLES[name], model_path=_toml_string(model_dir), **values)
+        filled = dict(values, port=_usable_port(values["port"]))
+        text = _PROFILE_TEMPLATE.format(title=DEMO_TITLES[name], model_path=_toml_string(model_dir), **filled)
         atomic_write_text(path, text)
     _ensure_capture_demo(home)
     return home

@@ -188,8 +188,9 @@ class NvmlSource:
         try:
             nvml.nvmlInit()
         except Exception as exc:  # noqa: BLE001 - every failure here means "no GPU readings"
-            code = getattr(exc, "value", None)
-            reason = _NVML_UNAVAILABLE_REASONS.get(code, str(exc) or type(exc).__name__)
+            code = getattr(exc, "value", None)  # NVMLError's return code; other exceptions have none
+            known = _NVML_UNAVAILABLE_REASONS.get(code) if isinstance(code, int) else None
+            reason = known or str(exc) or type(exc).__name__
             return self._fail(f"NVML not available: {reason}")
         self._initialised = True
         self._init_error = None

@@ -142,6 +142,8 @@ def collect(profile: Any, argv: Sequence[str], env_changes: Mapping[str, str],
         env[name] = REDACTED if (is_secret_name(name) and value) else redact_text(value, known)
     cvd = full_env.get("CUDA_VISIBLE_DEVICES")
     server = profile.server
+    driver: str | None
+    gpu_note: str | None
     if server.launcher == "emulator":
         from sessions.emulator.gpu_memory import EMULATED_GPU_NAME
 

@@ -15,7 +15,7 @@ from typing import Any, ClassVar
 from rich.text import Text
 from textual import work
 from textual.app import ComposeResult
-from textual.binding import Binding
+from textual.binding import Binding, BindingType
 from textual.containers import Vertical
 from textual.screen import Screen
 from textual.widgets import DataTable, Footer, ProgressBar, Static
@@ -40,7 +40,7 @@ def result_rows(runs: list[dict[str, Any]]) -> list[tuple[str, ...]]:
 class BenchScreen(Screen):
     """See the module docstring."""
 
-    BINDINGS: ClassVar[list[Binding]] = [
+    BINDINGS: ClassVar[list[BindingType]] = [
         Binding("escape", "close", "Back"),
         Binding("space", "mark", "Mark"),
         Binding("r", "rerun", "Bench again"),
@@ -178,6 +178,8 @@ class BenchScreen(Screen):
         if not self.rows or table.row_count == 0:
             return
         row_key = table.coordinate_to_cell_key(table.cursor_coordinate).row_key.value
+        if row_key is None:  # every row is added with its result's key
+            return
         if row_key in self.marked:
             self.marked.remove(row_key)
         else:

@@ -15,7 +15,7 @@ from typing import Any, ClassVar
 from rich.text import Text
 from textual import work
 from textual.app import ComposeResult
-from textual.binding import Binding
+from textual.binding import Binding, BindingType
 from textual.containers import Vertical, VerticalScroll
 from textual.screen import Screen
 from textual.widgets import Collapsible, DataTable, Footer, Static
@@ -68,7 +68,7 @@ class DiagnoseScreen(Screen):
     DiagnoseScreen .stack-text { padding-left: 2; }
     """
 
-    BINDINGS: ClassVar[list[Binding]] = [
+    BINDINGS: ClassVar[list[BindingType]] = [
         Binding("b", "save_bundle", "Save bundle", id="diagnose.bundle"),
         Binding("r", "rediagnose", "Again", id="diagnose.again"),
         Binding("escape", "back", "Back", id="diagnose.back"),

@@ -15,9 +15,10 @@ from typing import Any, ClassVar
 from rich.text import Text
 from textual import work
 from textual.app import ComposeResult
-from textual.binding import Binding
+from textual.binding import Binding, BindingType
 from textual.containers import Vertical
 from textual.css.query import NoMatches
+from textual.notifications import SeverityLevel
 from textual.screen import ModalScreen, Screen
 from textual.widgets import Footer, Input, ListItem, ListView, ProgressBar, Static
 
@@ -130,7 +131,7 @@ class SpecPathModal(ModalScreen[str | None]):
                                background: $surface; padding: 0 1; }
     SpecPathModal #known-specs { color: $text-muted; }
     """
-    BINDINGS: ClassVar[list[Binding]] = [Binding("escape", "cancel", "Cancel", id="jobs.new.cancel")]
+    BINDINGS: ClassVar[list[BindingType]] = [Binding("escape", "cancel", "Cancel", id="jobs.new.cancel")]
 
     def __init__(self, default: str = "", known: list[str] | None = None) -> None:
         super().__init__()
@@ -171,7 +172,7 @@ class JobsScreen(Screen):
     JobsScreen ListView { height: 1fr; }
     """
 
-    BINDINGS: ClassVar[list[Binding]] = [
+    BINDINGS: ClassVar[list[BindingType]] = [
         Binding("n", "new", "New job", id="jobs.new"),
         Binding("p", "pause", "Pause", id="jobs.pause"),
         Binding("r", "resume", "Resume", id="jobs.resume"),
@@ -243,7 +244,7 @@ class JobsScreen(Screen):
             before = self._states.get(p.job_id)
             self._states[p.job_id] = p.state
             if before is not None and before != p.state and p.state in _FINAL and not self._first_poll:
-                severity = "information" if p.state in ("done", "cancelled") else "error"
+                severity: SeverityLevel = "information" if p.state in ("done", "cancelled") else "error"
                 detail = f": {p.reason}" if p.reason else ""
                 self.notify(f"Job {p.name or p.job_id} {p.state} ({p.done}/{p.total} samples){detail}",
                             severity=severity, timeout=10)

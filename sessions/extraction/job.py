@@ -336,7 +336,7 @@ def cancel_job(job_id: str, home: Home | None = None, grace_s: float = 30.0) -> 
     deadline = time.monotonic() + grace_s
     while time.monotonic() < deadline and process_alive(pid, create_time):
         time.sleep(0.1)
-    if process_alive(pid, create_time):
+    if pid and process_alive(pid, create_time):
         try:
             os.kill(pid, signal.SIGKILL)
         except ProcessLookupError:
