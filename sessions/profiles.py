@@ -1089,13 +1089,9 @@ def _capture_additions(profile: LaunchProfile) -> tuple[list[str], dict[str, str
     """Flags and env from the capture toggle (DESIGN §5), when capture is on."""
     if not profile.capture.enabled:
         return [], {}
-    try:
-        from sessions.capture.toggle import capture_additions
-    except ModuleNotFoundError as exc:
-        # The capture toggle is a separate part; a checkout without it launches without capture flags.
-        if exc.name not in ("sessions.capture", "sessions.capture.toggle"):
-            raise
-        return [], {}
+    # No fallback: a capture profile that cannot get its flags must not launch as a plain server.
+    from sessions.capture.toggle import capture_additions
+
     argv_extra, env_extra = capture_additions(profile)
     return list(argv_extra), dict(env_extra)
 
@@ -1489,11 +1485,6 @@ def _choice_problems(where: str, flag: str, values: list[str], info: Any) -> lis
 
 
 def _capture_problems(profile: LaunchProfile) -> list[Problem]:
-    try:
-        from sessions.capture.toggle import capture_problems
-    except ModuleNotFoundError as exc:
-        # The capture toggle is a separate part (DESIGN §5); without it there are no capture rules to check.
-        if exc.name not in ("sessions.capture", "sessions.capture.toggle"):
-            raise
-        return []
+    from sessions.capture.toggle import capture_problems
+
     return list(capture_problems(profile))

@@ -42,6 +42,7 @@ from typing import Any
 
 from sessions.capture.layers import LayerConvention, LayerRule, rule_for
 from sessions.capture.plugin.eagle3_capture.spec import CaptureSpec, capture_active_line
+from sessions.emulator.backend import RequestError
 
 DEFAULT_CHUNKED_PREFILL_SIZE = 8192  # SGLang picks a size per GPU when the flag is absent
 EMULATOR_VERSION = "emulator"
@@ -56,16 +57,7 @@ _HIDDEN_EXCEEDS = (
 )
 
 
-try:  # the emulator's HTTP layer answers RequestError with its status (sessions/emulator/backend.py)
-    from sessions.emulator.backend import RequestError as _RequestError
-except ImportError:  # pragma: no cover - the emulator package without its fixed backend
-    class _RequestError(ValueError):  # type: ignore[no-redef]
-        def __init__(self, message: str, status: int = 400) -> None:
-            super().__init__(message)
-            self.status = status
-
-
-class ModelBackendError(_RequestError):
+class ModelBackendError(RequestError):  # the emulator's HTTP layer answers RequestError with its status
     """A request SGLang would refuse: ``status`` (400) and SGLang's message."""
 
     def __init__(self, message: str, status: int = 400) -> None:

@@ -78,12 +78,9 @@ def kill_itself_when_parent_died(parent_pid: int) -> None:
 
 
 def _set_title(title: str) -> None:
-    try:
-        import setproctitle
+    import setproctitle  # a declared dependency: the ranks are found by their titles
 
-        setproctitle.setproctitle(title)
-    except ImportError:  # the dependency is declared; without it the ranks are merely harder to find
-        pass
+    setproctitle.setproctitle(title)
 
 
 def _prepare_child(parent_pid: int, title: str, console: Console) -> None:
@@ -439,11 +436,15 @@ class ModelRunner:
             emulator_layers_to_capture=self.layers_to_capture,
         )
         if self.model.safetensors_files:
-            try:
-                from sessions.emulator.model_backend import ModelBackend
+            from sessions.emulator.model_backend import ModelBackend
 
+            try:
                 return ModelBackend(self.args["model_path"], flags)
-            except ImportError as exc:  # no model backend module, or no torch/transformers
+            except ModuleNotFoundError as exc:
+                # Only the tensor packages (the [extract] extra) may be absent, and only when nothing is
+                # captured: a capture launch without its forward would dump nothing, so it fails here.
+                if (exc.name or "").partition(".")[0] not in _TENSOR_PACKAGES or self.layers_to_capture:
+                    raise
                 self.console.log(
                     f"[emulator] model-backed forward unavailable ({exc}); answering /generate "
                     "with a fixed continuation",
@@ -726,16 +727,16 @@ class DraftWorker:
             )
 
 
+_TENSOR_PACKAGES = ("torch", "transformers", "safetensors", "tokenizers")
+
+
 def _layers_to_capture(model: ModelConfig, args: dict[str, Any]) -> list[int] | None:
     """SGLang's ``layers_to_capture`` for capture-only mode, by the model family's +1 rule (§4.3)."""
     if not args.get("aux_hidden_state_capture"):
         return None
+    from sessions.capture.layers import LayerConvention, LayerRule, rule_for
+
     ids = args.get("return_aux_hidden_state_layer_ids")
-    try:
-        from sessions.capture.layers import LayerConvention, LayerRule, rule_for
-    except ImportError:
-        n = model.num_hidden_layers
-        return [i + 1 for i in ids] if ids else [2, n // 2, n - 3]
     rule = rule_for(model.architecture) or LayerRule.PLUS_ONE
     return LayerConvention(rule, model.num_hidden_layers).points_from_ids(ids)
 
