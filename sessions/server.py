@@ -729,7 +729,7 @@ class ServerSession:
         def outcomes(record: dict) -> tuple[str | None, str | None]:
             """(start_outcome, outcome) to add to ``record``; a recorded stop intent turns what the stop
             causes into ``stopped``, never ``crashed``."""
-            effective = state
+            effective: str | None = state
             if record.get("stop_requested_at") is not None and state in ("crashed", "exited"):
                 effective = "stopped" if not alive else None
             start = None
@@ -837,7 +837,7 @@ class ServerSession:
             pgid = rec.get("pgid")
             # start_new_session made the main the leader of its group (pgid == pid).  The number names
             # our group only while the leader lives or no process holds that pid (probes.group_is_ours).
-            if pgid and pgid == pid and probes.group_is_ours(pid, create_time):
+            if pgid and pid is not None and pgid == pid and probes.group_is_ours(pid, create_time):
                 try:
                     os.killpg(pgid, signal.SIGKILL)
                     signals.append(f"SIGKILL to group {pgid}")

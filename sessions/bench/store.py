@@ -91,7 +91,8 @@ def row_of(result: dict[str, Any], fallback_id: str = "") -> HistoryRow:
 def load_history(home: Home, profile: str | None = None) -> tuple[list[HistoryRow], list[str]]:
     """(rows oldest first, problems): a file that is not a bench result is named, not fatal."""
     folder = bench_dir(home)
-    rows, problems = [], []
+    rows: list[HistoryRow] = []
+    problems: list[str] = []
     if not folder.is_dir():
         return rows, problems
     for path in sorted(folder.glob("*.json")):

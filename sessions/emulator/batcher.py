@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import collections
 import time
-from collections.abc import Callable, Generator
+from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -317,7 +317,7 @@ class Batcher:
 
     # -- stats lines ----------------------------------------------------------------------------------
 
-    def _used_tokens(self, extra: list[Req] = ()) -> int:
+    def _used_tokens(self, extra: Sequence[Req] = ()) -> int:
         reqs = {id(r): r for r in [*self.running, *extra]}
         return sum(r.seq_len for r in reqs.values())
 

@@ -131,7 +131,7 @@ def capture_config(model_dir: str | os.PathLike, server_flags: Any) -> CaptureCo
     from sessions.profiles import read_model_config
 
     flags = _normalize_flags(server_flags)
-    shape = read_model_config(model_dir)
+    shape = read_model_config(Path(model_dir))
     num_layers = int(shape.num_hidden_layers or 0)
     ids = flags["return_aux_hidden_state_layer_ids"]
     aux = bool(flags["enable_return_aux_hidden_states"])
