@@ -541,7 +541,3 @@ class ExtractionClient:
                 continue
             self.consecutive_failures = 0
             return result
-
-    @property
-    def server_is_up(self) -> bool:
-        return self._server_up.is_set() and not self.abort_reason

@@ -289,14 +289,6 @@ def pause_job(job_id: str, home: Home | None = None) -> JobProgress:
     return progress
 
 
-def continue_job(job_id: str, home: Home | None = None) -> JobProgress:
-    progress = job_status(job_id, home)
-    if not progress.is_live:
-        raise JobError(f"job {job_id} is {progress.state}; use resume", code=1)
-    _control(Path(progress.job_dir), pause=False)
-    return progress
-
-
 def resume_job(job_id: str, home: Home | None = None) -> JobProgress:
     """``extract resume``: a live job paused by the user continues; a stopped one (or a done one with failed
     samples, which are retried) gets a new process that continues from the manifest under the same id."""
