@@ -57,7 +57,7 @@ def test_deep_nesting_is_a_toml_problem_not_a_recursion_error() -> None:
 
 
 def test_a_python_that_hangs_on_dash_c_is_answered_within_its_timeout(tmp_path: Path, monkeypatch) -> None:
-    from sessions import profiles
+    from sessions.profiles import validation as profiles
 
     script = tmp_path / "python3"
     script.write_text("#!/bin/sh\nexec sleep 30\n")

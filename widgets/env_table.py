@@ -18,6 +18,7 @@ from textual.screen import ModalScreen
 from textual.widgets import Button, DataTable, Input, Label, Static
 
 from sessions.redaction import REDACTED, is_secret_name
+from widgets.inputs import InOrderInput
 
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
@@ -49,9 +50,9 @@ class EnvRowModal(ModalScreen[tuple[str, str] | None]):
     def compose(self) -> ComposeResult:
         with Vertical():
             yield Label("Name")
-            yield Input(self._name, placeholder="NCCL_ALGO", id="env-name")
+            yield InOrderInput(self._name, placeholder="NCCL_ALGO", id="env-name")
             yield Label("Value" + (" (secret: leave as *** to keep it)" if self._secret else ""))
-            yield Input(shown_value(self._name, self._value), id="env-value", password=self._secret)
+            yield InOrderInput(shown_value(self._name, self._value), id="env-value", password=self._secret)
             yield Static("", id="env-error")
             with Horizontal(id="env-buttons"):
                 yield Button("OK", id="env-ok", variant="primary")

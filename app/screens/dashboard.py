@@ -29,7 +29,8 @@ from app.keymap import DASHBOARD_KEYS, KEYS_BY_ID, bindings
 from sessions.logs import MAIN_RANK, LogFilter
 from widgets.confirm_modal import ConfirmModal
 from widgets.gpu_panel import GpuPanel
-from widgets.lists import ProfileList, SessionList
+from widgets.inputs import InOrderInput
+from widgets.lists import PageSafeSelect, ProfileList, SessionList
 from widgets.log_view import LogView
 from widgets.phase_timeline import PhaseTimeline
 from widgets.serving_line import ServingLine
@@ -159,6 +160,7 @@ class DashboardScreen(Screen):
         self._seen_problems: set[str] = set()
         self._last_states: dict[str, str] | None = None
         self._titles: dict[str, tuple[str, str | None]] = {}
+        self._rendered_session: str | None = None  # the session the last drawn snapshot showed
 
     # -- layout -------------------------------------------------------------------------------------------
 
@@ -179,10 +181,10 @@ class DashboardScreen(Screen):
         with LogPane(id="log-pane", classes="pane"):
             yield LogView(id="log")
             with Horizontal(id="filter-bar"):
-                yield Input(
+                yield InOrderInput(
                     placeholder="filter: text or /regex/  (Enter applies, Esc cancels)", id="filter-input"
                 )
-                yield Select([("main process", str(MAIN_RANK))], prompt="all ranks", id="filter-rank")
+                yield PageSafeSelect([("main process", str(MAIN_RANK))], prompt="all ranks", id="filter-rank")
         yield Footer(compact=True)
 
     def on_mount(self) -> None:
@@ -259,6 +261,13 @@ class DashboardScreen(Screen):
         self.last_snapshot = snapshot
         self.poll_count += 1
         profiles = self.query_one(ProfileList)
+        if snapshot.selected != self._rendered_session:
+            # A session newly shown (attach, launch, restart, a pick in pane 2): the profile cursor goes to
+            # its profile, so l, e and c act on the profile the session card shows.
+            self._rendered_session = snapshot.selected
+            shown = next((s for s in snapshot.sessions if s.session_id == snapshot.selected), None)
+            if shown is not None and any(p.name == shown.profile for p in snapshot.profiles):
+                self.selected_profile = shown.profile
         profiles.update_entries(snapshot.profiles, prefer=self.selected_profile)
         if self.selected_profile is None and profiles.highlighted_id:
             self.selected_profile = profiles.highlighted_id

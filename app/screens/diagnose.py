@@ -10,6 +10,7 @@ lines and stacks are full of square brackets.
 """
 from __future__ import annotations
 
+import asyncio
 from typing import Any, ClassVar
 
 from rich.text import Text
@@ -17,6 +18,7 @@ from textual import work
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Vertical, VerticalScroll
+from textual.css.query import NoMatches
 from textual.screen import Screen
 from textual.widgets import Collapsible, DataTable, Footer, Static
 
@@ -81,6 +83,7 @@ class DiagnoseScreen(Screen):
         self._home = home
         self._with_stacks = with_stacks
         self._stack_timeout_s = stack_timeout_s
+        self._show_lock = asyncio.Lock()
         self.diagnosis: Any = None  # the latest `Diagnosis`, for tests and the bundle action
         self.bundle_path: Any = None
         self.error: str | None = None
@@ -173,7 +176,14 @@ class DiagnoseScreen(Screen):
         self.error = message
         self.query_one("#verdict", Static).update(Text(f"Diagnosis failed: {message}", style="bold red"))
 
-    def _show(self, d: Any) -> None:
+    async def _show(self, d: Any) -> None:
+        async with self._show_lock:  # two diagnoses (R pressed twice) draw one after the other
+            try:
+                await self._draw(d)
+            except NoMatches:
+                pass  # the screen was closed while this diagnosis was drawn
+
+    async def _draw(self, d: Any) -> None:
         self.diagnosis = d
         self.error = None
         verdict = Text()
@@ -225,7 +235,9 @@ class DiagnoseScreen(Screen):
             )
 
         stacks_box = self.query_one("#stacks", Vertical)
-        stacks_box.remove_children()
+        # Awaited, and no DOM ids: a second diagnosis (R) must not mount its boxes while the first ones are
+        # still being removed (DuplicateIds), and a pid may appear twice (a process listed in two roles).
+        await stacks_box.remove_children()
         collapsibles = []
         for p in d.processes:
             if p.stack is None:
@@ -237,14 +249,13 @@ class DiagnoseScreen(Screen):
                 title = f"{p.label} (pid {p.pid}) · no stack: {p.stack.error_kind}"
                 body = p.stack.error or ""
             collapsibles.append(
-                Collapsible(Static(Text(body), classes="stack-text"), title=title, collapsed=True,
-                            id=f"stack-{p.pid}")
+                Collapsible(Static(Text(body), classes="stack-text"), title=title, collapsed=True)
             )
         if collapsibles:
-            stacks_box.mount_all(collapsibles)
+            await stacks_box.mount_all(collapsibles)
         else:
             why = "stacks not taken (--no-stacks)" if not d.with_stacks else (d.pyspy.message or "no live ranks")
-            stacks_box.mount(Static(Text(why, style="dim")))
+            await stacks_box.mount(Static(Text(why, style="dim")))
 
         baseline = self.query_one("#baseline", DataTable)
         baseline.clear()

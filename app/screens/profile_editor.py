@@ -21,6 +21,7 @@ from textual import on
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical, VerticalScroll
+from textual.css.query import NoMatches
 from textual.message import Message
 from textual.screen import ModalScreen, Screen
 from textual.timer import Timer
@@ -30,6 +31,8 @@ from textual.worker import Worker, WorkerState
 from app.keymap import EDITOR_KEYS, bindings
 from widgets.confirm_modal import ConfirmModal
 from widgets.env_table import EnvTable
+from widgets.inputs import InOrderInput
+from widgets.lists import PageSafeSelect
 
 if TYPE_CHECKING:
     from sessions.home import Home
@@ -100,7 +103,7 @@ class NameModal(ModalScreen[str | None]):
     def compose(self) -> ComposeResult:
         with Vertical():
             yield Label("Save as profile (letters, digits, . _ -):")
-            yield Input(self.suggestion, id="new-name")
+            yield InOrderInput(self.suggestion, id="new-name")
             yield Static("", id="name-error")
 
     def on_mount(self) -> None:
@@ -243,7 +246,7 @@ class ProfileEditorScreen(Screen[str | None]):
             options = [(b, b) for b in self.backends]
             if backend and backend not in self.backends:
                 options.insert(0, (f"{backend} (not in this SGLang)", backend))
-            select = Select(
+            select = PageSafeSelect(
                 options,
                 prompt="auto (SGLang decides)",
                 id="attention_backend",
@@ -301,11 +304,14 @@ class ProfileEditorScreen(Screen[str | None]):
     def _input(
         self, label: str, widget_id: str, value: Any, kind: str = "text", placeholder: str = ""
     ) -> list[Any]:
-        field = Input(_text(value), id=widget_id, type=kind, placeholder=placeholder, compact=True)
+        field = InOrderInput(_text(value), id=widget_id, type=kind, placeholder=placeholder, compact=True)
         return self._row(label, field)
 
     def _form_ready(self) -> None:
-        self.query_one("#model_path", Input).focus()
+        fields = self.query("#model_path")
+        if not fields:
+            return  # the editor was closed before its form was drawn
+        fields.first(Input).focus()
         self._validate_now()
 
     def _row(self, label: str, widget: Any) -> list[Any]:
@@ -315,6 +321,16 @@ class ProfileEditorScreen(Screen[str | None]):
         ]
 
     # -- reading the form -----------------------------------------------------------------------------------
+
+    def _read_form(self) -> tuple[Any, dict[str, str]] | None:
+        """`form_profile()`, or None while the form is not (or no longer) on screen: keys and timers can
+        arrive before the loaded form is mounted and after the editor was closed."""
+        if self.profile is None or not self.is_attached or not self.query("#env"):
+            return None
+        try:
+            return self.form_profile()
+        except NoMatches:
+            return None
 
     def form_profile(self) -> tuple[Any, dict[str, str]]:
         """The profile the form describes, and the fields that do not parse (widget id -> message)."""
@@ -389,9 +405,9 @@ class ProfileEditorScreen(Screen[str | None]):
     @on(Select.Changed)
     @on(EnvTable.Changed)
     def _changed(self) -> None:
-        if self.profile is None or not self.query("#env"):
-            return  # the form is still being built
-        form_profile, errors = self.form_profile()
+        if (read := self._read_form()) is None:
+            return  # the form is still being built, or already gone
+        form_profile, errors = read
         self.dirty = bool(errors) or form_profile != self.profile
         state = " · modified" if self.dirty else ""
         self.query_one("#editor-title", Static).update(f"Edit profile {self.profile_name}{state}")
@@ -401,7 +417,9 @@ class ProfileEditorScreen(Screen[str | None]):
 
     def _validate_now(self) -> None:
         self._debounce = None
-        profile, errors = self.form_profile()
+        if (read := self._read_form()) is None:
+            return
+        profile, errors = read
         self._check_seq += 1
         self.run_worker(
             partial(_check, profile, errors, self.home, self._check_seq),
@@ -434,11 +452,21 @@ class ProfileEditorScreen(Screen[str | None]):
 
     def _savable(self) -> Any:
         """The form's profile, or None (and a notification naming the fields) when it does not parse."""
-        if self.profile is None:
+        if (read := self._read_form()) is None:
+            self.notify("The form is still loading: nothing saved yet.", title="not saved", severity="warning")
             return None
-        profile, errors = self.form_profile()
+        profile, errors = read
         if errors:
             self.notify("\n".join(errors.values()), title="not saved", severity="error")
+            return None
+        from sessions.profiles import validate_profile
+
+        # Checked now, on exactly what is in the form (the live check may be a keystroke behind).
+        refused = [p for p in validate_profile(profile, check_port=False) if p.is_error]
+        if refused:
+            lines = [f"{p.field}: {p.message}" for p in refused]
+            self.notify("The profile does not validate:\n" + "\n".join(lines), title="not saved",
+                        severity="error", timeout=15)
             return None
         return profile
 

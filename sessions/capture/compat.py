@@ -330,7 +330,7 @@ def check_sglang(root: str | os.PathLike, model_path: str | os.PathLike | None =
         add(flag, "capture flag", FLAG_FILES, flag_test)
 
     if model_path is not None:
-        from sessions.profiles import ModelConfigError, read_model_config
+        from sessions.profiles.model_config import ModelConfigError, read_model_config
 
         try:
             arch = read_model_config(model_path).architecture
