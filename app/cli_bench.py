@@ -13,6 +13,11 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from sessions.bench.session_bench import BenchOptions
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -76,7 +81,7 @@ def _bench(args: argparse.Namespace) -> int:
     return 0
 
 
-def _options(args: argparse.Namespace):
+def _options(args: argparse.Namespace) -> BenchOptions:
     from app.cli import EXIT_BAD_INPUT, CliError
     from sessions.bench.runner import BenchError
     from sessions.bench.session_bench import BenchOptions, parse_concurrency
@@ -90,7 +95,7 @@ def _options(args: argparse.Namespace):
     return options
 
 
-def _progress_printer():
+def _progress_printer() -> Callable[[int, int, int], None]:
     tty = sys.stderr.isatty()
 
     def progress(concurrency: int, done: int, total: int) -> None:

@@ -10,6 +10,7 @@ fast; one compare runs on the demo's own tiny-llama profiles.
 
 from __future__ import annotations
 
+import itertools
 import json
 import re
 import statistics
@@ -121,17 +122,17 @@ def test_spec_serving_keeps_the_targets_tokens_and_reports_like_sglang(tmp_path,
         assert status == 200
         chunks = [json.loads(p[len(b"data: "):]) for p in raw.split(b"\n\n") if p and p != b"data: [DONE]"]
         lengths = [len(c["output_ids"]) for c in chunks]
-        assert lengths[-1] == 41 and max(b - a for a, b in zip(lengths, lengths[1:])) > 1
+        assert lengths[-1] == 41 and max(b - a for a, b in itertools.pairwise(lengths)) > 1
         lines = [ln for ln in spec.stderr.splitlines() if "Decode batch" in ln]
         assert lines and all(SPEC_DECODE_RE.match(ln) for ln in lines), lines[:3]
         accepts = [float(SPEC_DECODE_RE.match(ln).group(1)) for ln in lines]
         assert 1.0 <= min(accepts) and max(accepts) <= 4.0
         assert all("accept len" not in ln for ln in plain.stderr.splitlines())
         metrics = http("GET", spec.url("/metrics"))[1].decode()
-        gauge = re.search(r"^sglang:spec_accept_length\{[^}]*\} ([\d.]+)$", metrics, re.M)
+        gauge = re.search(r"^sglang:spec_accept_length\{[^}]*\} ([\d.]+)$", metrics, re.MULTILINE)
         assert gauge and float(gauge.group(1)) == pytest.approx(accepts[-1], abs=0.006)
-        assert re.search(r"^sglang:spec_num_draft_tokens\{[^}]*\} 4\.0$", metrics, re.M)
-        verify = re.search(r"^sglang:spec_verify_calls_total\{[^}]*\} ([\d.]+)$", metrics, re.M)
+        assert re.search(r"^sglang:spec_num_draft_tokens\{[^}]*\} 4\.0$", metrics, re.MULTILINE)
+        verify = re.search(r"^sglang:spec_verify_calls_total\{[^}]*\} ([\d.]+)$", metrics, re.MULTILINE)
         assert verify and float(verify.group(1)) >= meta["spec_verify_ct"]
         state = _ok(http_json("GET", spec.url("/server_info")))["internal_states"][0]
         assert 1.0 < state["avg_spec_accept_length"] <= 4.0

@@ -307,7 +307,7 @@ class BenchScreen(Screen):
 
 def compare_rows(report: dict[str, Any]) -> list[tuple[str, ...]]:
     """The compare table's cells, one row per concurrency."""
-    rows = []
+    rows: list[tuple[str, ...]] = []
     for run in report["runs"]:
         a, b = run["a"], run["b"]
         rows.append((
