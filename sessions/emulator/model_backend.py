@@ -217,6 +217,10 @@ class ModelBackend:
         if device is None:
             device = "cuda" if torch.cuda.is_available() else "cpu"
         self.device = torch.device(device)
+        if self.device.type == "cpu" and "OMP_NUM_THREADS" not in os.environ:
+            # A forward of a model this small gains nothing from intra-op threads, and on a shared CPU
+            # torch's one-thread-per-core pool oversubscribes it: one token then takes 100 ms instead of 5.
+            torch.set_num_threads(1)
         dtype = torch.bfloat16 if self.device.type == "cuda" else torch.float32
         from transformers.utils import logging as hf_logging
 

@@ -52,6 +52,7 @@ from sessions.emulator.faults import (
 from sessions.emulator.gpu_memory import GIB, GpuMemoryHolder, MemoryPlan, kv_dtype_name, plan_memory
 from sessions.emulator.model_config import ModelConfig, load_model_config
 from sessions.emulator.pacing import Pacing
+from sessions.emulator.spec_decode import SpecDecoding
 from sessions.emulator.speculative import (
     check_draft_model,
     draft_architecture,
@@ -179,6 +180,10 @@ class Scheduler:
         self._busy = False
         self.init_model_worker()
         if self.tp_rank == 0:
+            runner = self.model_runner
+            spec_model = (SpecDecoding.from_server(self.args, spec.options, runner.model.param_count(),
+                                                   runner.draft_config)
+                          if is_speculative(self.args) else None)
             self.batcher = Batcher(
                 self.model_runner.backend,
                 self.args,
@@ -188,6 +193,7 @@ class Scheduler:
                 self.model_runner.max_running_requests,
                 self.tp_group.send,
                 self.tp_rank,
+                spec_model,
             )
         self.report_ready()
 
@@ -314,7 +320,11 @@ class Scheduler:
             },
             "effective_max_running_requests_per_dp": self.model_runner.max_running_requests,
             "last_gen_throughput": self.last_gen_throughput,
-        }
+        } | self._spec_state()
+
+    def _spec_state(self) -> dict[str, Any]:
+        accept = self.batcher.avg_spec_accept_length if self.batcher is not None else None
+        return {} if accept is None else {"avg_spec_accept_length": accept}
 
     def flush_cache(self) -> dict[str, Any]:
         if self.batcher is not None:
@@ -354,6 +364,7 @@ class ModelRunner:
         self.fault = scheduler.options.fault
         self.tp_group = scheduler.tp_group
         self.model: ModelConfig = load_model_config(self.args["model_path"])
+        self.draft_config: dict[str, Any] | None = None  # the EAGLE draft's config.json (DraftWorker)
         self.plan: MemoryPlan = plan_memory(self.model, self.args, self.fault, self.tp_rank)
         self.context_len = context_len(self.args, self.model)
         self.max_running_requests = self.args["max_running_requests"] or max(
@@ -691,6 +702,7 @@ class DraftWorker:
             raise TypeError("expected str, bytes or os.PathLike object, not NoneType")
         config = read_draft_config(path)
         check_draft_model(config, self.args["speculative_algorithm"])
+        runner.draft_config = config
         size_gb = draft_weight_gb(config, Path(path).expanduser())
         runner.pacing.sleep(max(pacing.WEIGHT_LOAD_MIN_S / 4, size_gb / pacing.WEIGHT_LOAD_GB_PER_S))
         elapsed = time.monotonic() - begin
