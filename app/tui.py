@@ -40,9 +40,9 @@ class ActionsProvider(Provider):
 
     def _commands(self) -> list[tuple[str, Callable[[], Any], str]]:
         app = self.app
-        dashboard: DashboardScreen | None = getattr(app, "dashboard", None)
-        if dashboard is None:
+        if not isinstance(app, Eagle3App) or app.dashboard is None:  # this provider is Eagle3App's only
             return []
+        dashboard = app.dashboard
         commands: list[tuple[str, Callable[[], Any], str]] = [
             ("Launch selected profile", dashboard.action_launch, "Start the highlighted profile (l)"),
             ("Restart session", dashboard.action_restart, "Stop and relaunch, showing the flag diff (r)"),
@@ -180,7 +180,8 @@ class Eagle3App(App[int]):
         """Open the palette (ctrl+p): Textual's, with a burst-safe input and a page-safe list."""
         from app.palette import SafeCommandPalette
 
-        if self.use_command_palette and not SafeCommandPalette.is_open(self):
+        # CommandPalette.is_open takes App[object], and App is invariant in its return type (App[int] here).
+        if self.use_command_palette and not SafeCommandPalette.is_open(self):  # type: ignore[arg-type]
             self.push_screen(SafeCommandPalette(id="--command-palette"))
 
     def action_help(self) -> None:
@@ -252,8 +253,10 @@ def terminal_alive(fd: int | None = None) -> bool:
     """False once the controlling terminal hung up (tcgetattr fails with EIO/ENOTTY/EBADF)."""
     if fd is None:
         try:
+            if sys.__stdin__ is None:  # started without a stdin at all
+                return False
             fd = sys.__stdin__.fileno()
-        except (AttributeError, ValueError, OSError):
+        except (ValueError, OSError):
             return False
     try:
         termios.tcgetattr(fd)

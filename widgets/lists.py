@@ -177,7 +177,7 @@ class PageSafeSelectOverlay(SelectOverlay):
             super()._move_page(direction)
 
 
-class PageSafeSelect(Select):  # type: ignore[type-arg]
+class PageSafeSelect(Select):
     """A Select whose drop-down pages safely; otherwise Textual's own."""
 
     def compose(self) -> ComposeResult:

@@ -10,13 +10,12 @@ ask for an immediate poll when done.  Nothing here blocks the UI thread.
 from __future__ import annotations
 
 import dataclasses
-import importlib
 from functools import partial
 from typing import Any, ClassVar
 
 from textual import on
 from textual.app import ComposeResult
-from textual.binding import Binding
+from textual.binding import BindingType
 from textual.containers import Container, Horizontal, Vertical, VerticalScroll
 from textual.message import Message
 from textual.screen import Screen
@@ -101,12 +100,15 @@ class DashboardScreen(Screen):
 
     # Help and Quit first in the footer: app bindings would come after the screen's own, and an 80-column
     # footer cuts the last ones off.
-    BINDINGS: ClassVar[list[Binding]] = [
+    BINDINGS: ClassVar[list[BindingType]] = [
         dataclasses.replace(KEYS_BY_ID["app.help"].binding(), action="app.help"),
         dataclasses.replace(KEYS_BY_ID["app.quit"].binding(), action="app.quit"),
         *bindings(DASHBOARD_KEYS),
     ]
-    HORIZONTAL_BREAKPOINTS: ClassVar[list[tuple[int, str]]] = [(0, "-narrow"), (WIDE_AT, "-wide")]
+    # Textual annotates this "ClassVar[...] | None", which mypy reads as an instance variable.
+    HORIZONTAL_BREAKPOINTS: ClassVar[list[tuple[int, str]]] = (  # type: ignore[misc]
+        [(0, "-narrow"), (WIDE_AT, "-wide")]
+    )
     DEFAULT_CSS = """
     DashboardScreen { layout: vertical; }
     DashboardScreen .pane {
@@ -267,8 +269,10 @@ class DashboardScreen(Screen):
             return
         if event.state == WorkerState.SUCCESS:
             self._poll_worker = None
+            snapshot = worker.result
+            assert isinstance(snapshot, DashboardSnapshot)  # what the "poll" worker returns on success
             if self.selected_session == self._polled_for:
-                self._render_snapshot(worker.result)
+                self._render_snapshot(snapshot)
             else:
                 # Another session was selected while this poll ran (a launch, a restart, a click): the
                 # snapshot answers for the one shown before, and drawing it would select that one again.
@@ -357,11 +361,8 @@ class DashboardScreen(Screen):
         if snapshot.capture is None:
             slot.display = False
             return
-        try:
-            from widgets.capture_panel import CapturePanel
-        except ImportError:
-            slot.display = False
-            return
+        from widgets.capture_panel import CapturePanel
+
         panels = slot.query(CapturePanel)
         panel = panels.first() if panels else None
         if panel is None:
@@ -370,7 +371,7 @@ class DashboardScreen(Screen):
         status = snapshot.status
         layers = None
         if status is not None and status.profile == snapshot.capture_profile:
-            layers = getattr(status.summary, "capture_layers", None)
+            layers = status.summary.capture_layers
         panel.update_status(snapshot.capture, layers)
         slot.display = True
 
@@ -604,38 +605,29 @@ class DashboardScreen(Screen):
 
         self.app.push_screen(ProfileEditorScreen(name, self.feed.home), closed)
 
-    def _optional(self, module: str, attribute: str, what: str) -> Any:
-        """A part that another issue delivers: import it lazily; say so when it is not there yet."""
-        try:
-            return getattr(importlib.import_module(module), attribute)
-        except (ImportError, AttributeError):
-            self.notify(f"{what} is not available yet.", severity="warning")
-            return None
-
     def action_diagnose(self) -> None:
+        from app.screens.diagnose import DiagnoseScreen
+
         status = self._require_session("diagnose")
         if status is None:
             return
-        screen_class = self._optional("app.screens.diagnose", "DiagnoseScreen", "Diagnose")
-        if screen_class is not None:
-            self.app.push_screen(screen_class(status.session_id, home=self.feed.home))
+        self.app.push_screen(DiagnoseScreen(status.session_id, home=self.feed.home))
 
     def action_jobs(self) -> None:
-        screen_class = self._optional("app.screens.jobs", "JobsScreen", "Jobs")
-        if screen_class is not None:
-            self.app.push_screen(screen_class(home=self.feed.home))
+        from app.screens.jobs import JobsScreen
+
+        self.app.push_screen(JobsScreen(home=self.feed.home))
 
     def action_bench(self) -> None:
         """b: bench the selected session when it is ready; the kept results either way."""
-        screen_class = self._optional("app.screens.bench", "BenchScreen", "Bench")
-        if screen_class is None:
-            return
+        from app.screens.bench import BenchScreen
+
         status = self.selected_status()
         ready = status is not None and status.state == "ready"
         if status is not None and not ready:
             self.notify(f"{status.session_id} is {status.state}: showing kept bench results only",
                         severity="warning")
-        self.app.push_screen(screen_class(self.feed.home, status.session_id if ready else None))
+        self.app.push_screen(BenchScreen(self.feed.home, status.session_id if ready else None))
 
     def action_capture(self) -> None:
         """c: show what toggling capture changes in the launch command, then ask y/N before saving."""
@@ -781,7 +773,7 @@ class DashboardScreen(Screen):
     def _apply_filter(self, close: bool = True) -> None:
         text = self.query_one("#filter-input", Input).value
         value = self.query_one("#filter-rank", Select).value
-        rank = None if value is Select.NULL else int(value)
+        rank = int(value) if isinstance(value, str) else None  # options are str(rank); else Select.NULL
         try:
             log_filter = LogFilter.parse(text, rank)
         except ValueError as exc:

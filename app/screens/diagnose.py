@@ -16,7 +16,7 @@ from typing import Any, ClassVar
 from rich.text import Text
 from textual import work
 from textual.app import ComposeResult
-from textual.binding import Binding
+from textual.binding import Binding, BindingType
 from textual.containers import Vertical, VerticalScroll
 from textual.css.query import NoMatches
 from textual.screen import Screen
@@ -70,7 +70,7 @@ class DiagnoseScreen(Screen):
     DiagnoseScreen .stack-text { padding-left: 2; }
     """
 
-    BINDINGS: ClassVar[list[Binding]] = [
+    BINDINGS: ClassVar[list[BindingType]] = [
         Binding("b", "save_bundle", "Save bundle", id="diagnose.bundle"),
         Binding("r", "rediagnose", "Again", id="diagnose.again"),
         Binding("escape", "back", "Back", id="diagnose.back"),
@@ -135,7 +135,8 @@ class DiagnoseScreen(Screen):
         except Exception as exc:  # noqa: BLE001 - a failed diagnosis is shown, never crashes the TUI
             self.app.call_from_thread(self._show_error, f"{type(exc).__name__}: {exc}")
             return
-        self.app.call_from_thread(self._show, result)
+        # Textual's call_from_thread solves its return TypeVar to Never for an async callback (None).
+        self.app.call_from_thread(self._show, result)  # type: ignore[arg-type]
 
     @work(thread=True, exclusive=True, group="bundle")
     def _write_bundle(self) -> None:

@@ -19,9 +19,10 @@ from typing import Any, ClassVar
 from rich.text import Text
 from textual import work
 from textual.app import ComposeResult
-from textual.binding import Binding
+from textual.binding import Binding, BindingType
 from textual.containers import Vertical
 from textual.css.query import NoMatches
+from textual.notifications import SeverityLevel
 from textual.screen import ModalScreen, Screen
 from textual.widgets import Footer, Input, ListItem, ListView, ProgressBar, Static
 
@@ -177,7 +178,7 @@ class SpecPathModal(DismissOnce, ModalScreen[str | None]):
                                background: $surface; padding: 0 1; }
     SpecPathModal #known-specs { color: $text-muted; }
     """
-    BINDINGS: ClassVar[list[Binding]] = [Binding("escape", "cancel", "Cancel", id="jobs.new.cancel")]
+    BINDINGS: ClassVar[list[BindingType]] = [Binding("escape", "cancel", "Cancel", id="jobs.new.cancel")]
 
     def __init__(self, default: str = "", known: list[str] | None = None) -> None:
         super().__init__()
@@ -218,7 +219,7 @@ class JobsScreen(Screen):
     JobsScreen ListView { height: 1fr; }
     """
 
-    BINDINGS: ClassVar[list[Binding]] = [
+    BINDINGS: ClassVar[list[BindingType]] = [
         Binding("n", "new", "New job", id="jobs.new"),
         Binding("p", "pause", "Pause", id="jobs.pause"),
         Binding("r", "resume", "Resume", id="jobs.resume"),
@@ -267,7 +268,8 @@ class JobsScreen(Screen):
             self.app.call_from_thread(self.notify, f"Cannot read jobs: {exc}", severity="error")
             jobs = self.jobs
         errors = {p.job_id: error_reasons(p.output_dir) for p in jobs if p.failed_lines and p.output_dir}
-        self.app.call_from_thread(self._show, jobs, errors)
+        # Textual's call_from_thread solves its return TypeVar to Never for an async callback returning None.
+        self.app.call_from_thread(self._show, jobs, errors)  # type: ignore[arg-type]
 
     async def _show(self, jobs: list[Any], errors: dict[str, tuple[tuple[str, int], ...]] | None = None) -> None:
         """Bring the rows in line with ``jobs``, in place: a row per job id, updated, added or removed.
@@ -286,8 +288,8 @@ class JobsScreen(Screen):
             selected = self.selected()
             wanted = {p.job_id for p in jobs}
             gone = [row for job_id, row in self._rows.items() if job_id not in wanted]
-            for row in gone:
-                del self._rows[row.progress.job_id]
+            for gone_row in gone:
+                del self._rows[gone_row.progress.job_id]
             if gone:
                 await view.remove_items([view.children.index(row) for row in gone if row in view.children])
             for position, p in enumerate(jobs):  # newest first, as list_jobs orders them
@@ -322,7 +324,7 @@ class JobsScreen(Screen):
             before = self._states.get(p.job_id)
             self._states[p.job_id] = p.state
             if before is not None and before != p.state and p.state in _FINAL and not self._first_poll:
-                severity = "information" if p.state in ("done", "cancelled") else "error"
+                severity: SeverityLevel = "information" if p.state in ("done", "cancelled") else "error"
                 detail = f": {p.reason}" if p.reason else ""
                 self.notify(f"Job {p.name or p.job_id} {p.state} ({p.done}/{p.total} samples){detail}",
                             severity=severity, timeout=10)

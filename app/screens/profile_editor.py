@@ -15,11 +15,11 @@ import re
 import shlex
 from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from textual import on
 from textual.app import ComposeResult
-from textual.binding import Binding
+from textual.binding import Binding, BindingType
 from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.css.query import NoMatches
 from textual.message import Message
@@ -39,6 +39,7 @@ if TYPE_CHECKING:
 
 VALIDATE_DEBOUNCE_S = 0.3
 _PROFILE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
+_InputKind = Literal["integer", "number", "text"]  # what Textual's Input(type=...) takes
 
 # form widget id -> the profile field that `validate_profile` names in its problems
 FIELD_OF_WIDGET = {
@@ -93,7 +94,7 @@ class NameModal(DismissOnce, ModalScreen[str | None]):
                            background: $surface; padding: 0 1; }
     NameModal #name-error { color: $error; height: auto; }
     """
-    BINDINGS: ClassVar[list[Binding]] = [Binding("escape", "cancel", "Cancel")]
+    BINDINGS: ClassVar[list[BindingType]] = [Binding("escape", "cancel", "Cancel")]
 
     def __init__(self, suggestion: str, profiles_dir: Path) -> None:
         super().__init__()
@@ -134,7 +135,10 @@ class ProfileEditorScreen(DismissOnce, Screen[str | None]):
     """Edit one profile; dismisses with the saved name (or None when nothing was saved)."""
 
     BINDINGS = bindings(EDITOR_KEYS)
-    HORIZONTAL_BREAKPOINTS: ClassVar[list[tuple[int, str]]] = [(0, "-narrow"), (120, "-wide")]
+    # Textual annotates this "ClassVar[...] | None", which mypy reads as an instance variable.
+    HORIZONTAL_BREAKPOINTS: ClassVar[list[tuple[int, str]]] = (  # type: ignore[misc]
+        [(0, "-narrow"), (120, "-wide")]
+    )
     DEFAULT_CSS = """
     ProfileEditorScreen { layout: vertical; }
     ProfileEditorScreen #editor-title { height: 1; padding: 0 1; background: $panel; text-style: bold; }
@@ -220,11 +224,13 @@ class ProfileEditorScreen(DismissOnce, Screen[str | None]):
         worker = event.worker
         if worker.name == "editor-load":
             if event.state == WorkerState.SUCCESS:
+                assert worker.result is not None  # _load returns (profile, backends, note)
                 self.profile, self.backends, self.sglang_note = worker.result
                 self._build_form()
             elif event.state == WorkerState.ERROR:
                 self._show_load_error(worker.error)
         elif worker.name == "editor-validate" and event.state == WorkerState.SUCCESS:
+            assert isinstance(worker.result, EditorCheck)  # what _check returns
             self._show_check(worker.result)
 
     def _show_load_error(self, error: BaseException | None) -> None:
@@ -311,7 +317,7 @@ class ProfileEditorScreen(DismissOnce, Screen[str | None]):
         self.call_after_refresh(self._form_ready)
 
     def _input(
-        self, label: str, widget_id: str, value: Any, kind: str = "text", placeholder: str = ""
+        self, label: str, widget_id: str, value: Any, kind: _InputKind = "text", placeholder: str = ""
     ) -> list[Any]:
         field = InOrderInput(_text(value), id=widget_id, type=kind, placeholder=placeholder, compact=True)
         return self._row(label, field)
@@ -368,8 +374,8 @@ class ProfileEditorScreen(DismissOnce, Screen[str | None]):
         backend_widget = self.query_one("#attention_backend")
         if isinstance(backend_widget, Select):
             backend = None if backend_widget.value is Select.NULL else str(backend_widget.value)
-        else:
-            backend = backend_widget.value.strip() or None
+        else:  # free text when SGLang's choices are unknown (_build_form)
+            backend = self.query_one("#attention_backend", Input).value.strip() or None
         try:
             extra_args = tuple(shlex.split(value("extra_args")))
         except ValueError as exc:
@@ -535,10 +541,11 @@ class ProfileEditorScreen(DismissOnce, Screen[str | None]):
         if not self.dirty:
             self.dismiss(self.saved_name)
             return
-        self.app.push_screen(
-            ConfirmModal("Discard the unsaved changes?", yes_label="Discard (y)"),
-            lambda yes: self.dismiss(self.saved_name) if yes else None,
-        )
+        def answered(yes: bool | None) -> None:
+            if yes:
+                self.dismiss(self.saved_name)
+
+        self.app.push_screen(ConfirmModal("Discard the unsaved changes?", yes_label="Discard (y)"), answered)
 
     def action_add_env(self) -> None:
         tables = self.query(EnvTable)
@@ -591,8 +598,8 @@ def _check(profile: Any, parse_errors: dict[str, str], home: Home | None = None,
 
     by_widget: dict[str, list[tuple[str, str]]] = {}
     general: list[str] = []
-    for widget_id, message in parse_errors.items():
-        by_widget.setdefault(widget_id, []).append(("error", message))
+    for parsed_id, message in parse_errors.items():
+        by_widget.setdefault(parsed_id, []).append(("error", message))
     try:
         problems = validate_profile(profile, check_port=False) + _port_problems(profile, home)
     except Exception as exc:  # noqa: BLE001

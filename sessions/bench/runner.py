@@ -22,6 +22,9 @@ from sessions.bench.metrics import calculate_metrics
 from sessions.bench.prompts import Prompt
 
 Progress = Callable[[int, int, int], None]  # (max_concurrency, done, total)
+# Called with ("start", max_concurrency) before a run's first request and ("end", max_concurrency) after its
+# last response, so a caller can take what the server logged during that run (`bench compare`).
+RunHook = Callable[[str, int], None]
 
 
 class BenchError(Exception):
@@ -69,7 +72,8 @@ def _headers(plan: BenchPlan) -> dict[str, str] | None:
     return {"authorization": f"Bearer {plan.api_key}"} if plan.api_key else None
 
 
-async def run_bench_async(plan: BenchPlan, progress: Progress | None = None) -> dict[str, Any]:
+async def run_bench_async(plan: BenchPlan, progress: Progress | None = None,
+                          on_run: RunHook | None = None) -> dict[str, Any]:
     """The runs (one metrics dict per concurrency) and the server's ``/server_info`` facts."""
     import httpx
 
@@ -90,7 +94,11 @@ async def run_bench_async(plan: BenchPlan, progress: Progress | None = None) -> 
         runs = []
         for concurrency in plan.concurrencies:
             await asyncio.sleep(plan.settle_s)
+            if on_run is not None:
+                on_run("start", concurrency)
             runs.append(await _one_run(client, plan, concurrency, progress))
+            if on_run is not None:
+                on_run("end", concurrency)
         return {"runs": runs, "server_info": info}
 
 
@@ -131,5 +139,6 @@ async def _one_run(client: Any, plan: BenchPlan, concurrency: int, progress: Pro
     return result
 
 
-def run_bench(plan: BenchPlan, progress: Progress | None = None) -> dict[str, Any]:
-    return asyncio.run(run_bench_async(plan, progress))
+def run_bench(plan: BenchPlan, progress: Progress | None = None,
+              on_run: RunHook | None = None) -> dict[str, Any]:
+    return asyncio.run(run_bench_async(plan, progress, on_run))

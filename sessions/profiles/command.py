@@ -98,11 +98,11 @@ def build_command(profile: LaunchProfile, *, sglang: Any = LOOKUP) -> LaunchComm
             "emulator.decode_tokens_per_s"
         ):
             argv += ["--emulate-decode-tokens-per-s", _number(e.decode_tokens_per_s)]
-        for flag, value in (("--emulate-spec-accept-length", e.spec_accept_length),
-                            ("--emulate-spec-draft-cost", e.spec_draft_cost),
-                            ("--emulate-spec-verify-cost", e.spec_verify_cost)):
-            if value is not None:
-                argv += [flag, _number(value)]
+        for flag, spec_value in (("--emulate-spec-accept-length", e.spec_accept_length),
+                                 ("--emulate-spec-draft-cost", e.spec_draft_cost),
+                                 ("--emulate-spec-verify-cost", e.spec_verify_cost)):
+            if spec_value is not None:
+                argv += [flag, _number(spec_value)]
     return LaunchCommand(argv=argv, env_changes=env)
 
 

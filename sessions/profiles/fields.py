@@ -178,12 +178,14 @@ def _num_draft_tokens(extra_args: tuple[str, ...] | list[str]) -> int | None:
     def value(flag: str) -> int | None:
         found = None
         for i, token in enumerate(extra_args):
+            if not isinstance(token, str):  # a wrong type is field_problems' to report; it names no flag here
+                continue
             text = extra_args[i + 1] if token == flag and i + 1 < len(extra_args) else (
                 token[len(flag) + 1:] if token.startswith(flag + "=") else None)
             if text is not None:
                 try:
                     found = int(text)
-                except ValueError:
+                except (TypeError, ValueError):
                     found = None
         return found
 

@@ -51,7 +51,7 @@ def load_profile(name_or_path: str | Path, home: Home | None = None) -> LaunchPr
 
         check_regular(path, "profile")
     except SpecialFileError as exc:
-        raise ProfileError([Problem("profile", exc.strerror)], path) from None
+        raise ProfileError([Problem("profile", exc.strerror or str(exc))], path) from None
     except OSError as exc:
         if exc.errno not in (errno.ENOENT, errno.ENOTDIR):
             raise ProfileError([Problem("profile", f"cannot read {path}: {exc.strerror or exc}")], path) from None
