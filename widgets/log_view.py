@@ -295,6 +295,20 @@ class LogView(Widget, can_focus=True):
 
     # -- drawing ----------------------------------------------------------------------------------------
 
+    def title_text(self) -> str:
+        """The log pane's title: follow or paused (with pending lines), the filter, wrap and timestamps."""
+        parts = ["4 Log"]
+        if self.follow:
+            parts.append("following")
+        else:
+            pending = f" · {self.pending:,} new (End follows)" if self.pending else " (End follows)"
+            parts.append("paused" + pending)
+        if self.log_filter is not None:
+            scanning = " scanning…" if self.filter_scanning else ""
+            parts.append(f"filter {self.log_filter.describe()}{scanning}")
+        parts.extend(name for name, on_ in (("wrap", self.wrap), ("no time", not self.show_timestamps)) if on_)
+        return " · ".join(parts)
+
     def position_text(self) -> str:
         """ "lines 1,200-1,224 of 52,311 · following" for the pane title."""
         count = self.view_count

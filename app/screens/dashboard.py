@@ -17,7 +17,6 @@ from textual import on
 from textual.app import ComposeResult
 from textual.binding import BindingType
 from textual.containers import Container, Horizontal, Vertical, VerticalScroll
-from textual.message import Message
 from textual.screen import Screen
 from textual.timer import Timer
 from textual.widgets import Footer, Input, Select
@@ -25,6 +24,14 @@ from textual.worker import Worker, WorkerState, get_current_worker
 
 from app.feed import DashboardFeed, DashboardSnapshot, PollRequest
 from app.keymap import DASHBOARD_KEYS, KEYS_BY_ID, bindings
+from app.screens.dashboard_messages import (  # re-exported: listeners import them from here too
+    ActionFailed,
+    CaptureToggled,
+    FilterApplied,
+    RestartProposed,
+    SessionLaunched,
+    SessionStopped,
+)
 from sessions.logs import MAIN_RANK, LogFilter
 from widgets.confirm_modal import ConfirmModal
 from widgets.gpu_panel import GpuPanel
@@ -41,52 +48,12 @@ WIDE_AT = 110  # columns: from here on the lists sit left of the session pane (H
 LISTS_MIN_WIDTH = 44
 LISTS_MAX_SHARE = 0.45  # the left column grows to its longest name, up to this share of the screen
 LISTS_CHROME = 6  # the pane's border and padding (4) and a vertical scrollbar (2)
-
-
-# --- messages (tests and other components listen for them) --------------------------------------------------
-
-
-class SessionLaunched(Message):
-    def __init__(self, session_id: str, profile: str) -> None:
-        super().__init__()
-        self.session_id = session_id
-        self.profile = profile
-
-
-class SessionStopped(Message):
-    def __init__(self, session_id: str, stopped: bool, message: str) -> None:
-        super().__init__()
-        self.session_id = session_id
-        self.stopped = stopped
-        self.message = message
-
-
-class RestartProposed(Message):
-    def __init__(self, session_id: str, diff: tuple[str, ...]) -> None:
-        super().__init__()
-        self.session_id = session_id
-        self.diff = diff
-
-
-class ActionFailed(Message):
-    def __init__(self, what: str, message: str) -> None:
-        super().__init__()
-        self.what = what
-        self.message = message
-
-
-class FilterApplied(Message):
-    def __init__(self, log_filter: LogFilter, matches: int) -> None:
-        super().__init__()
-        self.log_filter = log_filter
-        self.matches = matches
-
-
-class CaptureToggled(Message):
-    def __init__(self, profile: str, enabled: bool) -> None:
-        super().__init__()
-        self.profile = profile
-        self.enabled = enabled
+# state -> (toast, severity, seconds shown) when a session enters it
+_TRANSITION_TOASTS: dict[str, tuple[str, Any, float]] = {
+    "ready": ("{} is ready.", "information", 6),
+    "stalled": ("{} has logged nothing for a while: press d to see why.", "warning", 15),
+    "crashed": ("{} crashed: the log pane shows the error; d diagnoses.", "error", 15),
+}
 
 
 class LogPane(Vertical):
@@ -338,22 +305,9 @@ class DashboardScreen(Screen):
             before = previous.get(session_id)
             if before == state or before is None and state not in ("stalled", "crashed"):
                 continue
-            if state == "ready":
-                self.notify(f"{session_id} is ready.", title="ready", timeout=6)
-            elif state == "stalled":
-                self.notify(
-                    f"{session_id} has logged nothing for a while: press d to see why.",
-                    title="stalled",
-                    severity="warning",
-                    timeout=15,
-                )
-            elif state == "crashed":
-                self.notify(
-                    f"{session_id} crashed: the log pane shows the error; d diagnoses.",
-                    title="crashed",
-                    severity="error",
-                    timeout=15,
-                )
+            if state in _TRANSITION_TOASTS:
+                text, severity, timeout = _TRANSITION_TOASTS[state]
+                self.notify(text.format(session_id), title=state, severity=severity, timeout=timeout)
 
     def _render_capture(self, snapshot: DashboardSnapshot) -> None:
         """The capture engineer's CapturePanel, under the timeline, while the profile captures."""
@@ -661,11 +615,7 @@ class DashboardScreen(Screen):
     def _confirm_capture(self, name: str, was_on: bool, lines: list[str], diff: list[str]) -> None:
         flags = "\n".join(diff) if diff else "(none)"
         detail = "\n".join(lines) + "\n\nLaunch command (+ added, - removed, ~ changed):\n" + flags
-        live = next(
-            (p.live_session for p in (self.last_snapshot.profiles if self.last_snapshot else ())
-             if p.name == name and p.live_session),
-            None,
-        )
+        live = self._live_session(name)
         if live:
             detail += f"\n\n{live} keeps running as it is until restarted (r)."
 
@@ -696,15 +646,13 @@ class DashboardScreen(Screen):
             return
         self.app.call_from_thread(self._capture_toggled, name, bool(profile.capture.enabled))
 
+    def _live_session(self, profile: str) -> str | None:
+        """The running session of ``profile`` in the last snapshot, if any."""
+        entries = self.last_snapshot.profiles if self.last_snapshot else ()
+        return next((p.live_session for p in entries if p.name == profile and p.live_session), None)
+
     def _capture_toggled(self, name: str, enabled: bool) -> None:
-        live = next(
-            (
-                p.live_session
-                for p in (self.last_snapshot.profiles if self.last_snapshot else ())
-                if p.name == name and p.live_session
-            ),
-            None,
-        )
+        live = self._live_session(name)
         when = f"restart {live} (r) to apply it" if live else "the next launch uses it"
         self.notify(f"Capture {'on' if enabled else 'off'} for {name}: {when}.", title="capture", timeout=8)
         self.post_message(CaptureToggled(name, enabled))
@@ -752,14 +700,7 @@ class DashboardScreen(Screen):
 
     def _ranks_expected(self) -> int:
         status = self.selected_status()
-        if status is not None:
-            expected = getattr(status.summary, "ranks_expected", None)
-            if expected:
-                return int(expected)
-            schedulers = [r for r in status.ranks if r.rank is not None]
-            if schedulers:
-                return max(r.rank for r in schedulers) + 1
-        return 8
+        return (status.rank_count if status is not None else None) or 8  # before any rank logged: TP8
 
     @on(Input.Submitted, "#filter-input")
     def _filter_submitted(self) -> None:
@@ -842,26 +783,8 @@ class DashboardScreen(Screen):
 
     def _update_log_title(self) -> None:
         log_view = self.query_one(LogView)
-        pane = self.query_one("#log-pane")
-        parts = ["4 Log"]
-        if log_view.follow:
-            parts.append("following")
-        else:
-            pending = f" · {log_view.pending:,} new (End follows)" if log_view.pending else " (End follows)"
-            parts.append("paused" + pending)
-        log_filter = log_view.log_filter
-        if log_filter is not None:
-            scanning = " scanning…" if log_view.filter_scanning else ""
-            parts.append(f"filter {log_filter.describe()}{scanning}")
-        flags = [
-            name for name, on_ in (("wrap", log_view.wrap), ("no time", not log_view.show_timestamps)) if on_
-        ]
-        parts.extend(flags)
-        self._set_title(
-            pane,
-            " · ".join(parts),
-            "" if log_view.follow and log_view.log_filter is None else log_view.position_text(),
-        )
+        self._set_title(self.query_one("#log-pane"), log_view.title_text(),
+                        "" if log_view.follow and log_view.log_filter is None else log_view.position_text())
 
     def _set_title(self, pane: Any, title: str, subtitle: str | None = None) -> None:
         """Set a pane's border texts only when they change: each set repaints the whole pane."""

@@ -138,6 +138,15 @@ class SessionStatus:
     serving: Any = None  # sessions.serving.ServingSnapshot once a stats line was logged
 
     @property
+    def rank_count(self) -> int | None:
+        """How many TP ranks the start has: from its server_args line, else the highest rank seen + 1."""
+        expected = self.summary.ranks_expected
+        if expected:
+            return int(expected)
+        ranks = [r.rank for r in self.ranks if r.rank is not None]
+        return max(ranks) + 1 if ranks else None
+
+    @property
     def has_compile_child(self) -> bool:
         return any(is_compiler_name(p.name) for p in self.processes[1:])
 
