@@ -16,8 +16,8 @@ import os
 import threading
 import time
 import uuid
-from enum import Enum
 from collections.abc import Callable
+from enum import Enum
 from typing import Any, TypeGuard
 
 from sessions.emulator.args import SGLANG_VERSION, context_len

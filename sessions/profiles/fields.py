@@ -4,6 +4,7 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Callable, Mapping
+from functools import partial
 from typing import Any
 
 from sessions.profiles.model import _ENV_NAME, _KINDS, FAULT_IDS, LAUNCHERS, SECTIONS, LaunchProfile, Problem
@@ -129,19 +130,21 @@ def field_problems(profile: LaunchProfile) -> list[Problem]:
     if (chunk := s.chunked_prefill_size) is not None:
         check("server.chunked_prefill_size", lambda: chunk == -1 or chunk > 0,
               f"must be -1 (no chunking) or a positive token count, not {chunk}")
-    # ``check`` calls ``ok`` before it returns, so a lambda in a loop sees this round's loop variable.
+    # In the loops each check gets its value bound by ``partial``, not read late from the loop variable.
     if "server.extra_args" not in bad:
         for i, arg in enumerate(s.extra_args):
-            check(f"server.extra_args[{i}]", lambda: bool(arg), "is an empty argument")
+            check(f"server.extra_args[{i}]", partial(bool, arg), "is an empty argument")
     if "server.env" not in bad:
         for name in s.env:
-            check(f"server.env.{name}", lambda: bool(_ENV_NAME.match(name)),
+            check(f"server.env.{name}", partial(_is_env_name, name),
                   f"{name!r} is not a valid environment variable name")
     if c.layers is not None and "capture.layers" not in bad:
         seen: set[int] = set()
         for i, layer in enumerate(c.layers):
-            check(f"capture.layers[{i}]", lambda: layer >= 0, f"must be a layer index >= 0, not {layer}")
-            check(f"capture.layers[{i}]", lambda: layer not in seen, f"layer {layer} is listed twice")
+            check(f"capture.layers[{i}]", partial(_is_layer_index, layer),
+                  f"must be a layer index >= 0, not {layer}")
+            check(f"capture.layers[{i}]", partial(_not_seen, layer, seen),
+                  f"layer {layer} is listed twice")
             seen.add(layer)
     if c.dir is not None:
         check("capture.dir", lambda: bool(str(c.dir).strip()), "must be a folder path (leave it out for the default)")
@@ -250,6 +253,18 @@ def _text_problems(profile: LaunchProfile, bad: set[str]) -> list[Problem]:
 
 def _gpus(n: int) -> str:
     return f"{n} GPU" if n == 1 else f"{n} GPUs"
+
+
+def _is_env_name(name: Any) -> bool:
+    return bool(_ENV_NAME.match(name))
+
+
+def _is_layer_index(layer: Any) -> bool:
+    return bool(layer >= 0)
+
+
+def _not_seen(layer: Any, seen: set[int]) -> bool:
+    return layer not in seen
 
 
 def _positive(value: Any) -> bool:
