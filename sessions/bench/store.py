@@ -57,7 +57,8 @@ def save_compare(home: Home, report: dict[str, Any]) -> Path:
 def load_compares(home: Home) -> tuple[list[dict[str, Any]], list[str]]:
     """(kept compare reports oldest first, problems)."""
     folder = bench_dir(home)
-    out, problems = [], []
+    out: list[dict[str, Any]] = []
+    problems: list[str] = []
     if not folder.is_dir():
         return out, problems
     for path in sorted(folder.glob("compare-*.json")):

@@ -225,15 +225,15 @@ def _process_reports(
 def _rank_findings(
     summary: StartupSummary, expected: int | None, processes: tuple[ProcessReport, ...], state: str
 ) -> _RankFindings:
-    schedulers = [p for p in processes if p.role == "scheduler" and p.rank is not None]
-    lagging, missing_lwe, silent = _rank_analysis(summary, expected, [p.rank for p in schedulers], state)
-    busy = [p for p in schedulers if (p.cpu_percent or 0.0) >= SPIN_CPU_PERCENT]
+    schedulers = [(p.rank, p) for p in processes if p.role == "scheduler" and p.rank is not None]
+    lagging, missing_lwe, silent = _rank_analysis(summary, expected, [rank for rank, _ in schedulers], state)
+    busy = [p for _, p in schedulers if (p.cpu_percent or 0.0) >= SPIN_CPU_PERCENT]
     idle = tuple(
-        sorted(p.rank for p in schedulers if p.cpu_percent is not None and p.cpu_percent < IDLE_CPU_PERCENT)
+        sorted(rank for rank, p in schedulers if p.cpu_percent is not None and p.cpu_percent < IDLE_CPU_PERCENT)
     ) if busy else ()
     collective = {
-        p.rank: str(p.stack.collective_frame)
-        for p in schedulers
+        rank: str(p.stack.collective_frame)
+        for rank, p in schedulers
         if p.stack is not None and p.stack.ok and p.stack.collective_frame is not None
     }
     return _RankFindings(expected, lagging, missing_lwe, silent, idle, collective)

@@ -76,6 +76,7 @@ def _gpu_snapshot(session: Any, home: Any) -> Any:
         from sessions import gpus as gpu_module
 
         session_dir = Path(getattr(session, "session_dir", "."))
+        source: gpu_module.GpuSource
         if (session_dir / getattr(gpu_module, "EMULATED_GPUS_FILE", "emulated_gpus.json")).is_file():
             source = gpu_module.EmulatedSource(home)
         elif getattr(home, "demo", False):

@@ -25,39 +25,42 @@ class RuntimeEvidence(HintEvidence):
     with_stacks: bool = False
 
 
-def _schedulers(ev: HintEvidence) -> list[ProcessReport]:
+def _schedulers(ev: HintEvidence) -> list[tuple[int, ProcessReport]]:
+    """The scheduler processes that have a rank, as (rank, process), by rank."""
     if not isinstance(ev, RuntimeEvidence):
         return []
-    return sorted((p for p in ev.processes if p.role == "scheduler" and p.rank is not None),
-                  key=lambda p: p.rank)
+    return sorted(((p.rank, p) for p in ev.processes if p.role == "scheduler" and p.rank is not None),
+                  key=lambda ranked: ranked[0])
 
 
 def collective_with_rank_elsewhere(ev: HintEvidence) -> Mapping[str, str] | None:
     """Predicate: some ranks wait inside a collective while others (with a stack) are somewhere else."""
-    waiting, elsewhere = [], []
-    for p in _schedulers(ev):
+    waiting: list[tuple[int, stacks.StackDump]] = []
+    elsewhere: list[tuple[int, stacks.StackDump]] = []
+    for rank, p in _schedulers(ev):
         if p.stack is None or not p.stack.ok:
             continue
-        (waiting if p.stack.collective_frame is not None else elsewhere).append(p)
+        (waiting if p.stack.collective_frame is not None else elsewhere).append((rank, p.stack))
     if not waiting or not elsewhere:
         return None
-    frames = sorted({str(p.stack.collective_frame) for p in waiting})
+    frames = sorted({str(dump.collective_frame) for _, dump in waiting})
     return {
-        "waiting": _fmt_ranks(p.rank for p in waiting),
+        "waiting": _fmt_ranks(rank for rank, _ in waiting),
         "collective": "; ".join(frames),
-        "others": "; ".join(f"TP{p.rank} in {p.stack.blocked_in}" for p in elsewhere),
+        "others": "; ".join(f"TP{rank} in {dump.blocked_in}" for rank, dump in elsewhere),
     }
 
 
 def all_ranks_in_collective(ev: HintEvidence) -> Mapping[str, str] | None:
     """Predicate: every scheduler rank of this node has a stack and waits in a collective."""
     ranks = _schedulers(ev)
-    if len(ranks) < 2 or any(p.stack is None or not p.stack.ok or p.stack.collective_frame is None
-                             for p in ranks):
+    waiting = [p.stack for _, p in ranks
+               if p.stack is not None and p.stack.ok and p.stack.collective_frame is not None]
+    if len(ranks) < 2 or len(waiting) < len(ranks):
         return None
-    frames = sorted({str(p.stack.collective_frame) for p in ranks})
-    callers = sorted({_caller_of(p.stack) for p in ranks} - {""})
-    return {"ranks": _fmt_ranks(p.rank for p in ranks), "collective": "; ".join(frames),
+    frames = sorted({str(dump.collective_frame) for dump in waiting})
+    callers = sorted({_caller_of(dump) for dump in waiting} - {""})
+    return {"ranks": _fmt_ranks(rank for rank, _ in ranks), "collective": "; ".join(frames),
             "callers": "; ".join(callers) or "?"}
 
 
@@ -79,12 +82,12 @@ def _caller_of(dump: stacks.StackDump) -> str:
 
 def rank_idle_while_others_spin(ev: HintEvidence) -> Mapping[str, str] | None:
     """Predicate: a rank at ~0% CPU while at least one other rank is busy."""
-    ranks = [p for p in _schedulers(ev) if p.cpu_percent is not None]
-    busy = [p for p in ranks if p.cpu_percent >= SPIN_CPU_PERCENT]
-    idle = [p for p in ranks if p.cpu_percent < IDLE_CPU_PERCENT]
+    cpu = [(rank, p.cpu_percent) for rank, p in _schedulers(ev) if p.cpu_percent is not None]
+    busy = [rank for rank, percent in cpu if percent >= SPIN_CPU_PERCENT]
+    idle = [rank for rank, percent in cpu if percent < IDLE_CPU_PERCENT]
     if not busy or not idle:
         return None
-    return {"idle": _fmt_ranks(p.rank for p in idle), "busy": _fmt_ranks(p.rank for p in busy)}
+    return {"idle": _fmt_ranks(idle), "busy": _fmt_ranks(busy)}
 
 
 def pyspy_permission_denied(ev: HintEvidence) -> Mapping[str, str] | None:

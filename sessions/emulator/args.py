@@ -494,7 +494,8 @@ def resolve_server_args(
 
     ``warn`` receives the warnings SGLang's resolution logs (speculative decoding's adjustments)."""
     randint = rng or random.randint
-    args = {names[0].lstrip("-").replace("-", "_"): None for names, _ in _SGLANG_FLAGS}
+    # One entry per SGLang flag, each of that flag's own type: the record is heterogeneous by design.
+    args: dict[str, Any] = {names[0].lstrip("-").replace("-", "_"): None for names, _ in _SGLANG_FLAGS}
     args.update(vars(ns))
     if args["enable_dp_attention"] and args["attn_dp_size"] == 1:
         args["attn_dp_size"] = args["dp_size"]

@@ -38,7 +38,7 @@ import uuid
 from collections.abc import Generator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from sessions.capture.layers import LayerConvention, LayerRule, rule_for
 from sessions.capture.plugin.eagle3_capture.spec import CaptureSpec, capture_active_line
@@ -225,8 +225,10 @@ class ModelBackend:
         from transformers.utils import logging as hf_logging
 
         hf_logging.disable_progress_bar()  # no "Loading weights" bar in the emulated server log
+        # transformers types PreTrainedModel.to through functools.wraps(nn.Module.to), which loses the bound
+        # self: mypy then reads the device as the model argument.
         self.model = AutoModelForCausalLM.from_pretrained(
-            self.model_dir, local_files_only=True, dtype=dtype).to(self.device).eval()
+            self.model_dir, local_files_only=True, dtype=dtype).to(self.device).eval()  # type: ignore[arg-type]
         self.hidden_size = int(self.model.config.hidden_size)
         self.tokenizer = None
         if not self.config.skip_tokenizer_init:
@@ -335,6 +337,7 @@ class ModelBackend:
             return prompts, batched
         if self.tokenizer is None:
             raise ModelBackendError("text input is not supported with --skip-tokenizer-init; send input_ids")
+        assert text is not None  # exactly one of text and input_ids, checked above
         texts, batched = ([text], False) if isinstance(text, str) else (list(text), True)
         prompts = [self.tokenizer.encode(t, add_special_tokens=True) for t in texts]
         if any(not p for p in prompts):
@@ -368,7 +371,8 @@ class ModelBackend:
         """The text so far (None without a tokenizer), as SGLang's detokenizer sends it."""
         if self.tokenizer is None:
             return None
-        return self.tokenizer.decode(ids, skip_special_tokens=True)
+        # decode's annotation also covers a batch (list[str]); one list of ids decodes to one str.
+        return cast(str, self.tokenizer.decode(ids, skip_special_tokens=True))
 
     def _run_one(self, rid: str, prompt: list[int], params: Mapping[str, Any], want_hidden: bool) -> dict:
         _check_max_new(params)
@@ -447,8 +451,10 @@ class ModelBackend:
         import torch
 
         if self.config.aux_enabled:
+            points = self.config.points
+            assert points is not None  # capture_config sets the points whenever aux capture is on
             # HF hidden_states[p] is the input of decoder layer p (index 0: the embeddings).
-            return torch.cat([out.hidden_states[p][0] for p in self.config.points], dim=-1)
+            return torch.cat([out.hidden_states[p][0] for p in points], dim=-1)
         return out.last_hidden_state[0]
 
     def _next_token(self, last_row: Any) -> int:

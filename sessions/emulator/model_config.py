@@ -86,7 +86,7 @@ class ModelConfig:
 
     def kv_bytes_per_token(self, tp_size: int, kv_dtype_bytes: int = 2) -> int:
         """Bytes of KV cache one token takes on one rank (MLA is not sharded over TP; MHA heads are)."""
-        if self.is_mla:
+        if self.kv_lora_rank is not None:  # is_mla
             return (self.kv_lora_rank + self.qk_rope_head_dim) * self.num_hidden_layers * kv_dtype_bytes
         heads = max(1, self.num_key_value_heads // max(1, tp_size))
         return 2 * heads * self.head_dim * self.num_hidden_layers * kv_dtype_bytes
@@ -113,7 +113,8 @@ def load_model_config(model_path: str | Path) -> ModelConfig:
         raise ModelDirError(f"{config_path}: cannot be read ({exc.strerror})") from None
     if not isinstance(raw, dict):
         raise ModelDirError(f"{config_path}: the top level must be a JSON object")
-    text = raw.get("text_config") if isinstance(raw.get("text_config"), dict) else {}
+    text_config = raw.get("text_config")
+    text: dict[str, Any] = text_config if isinstance(text_config, dict) else {}
 
     def get(key: str, default: Any = None) -> Any:
         value = text.get(key)
@@ -132,15 +133,16 @@ def load_model_config(model_path: str | Path) -> ModelConfig:
         raise ModelDirError(f"{config_path}: architectures must be a list of class names")
     layers = get_int("num_hidden_layers", None)
     hidden = get_int("hidden_size", None)
-    missing = [k for k, v in (("num_hidden_layers", layers), ("hidden_size", hidden)) if v is None]
-    if missing:
+    if layers is None or hidden is None:
+        missing = [k for k, v in (("num_hidden_layers", layers), ("hidden_size", hidden)) if v is None]
         raise ModelDirError(
             f"{config_path}: missing {', '.join(missing)} (looked at the top and in text_config)"
         )
     if layers <= 0 or hidden <= 0:
         raise ModelDirError(f"{config_path}: num_hidden_layers and hidden_size must be positive")
     heads = get_int("num_attention_heads", max(1, hidden // 128)) or 1
-    quant = get("quantization_config") if isinstance(get("quantization_config"), dict) else {}
+    quant_config = get("quantization_config")
+    quant: dict[str, Any] = quant_config if isinstance(quant_config, dict) else {}
     quant_bits = _quant_bits(quant)
     return ModelConfig(
         model_dir=model_dir,

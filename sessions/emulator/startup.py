@@ -37,7 +37,7 @@ import urllib.request
 import uuid
 import warnings
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from sessions.emulator import pacing
 from sessions.emulator.args import (
@@ -203,7 +203,10 @@ class Engine:
         next_check = time.monotonic() + poll_s
         while len(ready) < len(conns):
             timeout = max(0.0, next_check - time.monotonic())
-            for conn in multiprocessing.connection.wait(list(open_conns), timeout):
+            for ready_object in multiprocessing.connection.wait(list(open_conns), timeout):
+                # wait() returns some of the objects it was given, all Connections here; typeshed types the
+                # result as any waitable (Connection | socket | int).
+                conn = cast(multiprocessing.connection.Connection, ready_object)
                 try:
                     message = conn.recv()
                 except (EOFError, OSError):
@@ -420,7 +423,8 @@ class Engine:
             return
         if pyspy:
             for process in live:
-                self._pyspy_dump(process.pid)
+                if process.pid is not None:  # always set: the ranks were started
+                    self._pyspy_dump(process.pid)
         if coredump:
             if os.environ.get("CUDA_ENABLE_USER_TRIGGERED_COREDUMP") != "1":
                 self.console.log(
@@ -531,4 +535,5 @@ class Engine:
         with contextlib.suppress(Exception):  # already stopped or never started
             from multiprocessing import resource_tracker
 
-            resource_tracker._resource_tracker._stop()  # close its pipe and reap it
+            # close its pipe and reap it; _stop is private CPython API that typeshed does not declare
+            resource_tracker._resource_tracker._stop()  # type: ignore[attr-defined]

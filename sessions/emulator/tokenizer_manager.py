@@ -16,8 +16,9 @@ import os
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from enum import Enum
-from typing import Any
+from typing import Any, TypeGuard
 
 from sessions.emulator.args import SGLANG_VERSION, context_len
 from sessions.emulator.backend import RequestError
@@ -46,6 +47,7 @@ def split_generate_request(body: Any) -> tuple[list[dict[str, Any]], bool]:
         raise ContractError("Either text, input_ids or input_embeds should be provided.")
     if text is not None and input_ids is not None:
         raise ContractError("Either text or input_ids should be provided, not both.")
+    prompts: list[tuple[str, str | list[int]]]  # ("text", str) or ("input_ids", ids), one per request
     if text is not None:
         if isinstance(text, str):
             prompts, batch = [("text", text)], False
@@ -85,11 +87,11 @@ def split_generate_request(body: Any) -> tuple[list[dict[str, Any]], bool]:
     return requests, batch
 
 
-def _is_int_list(value: Any) -> bool:
+def _is_int_list(value: Any) -> TypeGuard[list[int]]:
     return isinstance(value, list) and all(isinstance(x, int) and not isinstance(x, bool) for x in value)
 
 
-def _per_item(value: Any, n: int, batch: bool, name: str, ok) -> list[Any]:
+def _per_item(value: Any, n: int, batch: bool, name: str, ok: Callable[[Any], bool]) -> list[Any]:
     if value is None:
         return [None] * n
     if batch and isinstance(value, list):

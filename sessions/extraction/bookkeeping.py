@@ -29,6 +29,20 @@ OUTPUT_FULL_RETRY_S = 1.0
 class OutputBookkeeping(RunReport):
     """Counting, committing and recording outcomes, and pausing while the output disk is full."""
 
+    # The outcomes this layer holds back, and the flags that end the run; `JobRun.__init__` sets them.
+    _uncommitted: list[ManifestEntry]  # written samples waiting for the next group commit
+    _unappended: list[ManifestEntry]  # non-ok outcomes waiting for room on the output disk
+    cancel_requested: bool
+    abort_reason: str | None
+
+    def _read_control(self) -> None:
+        """Apply the job's control file (cancel, pause); the pipeline layer, `JobRun`, implements it."""
+        raise NotImplementedError
+
+    def _stop_sending(self) -> None:
+        """Send no more requests; the pipeline layer, `JobRun`, implements it."""
+        raise NotImplementedError
+
     def _count(self, entry: ManifestEntry, rate: bool = True) -> None:
         self.counts[entry.status] = self.counts.get(entry.status, 0) + 1
         if entry.status == "ok":

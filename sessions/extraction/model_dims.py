@@ -20,7 +20,8 @@ class ModelDims:
 def read_model_dims(model_path: Path) -> ModelDims:
     """The model's shape from config.json; Kimi-K2.5 nests the text model under ``text_config``."""
     config = read_json(model_path / "config.json", default={}) or {}
-    text = config.get("text_config") if isinstance(config.get("text_config"), dict) else {}
+    text_config = config.get("text_config")
+    text: dict[str, Any] = text_config if isinstance(text_config, dict) else {}
 
     def pick(key: str) -> Any:
         return config.get(key) if config.get(key) is not None else text.get(key)

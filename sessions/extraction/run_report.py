@@ -7,15 +7,53 @@ from __future__ import annotations
 import os
 import sys
 import time
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from sessions.extraction.model_dims import draft_layer_ids
 from sessions.extraction.progress import PROGRESS_FILE
 from sessions.home import atomic_write_json
 
+if TYPE_CHECKING:  # type-only: the runner imports these (collector and rendering lazily) at run time
+    from sessions.extraction.backpressure import CaptureSpaceGate
+    from sessions.extraction.client import ExtractionClient
+    from sessions.extraction.collector import CaptureShape
+    from sessions.extraction.model_dims import ModelDims
+    from sessions.extraction.output import OutputDir
+    from sessions.extraction.progress import RateMeter
+    from sessions.extraction.rendering import ChatRenderer
+    from sessions.extraction.spec import JobSpec
+
 
 class RunReport:
-    """The reporting of a job run (its state lives in `JobRun.__init__`)."""
+    """The reporting of a job run (its state is set in `JobRun.__init__` and its start-up)."""
+
+    # The run's state that this layer reports.  Declared, not set, here: `JobRun.__init__` gives each its
+    # first value (``dims`` and ``renderer`` are set by `JobRun.setup`, before anything reads them).
+    job_dir: Path
+    job_id: str
+    meta: dict[str, Any]
+    spec: JobSpec | None
+    output: OutputDir | None
+    started_at: float
+    state: str
+    reason: str | None
+    pause_reasons: dict[str, str]
+    total: int
+    counts: dict[str, int]
+    tokens: int
+    supervised_tokens: int
+    bytes: int
+    rates: RateMeter
+    last_progress_at: float | None
+    shape: CaptureShape | None
+    client: ExtractionClient | None
+    gate: CaptureSpaceGate | None
+    estimated_output_bytes: int | None
+    pipeline_started_at: float | None
+    done_at_pipeline_start: int
+    dims: ModelDims
+    renderer: ChatRenderer
 
     def log(self, message: str) -> None:
         print(f"{time.strftime('%Y-%m-%d %H:%M:%S')} [{self.job_id}] {message}", flush=True)

@@ -26,10 +26,10 @@ import sys
 import threading
 import time
 import traceback
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sessions.extraction.backpressure import CaptureSpaceGate, GateClosed
 from sessions.extraction.bookkeeping import OutputBookkeeping
@@ -48,6 +48,9 @@ from sessions.extraction.output import ManifestEntry, OutputDir, OutputDirError
 from sessions.extraction.progress import RateMeter
 from sessions.extraction.spec import JobSpec, JobSpecError, load_job_spec
 from sessions.home import atomic_write_json, read_json, resolve_home
+
+if TYPE_CHECKING:  # imported where it is used, as the other rendering names are
+    from sessions.extraction.rendering import ChatRenderer
 
 REPORT_INTERVAL_S = 0.5
 PREFLIGHT_SAMPLE_LINES = 64
@@ -68,7 +71,7 @@ class JobRun(OutputBookkeeping):
         meta = read_json(job_dir / JOB_FILE, default={}) or {}
         if "job_id" not in meta:
             raise SystemExit(f"{job_dir} is not a job dir (no {JOB_FILE})")
-        self.job_id: str = meta["job_id"]
+        self.job_id = meta["job_id"]
         self.meta = meta
         self.spec: JobSpec | None = None
         self.output: OutputDir | None = None
@@ -83,7 +86,7 @@ class JobRun(OutputBookkeeping):
         self.tokens = self.supervised_tokens = self.bytes = 0
         self.rates = RateMeter()
         self.last_progress_at: float | None = None
-        self.shape = None
+        self.shape = None  # the first sample's capture shape, which every later one must match
         self._shape_lock = threading.Lock()
         self.client: ExtractionClient | None = None
         self.gate: CaptureSpaceGate | None = None
@@ -131,6 +134,8 @@ class JobRun(OutputBookkeeping):
                      f"{report.removed_tmp} tmp files removed, {report.retried_failed} failed samples to retry")
         for entry in report.entries.values():
             self._count(entry, rate=False)
+        # resolve_spec filled model_path from the session; the spec check requires it with server_url
+        assert spec.model_path is not None
         self.dims = read_model_dims(spec.model_path)
         self.renderer = self._load_renderer(spec)
         self._until_space("writing dataset.json", lambda: self._write_dataset_json(complete=False))
@@ -142,8 +147,10 @@ class JobRun(OutputBookkeeping):
         self._disk_preflight(head)
         return _chain(head, rendered)
 
-    def _load_renderer(self, spec: JobSpec) -> Any:
+    def _load_renderer(self, spec: JobSpec) -> ChatRenderer:
         from sessions.extraction.rendering import ChatRenderer, RendererSetupError
+
+        assert spec.model_path is not None
 
         try:
             renderer = ChatRenderer.load(
@@ -327,7 +334,7 @@ class JobRun(OutputBookkeeping):
                                            name="render")
         renderer_thread.start()
         slots = asyncio.Semaphore(2 * spec.concurrency)
-        tasks: set[asyncio.Task] = set()
+        tasks: set[asyncio.Task[None]] = set()
         try:
             while not self.cancel_requested and not self.abort_reason:
                 try:
@@ -348,7 +355,7 @@ class JobRun(OutputBookkeeping):
                     break
                 task = loop.create_task(self._process(item))
                 tasks.add(task)
-                task.add_done_callback(lambda t: (tasks.discard(t), slots.release()))
+                task.add_done_callback(_done_callback(tasks, slots))
             if tasks:
                 timeout = CANCEL_GRACE_S if (self.cancel_requested or self.abort_reason) else None
                 _done, pending = await asyncio.wait(set(tasks), timeout=timeout)
@@ -387,6 +394,7 @@ class JobRun(OutputBookkeeping):
     async def _process(self, sample: Any) -> None:
         spec = self.spec
         assert spec is not None and spec.capture_dir is not None and self.client and self.gate
+        capture_dir = spec.capture_dir
         rid = f"{spec.rid_prefix}{self.job_id}-{sample.index}"
         sample_id = f"{self.job_id}-{sample.index}"
         loop = asyncio.get_running_loop()
@@ -402,7 +410,7 @@ class JobRun(OutputBookkeeping):
                                     retryable=isinstance(exc, OSError)) from None
 
         async def clear() -> None:
-            await loop.run_in_executor(self.pool, _remove_quietly, spec.capture_dir, rid)
+            await loop.run_in_executor(self.pool, _remove_quietly, capture_dir, rid)
 
         try:
             async with self.gate.reserve(len(sample.input_ids) * self.dump_bytes_per_token):
@@ -410,7 +418,7 @@ class JobRun(OutputBookkeeping):
         except SampleFailed as exc:
             entry = self._entry(sample.index, sample.line, "failed", tokens=len(sample.input_ids),
                                 reason=exc.reason)
-            await loop.run_in_executor(self.pool, _remove_quietly, spec.capture_dir, rid)
+            await loop.run_in_executor(self.pool, _remove_quietly, capture_dir, rid)
         except JobAborted as exc:
             if not self.abort_reason:
                 self.abort_reason = str(exc)
@@ -502,6 +510,16 @@ class JobRun(OutputBookkeeping):
 
 
 _END = object()
+
+
+def _done_callback(tasks: set[asyncio.Task[None]],
+                   slots: asyncio.Semaphore) -> Callable[[asyncio.Task[None]], None]:
+    """A finished sample task leaves the in-flight set and gives its slot back."""
+    def done(task: asyncio.Task[None]) -> None:
+        tasks.discard(task)
+        slots.release()
+
+    return done
 
 
 async def _acquire_unless(slots: asyncio.Semaphore, stop: Any) -> bool:

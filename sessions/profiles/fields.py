@@ -4,6 +4,7 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Callable, Mapping
+from functools import partial
 from typing import Any
 
 from sessions.profiles.model import _ENV_NAME, _KINDS, FAULT_IDS, LAUNCHERS, SECTIONS, LaunchProfile, Problem
@@ -121,25 +122,29 @@ def field_problems(profile: LaunchProfile) -> list[Problem]:
     if s.attention_backend is not None:
         check("server.attention_backend", lambda: bool(str(s.attention_backend).strip()),
               "must name a backend (leave it out for SGLang's automatic choice)")
-    if s.mem_fraction_static is not None:
+    # The optional values are bound to locals: a lambda keeps the narrowing of a local, not of an attribute.
+    if (mem_fraction := s.mem_fraction_static) is not None:
         check("server.mem_fraction_static",
-              lambda: math.isfinite(s.mem_fraction_static) and 0.0 < s.mem_fraction_static < 1.0,
-              f"must be between 0 and 1 (exclusive), not {s.mem_fraction_static}")
-    if s.chunked_prefill_size is not None:
-        check("server.chunked_prefill_size", lambda: s.chunked_prefill_size == -1 or s.chunked_prefill_size > 0,
-              f"must be -1 (no chunking) or a positive token count, not {s.chunked_prefill_size}")
+              lambda: math.isfinite(mem_fraction) and 0.0 < mem_fraction < 1.0,
+              f"must be between 0 and 1 (exclusive), not {mem_fraction}")
+    if (chunk := s.chunked_prefill_size) is not None:
+        check("server.chunked_prefill_size", lambda: chunk == -1 or chunk > 0,
+              f"must be -1 (no chunking) or a positive token count, not {chunk}")
+    # In the loops each check gets its value bound by ``partial``, not read late from the loop variable.
     if "server.extra_args" not in bad:
         for i, arg in enumerate(s.extra_args):
-            check(f"server.extra_args[{i}]", lambda arg=arg: bool(arg), "is an empty argument")
+            check(f"server.extra_args[{i}]", partial(bool, arg), "is an empty argument")
     if "server.env" not in bad:
         for name in s.env:
-            check(f"server.env.{name}", lambda name=name: bool(_ENV_NAME.match(name)),
+            check(f"server.env.{name}", partial(_is_env_name, name),
                   f"{name!r} is not a valid environment variable name")
     if c.layers is not None and "capture.layers" not in bad:
         seen: set[int] = set()
         for i, layer in enumerate(c.layers):
-            check(f"capture.layers[{i}]", lambda layer=layer: layer >= 0, f"must be a layer index >= 0, not {layer}")
-            check(f"capture.layers[{i}]", lambda layer=layer: layer not in seen, f"layer {layer} is listed twice")
+            check(f"capture.layers[{i}]", partial(_is_layer_index, layer),
+                  f"must be a layer index >= 0, not {layer}")
+            check(f"capture.layers[{i}]", partial(_not_seen, layer, seen),
+                  f"layer {layer} is listed twice")
             seen.add(layer)
     if c.dir is not None:
         check("capture.dir", lambda: bool(str(c.dir).strip()), "must be a folder path (leave it out for the default)")
@@ -152,18 +157,17 @@ def field_problems(profile: LaunchProfile) -> list[Problem]:
     if e.gpu_memory_gb is not None:
         check("emulator.gpu_memory_gb", lambda: _positive(e.gpu_memory_gb), f"must be > 0, not {e.gpu_memory_gb}")
     check("emulator.gpus", lambda: isinstance(e.gpus, int) and e.gpus >= 1, f"must be at least 1, not {e.gpus}")
-    if e.spec_accept_length is not None:
+    if (accept := e.spec_accept_length) is not None:
         tokens = _num_draft_tokens(s.extra_args) if isinstance(s.extra_args, (list, tuple)) else None
-        check("emulator.spec_accept_length", lambda: e.spec_accept_length >= 1 and (tokens is None
-              or e.spec_accept_length <= tokens),
+        check("emulator.spec_accept_length", lambda: accept >= 1 and (tokens is None or accept <= tokens),
               f"must be between 1 and the number of draft tokens ({tokens if tokens else 'num-draft-tokens'}), "
-              f"not {e.spec_accept_length}: it counts the accepted drafts plus the bonus token of each step")
-    if e.spec_draft_cost is not None:
-        check("emulator.spec_draft_cost", lambda: 0 < e.spec_draft_cost <= 1,
-              f"must be a fraction of a decode step in (0, 1], not {e.spec_draft_cost}")
-    if e.spec_verify_cost is not None:
-        check("emulator.spec_verify_cost", lambda: e.spec_verify_cost >= 1,
-              f"must be at least 1 (a verify step costs at least a decode step), not {e.spec_verify_cost}")
+              f"not {accept}: it counts the accepted drafts plus the bonus token of each step")
+    if (draft_cost := e.spec_draft_cost) is not None:
+        check("emulator.spec_draft_cost", lambda: 0 < draft_cost <= 1,
+              f"must be a fraction of a decode step in (0, 1], not {draft_cost}")
+    if (verify_cost := e.spec_verify_cost) is not None:
+        check("emulator.spec_verify_cost", lambda: verify_cost >= 1,
+              f"must be at least 1 (a verify step costs at least a decode step), not {verify_cost}")
     check("emulator.decode_tokens_per_s", lambda: _positive(e.decode_tokens_per_s),
           f"must be a rate in tokens per second > 0, not {e.decode_tokens_per_s}")
     if s.launcher == "emulator" and "emulator.gpus" not in bad and "server.tp_size" not in bad:
@@ -249,6 +253,18 @@ def _text_problems(profile: LaunchProfile, bad: set[str]) -> list[Problem]:
 
 def _gpus(n: int) -> str:
     return f"{n} GPU" if n == 1 else f"{n} GPUs"
+
+
+def _is_env_name(name: Any) -> bool:
+    return bool(_ENV_NAME.match(name))
+
+
+def _is_layer_index(layer: Any) -> bool:
+    return bool(layer >= 0)
+
+
+def _not_seen(layer: Any, seen: set[int]) -> bool:
+    return layer not in seen
 
 
 def _positive(value: Any) -> bool:

@@ -7,9 +7,12 @@ import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sessions.profiles.toml_lines import _did_you_mean, _line_of
+
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
 
 LAUNCHERS = ("sglang", "emulator")
 FAULT_IDS = (
@@ -151,7 +154,7 @@ class EmulatorSection:
     spec_verify_cost: float | None = None
 
 
-_SECTION_TYPES: dict[str, type] = {
+_SECTION_TYPES: dict[str, type[DataclassInstance]] = {
     "server": ServerSection,
     "capture": CaptureSection,
     "watch": WatchSection,

@@ -46,7 +46,8 @@ def read_model_config(model_path: str | Path) -> ModelShape:
         raise ModelConfigError(f"{path} is nested too deeply to read") from None
     if not isinstance(raw, dict):
         raise ModelConfigError(f"{path} must hold a JSON object")
-    text = raw.get("text_config") if isinstance(raw.get("text_config"), dict) else {}
+    text_config = raw.get("text_config")
+    text: dict[str, Any] = text_config if isinstance(text_config, dict) else {}
 
     def pick(key: str, kind: type) -> Any:
         for source in (raw, text):
