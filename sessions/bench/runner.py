@@ -7,8 +7,9 @@ bench_serving reads for the accept length).  Every concurrency uses the same see
 concurrency ``c`` sends the first ``max(4, 2c)`` of them (enough to keep ``c`` requests in flight twice
 over), with ``num_prompts`` given it sends all of them every time.
 
-Each request in flight has its own thread and its own blocking ``httpx.Client`` (one keep-alive
-connection each, opened before the clock starts).  bench_serving runs all its streams on one asyncio loop,
+Each request in flight has its own thread and its own blocking ``httpx.Client``.  Like bench_serving,
+which makes a new aiohttp session per request, every request opens its own connection inside its clock
+and closes it after (no keep-alive pool): TTFT counts the same connect that bench_serving's does.  bench_serving runs all its streams on one asyncio loop,
 which works because aiohttp's C parser costs little per chunk.  httpx's asyncio stack (httpcore over
 anyio: a checkpoint and a cancel scope per read or write) costs about twice the CPU, and every step of
 a request waits behind every other stream's parsing: at concurrency 8 the second half of a wave reached
@@ -19,7 +20,6 @@ thread sleeps in ``recv`` and times its chunk as soon as it wakes.
 
 from __future__ import annotations
 
-import contextlib
 import queue
 import socket
 import threading
@@ -81,15 +81,15 @@ def _headers(plan: BenchPlan) -> dict[str, str] | None:
 
 
 def _clients(count: int) -> list[Any]:
-    """One blocking client per request slot, each holding at most one connection (its thread sends one
-    request at a time).  TCP_NODELAY, as aiohttp (bench_serving's client) sets by default: a small
+    """One blocking client per request slot, with one connection at a time and none kept alive: each
+    request connects anew, as bench_serving's fresh session per request does.  TCP_NODELAY, as aiohttp (bench_serving's client) sets by default: a small
     request body must not wait for the server's delayed ACK of the headers.  One TLS context for all:
     building one per client costs more than a request."""
     import httpx
 
     context = httpx.create_ssl_context()
     timeout = httpx.Timeout(6 * 3600.0, connect=10.0)  # bench_serving's 6-hour total
-    limits = httpx.Limits(max_connections=1, max_keepalive_connections=1)
+    limits = httpx.Limits(max_connections=1, max_keepalive_connections=0)
     return [httpx.Client(timeout=timeout, trust_env=False, transport=httpx.HTTPTransport(
         verify=context, limits=limits, socket_options=[(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)]))
         for _ in range(count)]
@@ -124,27 +124,10 @@ def _server_info(client: Any, plan: BenchPlan) -> dict[str, Any]:
         return {}
 
 
-def _open_connections(clients: Sequence[Any], plan: BenchPlan) -> None:
-    """Each slot's connection, open before the clock starts, by a ``GET /v1/models`` per client (at once).
-    bench_serving opens one inside each request, which costs aiohttp little; a slow connect here would
-    delay the later requests of the first wave and be counted as their TTFT.  A failure is not the
-    bench's: the request itself reports it."""
-    def probe(client: Any) -> None:
-        with contextlib.suppress(Exception):
-            client.get(f"{plan.base_url}/v1/models", headers=_headers(plan))
-
-    threads = [threading.Thread(target=probe, args=(c,), daemon=True) for c in clients]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-
-
 def _one_run(clients: Sequence[Any], plan: BenchPlan, concurrency: int,
              progress: Progress | None) -> dict[str, Any]:
     prompts = plan.prompts_for(concurrency)
     slots = clients[: min(concurrency, len(prompts))]
-    _open_connections(slots, plan)
     todo: queue.SimpleQueue[tuple[int, Prompt]] = queue.SimpleQueue()
     for item in enumerate(prompts):
         todo.put(item)
