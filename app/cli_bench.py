@@ -4,12 +4,20 @@
 session's `/generate` (streaming, as SGLang's bench_serving sends them), prints one table (or with `--json`
 one object `{"runs": [...], "session", "profile", ...}` with bench_serving's key names) and keeps the
 result in the state dir.  `bench history` lists the kept results side by side, best marked.
+`bench compare A B` benches A then B (profiles are launched and stopped as needed; sessions are used as
+they are) on the same prompts and reports B against A per concurrency with a verdict
+(`sessions.bench.compare`).
 Only argparse is imported here; the engine is imported inside the handlers (fast `--help`).
 """
 from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from sessions.bench.session_bench import BenchOptions
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -19,10 +27,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         description="Benchmark SESSION (a ready server): warm-up, then each concurrency over the same seeded "
         "random-id prompts against /generate with streaming. Reports output/input/request throughput, TTFT, "
         "TPOT, ITL and E2E latency (mean, median, p99) with bench_serving's definitions, and keeps the result. "
-        "'eagle3-tui bench history [PROFILE]' lists the kept results.",
+        "'eagle3-tui bench history [PROFILE]' lists the kept results. 'eagle3-tui bench compare A B' benches "
+        "A, then B (each a profile or a session; a profile that is not running is launched, benched and "
+        "stopped, one after the other) on the same prompts, and reports per concurrency B's speedup "
+        "(output throughput B/A), ITL ratio and B's accept length and rate, with a verdict.",
     )
-    p.add_argument("session", metavar="SESSION|history", help="a session id or unique prefix, or 'history'")
-    p.add_argument("profile", nargs="?", metavar="PROFILE", help="with 'history': only this profile's results")
+    p.add_argument("session", metavar="SESSION|history|compare",
+                   help="a session id or unique prefix, 'history' or 'compare'")
+    p.add_argument("rest", nargs="*", metavar="ARG",
+                   help="with 'history': PROFILE (only its results); with 'compare': A B (profiles or sessions)")
     p.add_argument("--input-len", type=int, default=256, metavar="N", help="prompt length in tokens (256)")
     p.add_argument("--output-len", type=int, default=128, metavar="M", help="output tokens per request (128)")
     p.add_argument("--num-prompts", type=int, default=None, metavar="K",
@@ -37,34 +50,22 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def _bench(args: argparse.Namespace) -> int:
     if args.session == "history":
         return _history(args)
+    if args.session == "compare":
+        return _compare(args)
     import json
 
     from app.cli import EXIT_BAD_INPUT, EXIT_FAILED, CliError
     from app.cli_server import _find
     from sessions.bench.runner import BenchError
-    from sessions.bench.session_bench import BenchOptions, bench_session, parse_concurrency
+    from sessions.bench.session_bench import bench_session
     from sessions.bench.store import save_result
 
-    if args.profile is not None:
-        raise CliError(f"bench {args.session}: unexpected argument {args.profile!r} (PROFILE goes with "
-                       "'bench history')", EXIT_BAD_INPUT)
-    try:
-        options = BenchOptions(args.input_len, args.output_len, args.num_prompts,
-                               parse_concurrency(args.concurrency), args.seed)
-        options.check()
-    except BenchError as exc:
-        raise CliError(str(exc), EXIT_BAD_INPUT) from None
+    if args.rest:
+        raise CliError(f"bench {args.session}: unexpected argument {args.rest[0]!r} (PROFILE goes with "
+                       "'bench history', A B with 'bench compare')", EXIT_BAD_INPUT)
+    options = _options(args)
     session = _find(args.session)
-
-    tty = sys.stderr.isatty()
-
-    def progress(concurrency: int, done: int, total: int) -> None:
-        if tty:  # one line redrawn in place
-            print(f"\rconcurrency {concurrency}: {done}/{total} requests", end="" if done < total else "\n",
-                  file=sys.stderr, flush=True)
-        elif done == total:
-            print(f"concurrency {concurrency}: {done}/{total} requests", file=sys.stderr, flush=True)
-
+    progress = _progress_printer()
     try:
         result = bench_session(session, options, progress, bench_argv=["eagle3-tui", "bench", *sys.argv[2:]])
     except BenchError as exc:
@@ -78,6 +79,85 @@ def _bench(args: argparse.Namespace) -> int:
         print(runs_table(result["runs"]))
         print(f"kept as {path}", file=sys.stderr)
     return 0
+
+
+def _options(args: argparse.Namespace) -> BenchOptions:
+    from app.cli import EXIT_BAD_INPUT, CliError
+    from sessions.bench.runner import BenchError
+    from sessions.bench.session_bench import BenchOptions, parse_concurrency
+
+    try:
+        options = BenchOptions(args.input_len, args.output_len, args.num_prompts,
+                               parse_concurrency(args.concurrency), args.seed)
+        options.check()
+    except BenchError as exc:
+        raise CliError(str(exc), EXIT_BAD_INPUT) from None
+    return options
+
+
+def _progress_printer() -> Callable[[int, int, int], None]:
+    tty = sys.stderr.isatty()
+
+    def progress(concurrency: int, done: int, total: int) -> None:
+        if tty:  # one line redrawn in place
+            print(f"\rconcurrency {concurrency}: {done}/{total} requests", end="" if done < total else "\n",
+                  file=sys.stderr, flush=True)
+        elif done == total:
+            print(f"concurrency {concurrency}: {done}/{total} requests", file=sys.stderr, flush=True)
+
+    return progress
+
+
+def _compare(args: argparse.Namespace) -> int:
+    import json
+
+    from app.cli import EXIT_BAD_INPUT, EXIT_FAILED, CliError
+    from sessions.bench.compare import run_compare
+    from sessions.bench.runner import BenchError
+    from sessions.home import resolve_home
+
+    if len(args.rest) != 2:
+        raise CliError(f"bench compare needs two arguments A B (profiles or sessions), got {len(args.rest)}"
+                       + (f": {' '.join(args.rest)}" if args.rest else ""), EXIT_BAD_INPUT)
+    options = _options(args)
+    a, b = args.rest
+
+    def say(note: str) -> None:
+        print(note, file=sys.stderr, flush=True)
+
+    try:
+        report = run_compare(a, b, options, resolve_home(), say, _progress_printer(),
+                             argv=["eagle3-tui", "bench", *sys.argv[2:]])
+    except BenchError as exc:
+        raise CliError(str(exc), EXIT_FAILED) from None
+    if args.json:
+        print(json.dumps(report, indent=2))
+    else:
+        print(compare_table(report))
+        print(report["verdict"])
+        print(f"kept as {report['saved_to']}", file=sys.stderr)
+    return 0
+
+
+def compare_table(report: dict) -> str:
+    """B against A per concurrency (people's output; the TUI shows the same columns)."""
+    head = ("CONC", "A tok/s", "B tok/s", "SPEEDUP", "A ITL med", "B ITL med", "ITL RATIO", "ACCEPT LEN",
+            "ACCEPT RATE", "BREAK-EVEN")
+    rows = [head]
+    for run in report["runs"]:
+        a, b = run["a"], run["b"]
+        rows.append((
+            str(run["max_concurrency"]), f"{a['output_throughput']:.1f}", f"{b['output_throughput']:.1f}",
+            _num(run["speedup"], ".2f") + ("x" if run["speedup"] is not None else ""),
+            f"{a['median_itl_ms']:.2f}", f"{b['median_itl_ms']:.2f}", _num(run["itl_ratio"], ".2f"),
+            _num(b.get("accept_length"), ".2f"), _num(b.get("accept_rate"), ".2f"),
+            _num(run.get("break_even_accept_length"), ".2f"),
+        ))
+    widths = [max(len(row[i]) for row in rows) for i in range(len(head))]
+    title = f"A = {report['a'].get('profile')} ({report['a'].get('session')}), " \
+            f"B = {report['b'].get('profile')} ({report['b'].get('session')})"
+    return title + "\n" + "\n".join("  ".join(c.rjust(w) for c, w in zip(row, widths)) for row in rows) + \
+        "\n(ITL in ms; break-even: the accept length at which B's time per token equals A's)"
 
 
 def runs_table(runs: list[dict]) -> str:
@@ -101,10 +181,14 @@ def _history(args: argparse.Namespace) -> int:
     import json
     import time
 
+    from app.cli import EXIT_BAD_INPUT, CliError
     from sessions.bench.store import best_row, load_history
     from sessions.home import resolve_home
 
-    rows, problems = load_history(resolve_home(), args.profile)
+    if len(args.rest) > 1:
+        raise CliError(f"bench history takes at most one PROFILE, got {' '.join(args.rest)}", EXIT_BAD_INPUT)
+    profile = args.rest[0] if args.rest else None
+    rows, problems = load_history(resolve_home(), profile)
     for problem in problems:
         print(f"eagle3-tui: {problem}", file=sys.stderr)
     best = best_row(rows)
@@ -112,7 +196,7 @@ def _history(args: argparse.Namespace) -> int:
         print(json.dumps([r.to_json() | {"best": r is best} for r in rows], indent=2))
         return 0
     if not rows:
-        print("no bench results" + (f" for profile {args.profile}" if args.profile else ""), file=sys.stderr)
+        print("no bench results" + (f" for profile {profile}" if profile else ""), file=sys.stderr)
         return 0
     table = [("", "ID", "PROFILE", "DATE", "SGLANG", "1-STREAM tok/s", "TTFT ms", "TOP CONC", "TOP tok/s")]
     for r in rows:

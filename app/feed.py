@@ -2,8 +2,8 @@
 
 `DashboardFeed.poll()` runs in a thread worker and returns one immutable `DashboardSnapshot`; the UI
 thread only draws it (dolphie's loop: fetch in a thread, render, re-arm a one-shot timer).  Nothing here
-touches a widget.  The engine modules are imported lazily, so the TUI opens (and says what is missing)
-even while parts of the engine are absent, and `app.tui` stays cheap to import.
+touches a widget.  `app.tui` imports this module only when the dashboard starts, so that `--help` and
+the CLI commands stay cheap; an engine part that is missing is an ImportError here, not a quiet blank.
 """
 
 from __future__ import annotations
@@ -14,11 +14,14 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from sessions.capture.toggle import CaptureStatus, capture_status
 from sessions.gpus import GpuSnapshot, GpuSource
 from sessions.logs import LogFile, LogFilter, LogLine, shown
+from sessions.profiles import ProfileError, list_profiles, load_profile
 from sessions.redaction import Redactor
+from sessions.server import ServerSession, SessionStatus, list_sessions
 from sessions.snapshots import LogChunk, ProfileEntry, SessionEntry
 from widgets.state_line import rank_label
 
@@ -54,12 +57,12 @@ class DashboardSnapshot:
     profiles: tuple[ProfileEntry, ...]
     sessions: tuple[SessionEntry, ...]
     selected: str | None  # the session the status/log belong to
-    status: Any  # SessionStatus | None
+    status: SessionStatus | None
     gpu: GpuSnapshot
     owners: dict[int, str] = field(default_factory=dict)  # pid -> "TP3" for the GPU panel
     log: LogChunk | None = None
     problems: tuple[str, ...] = ()  # engine parts that failed this poll, for a notification
-    capture: Any = None  # CaptureStatus of the selected profile when its capture is on
+    capture: CaptureStatus | None = None  # of the selected profile when its capture is on
     capture_profile: str | None = None
 
 
@@ -69,8 +72,8 @@ class DashboardFeed:
     def __init__(self, home: Home, gpu_source: GpuSource) -> None:
         self.home = home
         self.gpu_source = gpu_source
-        self._sessions: dict[str, Any] = {}  # id -> ServerSession
-        self._final: dict[str, tuple[int, Any]] = {}  # id -> (state.json mtime, status) of ended sessions
+        self._sessions: dict[str, ServerSession] = {}
+        self._final: dict[str, tuple[int, SessionStatus]] = {}  # id -> (state.json mtime, status) of ended
         self._profiles: dict[str, tuple[int, ProfileEntry]] = {}
         self._feeds: dict[str, LogFeed] = {}
         self._http: dict[str, tuple[float, bool | None]] = {}  # session id -> (when, /ready was 200)
@@ -87,7 +90,7 @@ class DashboardFeed:
         selected = request.selected_session
         if selected not in statuses:
             selected = _default_selection(statuses)
-        status = statuses.get(selected)
+        status = statuses.get(selected) if selected is not None else None
         profiles = self._profile_entries(statuses, problems)
         owners = {r.pid: rank_label(r) for r in status.ranks} if status is not None else {}
         if status is not None and status.pid:
@@ -120,45 +123,38 @@ class DashboardFeed:
 
     def _capture_status(
         self, name: str | None, profiles: tuple[ProfileEntry, ...], problems: list[str]
-    ) -> Any:
+    ) -> CaptureStatus | None:
         entry = next((p for p in profiles if p.name == name), None)
-        if entry is None or not entry.capture:
+        if name is None or entry is None or not entry.capture:
             return None
         try:
-            from sessions.capture.toggle import capture_status
-            from sessions.profiles import load_profile
-
             return capture_status(load_profile(name, self.home))
-        except ImportError:
-            return None
         except Exception as exc:  # noqa: BLE001 - the panel shows nothing; the toast says why
             problems.append(f"capture status of {name}: {exc}")
             return None
 
-    def log_feed(self, path: str, status: Any = None) -> LogFeed:
+    def log_feed(self, path: str, status: SessionStatus | None = None) -> LogFeed:
         with self._lock:
             feed = self._feeds.get(path)
             if feed is None:
-                session = self._sessions.get(getattr(status, "session_id", None))
+                session = self._sessions.get(status.session_id) if status is not None else None
                 # By value: the launch's secrets file and the profile's secrets (an unreadable one adds none).
                 secrets = Redactor.for_session(session).known if session is not None else ()
                 feed = LogFeed(Path(path), secrets)
                 self._feeds[path] = feed
             return feed
 
-    def session(self, session_id: str) -> Any:
+    def session(self, session_id: str) -> ServerSession:
         """The `ServerSession` object for an id (the same one the poll uses)."""
         with self._lock:
             session = self._sessions.get(session_id)
         if session is None:
-            from sessions.server import ServerSession
-
             session = ServerSession.load(session_id, self.home)
             with self._lock:
                 self._sessions[session_id] = session
         return session
 
-    def adopt(self, session: Any) -> None:
+    def adopt(self, session: ServerSession) -> None:
         """A session this process just launched: keep its object (it holds the Popen to reap)."""
         with self._lock:
             self._sessions[session.session_id] = session
@@ -168,12 +164,7 @@ class DashboardFeed:
         with self._lock:
             self._final.pop(session_id, None)
 
-    def _statuses(self, gpu: GpuSnapshot, problems: list[str]) -> dict[str, Any]:
-        try:
-            from sessions.server import list_sessions
-        except ImportError as exc:
-            problems.append(f"sessions.server is not available: {exc}")
-            return {}
+    def _statuses(self, gpu: GpuSnapshot, problems: list[str]) -> dict[str, SessionStatus]:
         if self._listing_due():
             try:
                 found = list_sessions(self.home)
@@ -189,7 +180,7 @@ class DashboardFeed:
                     self._final.pop(gone, None)
         with self._lock:
             sessions = list(self._sessions.values())
-        statuses: dict[str, Any] = {}
+        statuses: dict[str, SessionStatus] = {}
         for session in sessions:
             stamp = _state_stamp(session)
             final = self._final.get(session.session_id)
@@ -234,7 +225,7 @@ class DashboardFeed:
         last = self._http.get(session_id)
         return last is None or last[1] is not True or time.monotonic() - last[0] >= HTTP_RECHECK_S
 
-    def _with_http(self, status: Any, probed: bool) -> Any:
+    def _with_http(self, status: SessionStatus, probed: bool) -> SessionStatus:
         if probed:
             if status.port_listening:
                 self._http[status.session_id] = (time.monotonic(), status.ready)
@@ -247,13 +238,10 @@ class DashboardFeed:
             return status
         return dataclasses.replace(status, ready=last[1])
 
-    def _profile_entries(self, statuses: dict[str, Any], problems: list[str]) -> tuple[ProfileEntry, ...]:
-        try:
-            from sessions.profiles import list_profiles, load_profile
-        except ImportError as exc:
-            problems.append(f"sessions.profiles is not available: {exc}")
-            return ()
-        live: dict[str, Any] = {}
+    def _profile_entries(
+        self, statuses: dict[str, SessionStatus], problems: list[str]
+    ) -> tuple[ProfileEntry, ...]:
+        live: dict[str, SessionStatus] = {}
         for status in sorted(statuses.values(), key=lambda s: s.started_at or 0.0):
             if status.alive:
                 live[status.profile] = status
@@ -273,9 +261,9 @@ class DashboardFeed:
             if cached is not None and cached[0] == mtime and mtime != -1:
                 entry = cached[1]
             else:
-                entry = _profile_entry(name, self.home, load_profile)
+                entry = _profile_entry(name, self.home)
                 self._profiles[name] = (mtime, entry)
-            status = live.get(name)
+            live_status = live.get(name)
             entries.append(
                 ProfileEntry(
                     entry.name,
@@ -285,35 +273,35 @@ class DashboardFeed:
                     entry.port,
                     entry.capture,
                     entry.error,
-                    live_session=status.session_id if status else None,
-                    live_state=status.state if status else None,
+                    live_session=live_status.session_id if live_status else None,
+                    live_state=live_status.state if live_status else None,
                 )
             )
         return tuple(entries)
 
 
-def _state_stamp(session: Any) -> int | None:
+def _state_stamp(session: ServerSession) -> int | None:
     try:
         return (session.session_dir / "state.json").stat().st_mtime_ns
     except OSError:
         return None
 
 
-def _profile_entry(name: str, home: Home, load_profile: Callable[..., Any]) -> ProfileEntry:
+def _profile_entry(name: str, home: Home) -> ProfileEntry:
     try:
         profile = load_profile(name, home)
-    except Exception as exc:  # noqa: BLE001 - ProfileError or a broken file: the list says "invalid"
-        problems = getattr(exc, "problems", None)
-        message = "; ".join(f"{p.field}: {p.message}" for p in problems) if problems else str(exc)
+    except ProfileError as exc:  # the list says "invalid" and why
+        message = "; ".join(f"{p.field}: {p.message}" for p in exc.problems) if exc.problems else str(exc)
         return ProfileEntry(name, error=message)
+    except Exception as exc:  # noqa: BLE001 - a loader bug on a strange file: listed, polls go on
+        return ProfileEntry(name, error=str(exc))
     server = profile.server
-    capture = bool(getattr(getattr(profile, "capture", None), "enabled", False))
-    return ProfileEntry(name, "", server.launcher, server.tp_size, server.port, capture)
+    return ProfileEntry(name, "", server.launcher, server.tp_size, server.port, profile.capture.enabled)
 
 
 def _demo_first(names: list[str], home: Home) -> list[str]:
     """In the demo home the healthy profile comes first (DESIGN §1b: it is selected first)."""
-    if not getattr(home, "demo", False):
+    if not home.demo:
         return list(names)
     from sessions.demo import DEMO_PROFILES
 
@@ -321,7 +309,7 @@ def _demo_first(names: list[str], home: Home) -> list[str]:
     return ordered + [n for n in names if n not in ordered]
 
 
-def _default_selection(statuses: dict[str, Any]) -> str | None:
+def _default_selection(statuses: dict[str, SessionStatus]) -> str | None:
     """The newest live session, else the newest session."""
     if not statuses:
         return None

@@ -130,7 +130,7 @@ DASHBOARD_KEYS: tuple[KeySpec, ...] = (
         "bench",
         "Bench",
         help="Benchmark the selected ready session like SGLang's bench_serving (concurrency 1, 8, 32); "
-        "then the kept results of every profile side by side.",
+        "then the kept results of every profile side by side (c there compares two profiles, A then B).",
     ),
     KeySpec(
         "dashboard.refresh",

@@ -18,6 +18,7 @@ import termios
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from textual.app import App
@@ -39,9 +40,9 @@ class ActionsProvider(Provider):
 
     def _commands(self) -> list[tuple[str, Callable[[], Any], str]]:
         app = self.app
-        dashboard: DashboardScreen | None = getattr(app, "dashboard", None)
-        if dashboard is None:
+        if not isinstance(app, Eagle3App) or app.dashboard is None:  # this provider is Eagle3App's only
             return []
+        dashboard = app.dashboard
         commands: list[tuple[str, Callable[[], Any], str]] = [
             ("Launch selected profile", dashboard.action_launch, "Start the highlighted profile (l)"),
             ("Restart session", dashboard.action_restart, "Stop and relaunch, showing the flag diff (r)"),
@@ -127,6 +128,7 @@ class Eagle3App(App[int]):
         self.keymap_problems: list[str] = []
         self.user_keymap: dict[str, str] = {}
         self.hangup_received = False
+        self.crash_file: Path | None = None
 
     def on_mount(self) -> None:
         from app.feed import DashboardFeed
@@ -163,9 +165,24 @@ class Eagle3App(App[int]):
         if self._should_watch_tty():
             self._install_hangup_handlers()
 
+    def _handle_exception(self, error: Exception) -> None:
+        """Something escaped anyway: keep its traceback in a crash file in the state dir, then let Textual
+        end the app as it always does.  `run_tui` tells the user the path; servers and jobs run on."""
+        if self.crash_file is None:
+            self.crash_file = write_crash_file(self.home, error)
+        super()._handle_exception(error)
+
     def on_unmount(self) -> None:
         if self._gpu_source is not None:
             self._gpu_source.close()
+
+    def action_command_palette(self) -> None:
+        """Open the palette (ctrl+p): Textual's, with a burst-safe input and a page-safe list."""
+        from app.palette import SafeCommandPalette
+
+        # CommandPalette.is_open takes App[object], and App is invariant in its return type (App[int] here).
+        if self.use_command_palette and not SafeCommandPalette.is_open(self):  # type: ignore[arg-type]
+            self.push_screen(SafeCommandPalette(id="--command-palette"))
 
     def action_help(self) -> None:
         from app.screens.help import HelpScreen
@@ -236,8 +253,10 @@ def terminal_alive(fd: int | None = None) -> bool:
     """False once the controlling terminal hung up (tcgetattr fails with EIO/ENOTTY/EBADF)."""
     if fd is None:
         try:
+            if sys.__stdin__ is None:  # started without a stdin at all
+                return False
             fd = sys.__stdin__.fileno()
-        except (AttributeError, ValueError, OSError):
+        except (ValueError, OSError):
             return False
     try:
         termios.tcgetattr(fd)
@@ -245,6 +264,44 @@ def terminal_alive(fd: int | None = None) -> bool:
     except (termios.error, OSError):
         return False
     return True
+
+
+def write_crash_file(home: Home, error: BaseException) -> Path | None:
+    """Write ``error``'s traceback to ``<state>/crashes/tui-<time>-<pid>.txt`` (0600); its path, or None
+    when even that fails (the traceback still reaches the terminal through Textual)."""
+    import traceback
+
+    from sessions.home import atomic_write_text, ensure_private_dir
+
+    try:
+        folder = ensure_private_dir(home.state_root / "crashes")
+        path = folder / f"tui-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}.txt"
+        text = "".join(traceback.format_exception(type(error), error, error.__traceback__))
+        atomic_write_text(path, f"eagle3-tui crashed at {time.strftime('%Y-%m-%d %H:%M:%S')}\n\n{text}")
+    except Exception:  # noqa: BLE001 - the crash report must never raise a second error
+        return None
+    return path
+
+
+ENDED_STATES = ("exited", "stopped", "crashed")
+
+
+def exit_message(app: Eagle3App) -> str | None:
+    """What the terminal shows after the TUI closed: the servers that keep running, and the crash file."""
+    lines = []
+    snapshot = app.dashboard.last_snapshot if app.dashboard is not None else None
+    live = [s for s in (snapshot.sessions if snapshot is not None else ()) if s.state not in ENDED_STATES]
+    if live:
+        names = ", ".join(f"{s.session_id} ({s.profile}{f' :{s.port}' if s.port else ''})" for s in live)
+        lines.append(
+            f"eagle3-tui: {len(live)} server{'s keep' if len(live) != 1 else ' keeps'} running: {names}. "
+            "`eagle3-tui stop SESSION` stops one; `eagle3-tui` reattaches."
+        )
+    if app.crash_file is not None:
+        lines.append(f"eagle3-tui: the TUI hit an unexpected error; the traceback is in {app.crash_file}")
+        if not live:
+            lines.append("eagle3-tui: servers and jobs keep running; `eagle3-tui status` lists them.")
+    return "\n".join(lines) or None
 
 
 def run_tui(demo: bool = False) -> int:
@@ -259,4 +316,10 @@ def run_tui(demo: bool = False) -> int:
         resolved = resolve_home().ensure()
     app = Eagle3App(resolved, demo=demo)
     app.run()
+    message = exit_message(app)
+    if message and not app.hangup_received:  # after a hangup nobody is there to read it (and EIO)
+        try:
+            print(message, file=sys.stderr)
+        except OSError:
+            pass
     return app.return_code or 0

@@ -116,9 +116,9 @@ def bench_collector(home, args) -> None:
     import torch
 
     from sessions.capture.writer import write_chunks
+    from sessions.extraction.bookkeeping import COMMIT_INTERVAL_S
     from sessions.extraction.collector import collect_sample, remove_dumps
     from sessions.extraction.output import ManifestEntry, OutputDir
-    from sessions.extraction.runner import COMMIT_INTERVAL_S
 
     shm = "/dev/shm" if os.path.isdir("/dev/shm") else None
     capture = Path(tempfile.mkdtemp(prefix="bench-collector-capture-", dir=shm))

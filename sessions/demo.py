@@ -22,6 +22,7 @@ import socket
 import subprocess
 import sys
 from pathlib import Path
+from typing import TypedDict
 
 from sessions.home import Home, atomic_write_text, ensure_private_dir, resolve_home
 
@@ -29,6 +30,7 @@ HEALTHY_PROFILE = "kimi-k25-tp8"
 HANG_PROFILE = "kimi-k25-hang-after-weights"
 CAPTURE_PROFILE = "tiny-llama-capture"  # only with torch & co. (see `capture_demo_missing`)
 EAGLE3_PROFILE = "tiny-llama-eagle3"  # tiny-llama served with its EAGLE-3 draft (same packages)
+PLAIN_PROFILE = "tiny-llama"  # tiny-llama served plainly: the A side of `bench compare` against the drafter
 # The profiles every demo home has, in the order the TUI lists them (the capture profile, when there, is
 # listed after them: its name sorts after theirs).
 DEMO_PROFILES = (HEALTHY_PROFILE, HANG_PROFILE)
@@ -37,6 +39,7 @@ DEMO_TITLES = {
     HANG_PROFILE: "Kimi-K2.5-like TP8, hangs after weights",
     CAPTURE_PROFILE: "Tiny real Llama model (8 layers, hidden 64), TP1, capture on",
     EAGLE3_PROFILE: "Tiny real Llama model served with its EAGLE-3 draft (speculative decoding)",
+    PLAIN_PROFILE: "Tiny real Llama model served without a drafter (compare with tiny-llama-eagle3)",
 }
 MODEL_DIR_NAME = "kimi-k25-like"
 TINY_MODEL_DIR_NAME = "tiny-llama"
@@ -106,7 +109,16 @@ decode_tokens_per_s = 90
 
 # Not SGLang's default 30000: a real server of the user may be there.  Taken ports are replaced by free ones
 # when the demo home is created (a port taken later is reported, with its owner, at launch).
-_PROFILES = {
+class _EmulatorProfileValues(TypedDict):
+    """What differs between the two emulator demo profiles (fills _PROFILE_TEMPLATE)."""
+
+    port: int
+    stall_after_s: int
+    time_scale: float
+    fault: str
+
+
+_PROFILES: dict[str, _EmulatorProfileValues] = {
     HEALTHY_PROFILE: {"port": 31000, "stall_after_s": 120, "time_scale": 0.05, "fault": "none"},
     HANG_PROFILE: {"port": 31010, "stall_after_s": 20, "time_scale": 0.05, "fault": "hang-after-weights"},
 }
@@ -157,9 +169,34 @@ stall_after_s = 60
 [emulator]
 time_scale = 0.02
 fault = "none"
+# The same modelled single-stream rate as tiny-llama, so that `bench compare tiny-llama tiny-llama-eagle3`
+# compares like with like: slow enough that the tiny model's real forwards on a busy CPU (one per accepted
+# token) fit inside each modelled step.
+decode_tokens_per_s = 20
 spec_accept_length = 3.0
 """
 _EAGLE3_PORT = 31030
+
+_PLAIN_PROFILE_TEMPLATE = """\
+# {title}.
+# The A side of the demo's speculative A/B:  eagle3-tui --demo bench compare tiny-llama tiny-llama-eagle3
+[server]
+launcher = "emulator"
+model_path = "{model_path}"
+tp_size = 1
+host = "127.0.0.1"
+port = {port}
+
+[watch]
+stall_after_s = 60
+
+[emulator]
+time_scale = 0.02
+fault = "none"
+# tiny-llama-eagle3's rate (see there): what changes between the two is the drafter only
+decode_tokens_per_s = 20
+"""
+_PLAIN_PORT = 31040
 
 _JOB_SPEC_TEMPLATE = """\
 # The demo extraction job: the demo dataset through profile {profile}'s server
@@ -224,8 +261,8 @@ def ensure_demo_home(home: Home | None = None) -> Home:
         path = home.profiles_dir / f"{name}.toml"
         if path.exists():  # the user may have edited it in the demo; keep their version
             continue
-        values = dict(values, port=_usable_port(values["port"]))
-        text = _PROFILE_TEMPLATE.format(title=DEMO_TITLES[name], model_path=_toml_string(model_dir), **values)
+        filled = dict(values, port=_usable_port(values["port"]))
+        text = _PROFILE_TEMPLATE.format(title=DEMO_TITLES[name], model_path=_toml_string(model_dir), **filled)
         atomic_write_text(path, text)
     _ensure_capture_demo(home)
     return home
@@ -319,6 +356,11 @@ def _ensure_eagle3_demo(home: Home, model_dir: Path) -> None:
         atomic_write_text(profile_path, _EAGLE3_PROFILE_TEMPLATE.format(
             title=DEMO_TITLES[EAGLE3_PROFILE], model_path=_toml_string(model_dir),
             draft_path=_toml_string(draft_dir), port=_usable_port(_EAGLE3_PORT)))
+    plain_path = home.profiles_dir / f"{PLAIN_PROFILE}.toml"
+    if not plain_path.exists():
+        atomic_write_text(plain_path, _PLAIN_PROFILE_TEMPLATE.format(
+            title=DEMO_TITLES[PLAIN_PROFILE], model_path=_toml_string(model_dir),
+            port=_usable_port(_PLAIN_PORT)))
 
 
 def _write_tiny_model(model_dir: Path, child_args: list[str] | None = None) -> str | None:

@@ -26,6 +26,7 @@ import psutil
 
 if TYPE_CHECKING:
     from sessions.home import Home
+    from sessions.profiles import LaunchProfile
 
 
 @dataclass(frozen=True)
@@ -188,8 +189,9 @@ class NvmlSource:
         try:
             nvml.nvmlInit()
         except Exception as exc:  # noqa: BLE001 - every failure here means "no GPU readings"
-            code = getattr(exc, "value", None)
-            reason = _NVML_UNAVAILABLE_REASONS.get(code, str(exc) or type(exc).__name__)
+            code = getattr(exc, "value", None)  # NVMLError's return code; other exceptions have none
+            known = _NVML_UNAVAILABLE_REASONS.get(code) if isinstance(code, int) else None
+            reason = known or str(exc) or type(exc).__name__
             return self._fail(f"NVML not available: {reason}")
         self._initialised = True
         self._init_error = None
@@ -469,7 +471,7 @@ def _int_flag(args: tuple[str, ...] | list[str], default: int, *names: str) -> i
         return default
 
 
-def launch_gpu_ids(profile: Any) -> list[int]:
+def launch_gpu_ids(profile: LaunchProfile) -> list[int]:
     """The GPU ids (as CUDA numbers them, after ``CUDA_VISIBLE_DEVICES``) a launch of ``profile`` uses.
 
     SGLang on one node: ``gpu_id = base_gpu_id + (pp_rank % pp) * tp + (tp_rank % tp) * gpu_id_step``
@@ -517,7 +519,7 @@ def first_reading(source: GpuSource, wait_s: float = _FIRST_READING_WAIT_S) -> G
 
 
 def busy_gpus_for_launch(
-    profile: Any,
+    profile: LaunchProfile,
     home: Home,
     source: GpuSource | None = None,
     describe_pid: Callable[[int], str] | None = None,

@@ -353,7 +353,7 @@ def parse_causes(text: str, source: Path) -> list[KnownCause]:
         for key in ("id", "title", "detail"):
             if not isinstance(raw.get(key), str) or not raw[key].strip():
                 raise KnownCausesError(f"{where}: `{key}` is required and must be a non-empty string")
-        if not _ID_RE.match(cid):
+        if not isinstance(cid, str) or not _ID_RE.match(cid):  # (a str: checked with title and detail)
             raise KnownCausesError(f"{where}: `id` must be lower-case words joined by '-', got {cid!r}")
         if cid in seen:
             raise KnownCausesError(f"{where}: duplicate id {cid!r}")

@@ -68,10 +68,6 @@ class StartRecord:
         return self.outcome == "ready" or self.mark(StartupPhase.READY) is not None
 
     @property
-    def furthest_phase(self) -> str | None:
-        return self.phases[-1].phase if self.phases else None
-
-    @property
     def ready_line(self) -> int | None:
         """The log line of ready; when ready was seen over HTTP before the log said so, the line count."""
         mark = self.mark(StartupPhase.READY)

@@ -190,16 +190,10 @@ def collect_secrets(argv: Sequence[str] = (), env: Mapping[str, str] | None = No
 
 
 def profile_secrets(profile: Any) -> list[str]:
-    """The secrets a profile's launch would carry (its command's argv and env changes)."""
-    from sessions.profiles import build_command  # lazy: profiles imports this module
-
-    try:
-        command = build_command(profile)
-        return collect_secrets(command.argv, dict(command.env_changes))
-    except Exception:  # noqa: BLE001 - a profile that cannot build a command: its fields are still read
-        server = getattr(profile, "server", None)
-        return collect_secrets(list(getattr(server, "extra_args", ()) or ()),
-                               dict(getattr(server, "env", {}) or {}))
+    """The secrets a profile's launch would carry: those of its extra args and env (the flags it builds from
+    its typed fields carry none).  Read from the fields, so this module stays below `sessions.profiles`."""
+    server = getattr(profile, "server", None)
+    return collect_secrets(list(getattr(server, "extra_args", ()) or ()), dict(getattr(server, "env", {}) or {}))
 
 
 def write_secrets_file(session_dir: Path, secrets: Iterable[str]) -> None:
@@ -249,15 +243,11 @@ class Redactor:
 
     @classmethod
     def for_session(cls, session: Any, extra: Iterable[str] = ()) -> Redactor:
+        """The session's secrets file (every value its launch carried) plus its loaded profile's secrets."""
         session_dir = Path(getattr(session, "session_dir", session))
         known = list(read_secrets_file(session_dir))
-        profile = None
         try:
-            profile = session.profile if hasattr(session, "profile") else None
-            if profile is None and (session_dir / "profile.toml").is_file():
-                from sessions.profiles import load_profile
-
-                profile = load_profile(session_dir / "profile.toml")
+            profile = getattr(session, "profile", None)
         except Exception:  # noqa: BLE001 - a damaged snapshot: the secrets file and shapes still apply
             profile = None
         if profile is not None:

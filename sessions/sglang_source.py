@@ -97,7 +97,7 @@ class SglangSource:
         for relpath in (_CHOICES_FILE, _SERVER_ARGS_FILE):
             if self.exists(relpath):
                 value = _module_constants(self.path(relpath)).get("ATTENTION_BACKEND_CHOICES")
-                if value is not None:
+                if isinstance(value, (list, tuple)):
                     return tuple(str(v) for v in value)
         info = self.flags().get("--attention-backend")
         return info.choices if info else None
@@ -145,7 +145,7 @@ def resolve_option(arg: str, flags: Mapping[str, FlagInfo]) -> tuple[str | None,
 _LOOKUP_CACHE: dict[tuple, tuple[float, SglangLocation]] = {}
 _FLAG_CACHE: dict[str, tuple[tuple, dict[str, FlagInfo]]] = {}
 _PARSE_CACHE: dict[str, tuple[int, ast.Module]] = {}
-_CONSTANTS_CACHE: dict[str, tuple[int, dict[str, list]]] = {}
+_CONSTANTS_CACHE: dict[str, tuple[int, dict[str, object]]] = {}
 _CACHE_LOCK = threading.Lock()
 
 
@@ -280,14 +280,14 @@ def _parse_cached(path: Path) -> ast.Module:
     return tree
 
 
-def _module_constants(path: Path) -> dict[str, list | str | tuple]:
+def _module_constants(path: Path) -> dict[str, object]:
     """Module-level names bound to literals (lists may be concatenated: ``A + ["x"]``)."""
     mtime = _mtime_ns(path)
     with _CACHE_LOCK:
         hit = _CONSTANTS_CACHE.get(str(path))
     if hit is not None and hit[0] == mtime:
         return hit[1]
-    consts: dict = {}
+    consts: dict[str, object] = {}
     for node in _parse_cached(path).body:
         targets: list[ast.expr] = []
         if isinstance(node, ast.Assign):
@@ -307,7 +307,7 @@ def _module_constants(path: Path) -> dict[str, list | str | tuple]:
     return consts
 
 
-def _literal(node: ast.expr, names: Mapping[str, object]):
+def _literal(node: ast.expr, names: Mapping[str, object]) -> object:
     """A literal value, resolving names in ``names`` and ``+`` of lists; None when not static."""
     if isinstance(node, ast.Name):
         return names.get(node.id)
@@ -415,9 +415,9 @@ def _custom_action_nargs(src: SglangSource) -> dict[str, object]:
                 for arg, default in zip(positional, args.defaults):
                     if arg.arg == "nargs":
                         nargs = _literal(default, {})
-                for arg, default in zip(args.kwonlyargs, args.kw_defaults):
-                    if arg.arg == "nargs" and default is not None:
-                        nargs = _literal(default, {})
+                for arg, kw_default in zip(args.kwonlyargs, args.kw_defaults):
+                    if arg.arg == "nargs" and kw_default is not None:
+                        nargs = _literal(kw_default, {})
         out[node.name] = nargs
     return out
 
@@ -476,7 +476,8 @@ def _specs_from_fields_class(
         cli_name = _literal(kw["cli_name"], names) if "cli_name" in kw else None
         primary = cli_name if isinstance(cli_name, str) else "--" + item.target.id.replace("_", "-")
         aliases = _literal(kw["aliases"], names) if "aliases" in kw else None
-        spell = [primary] + [a for a in (aliases or []) if isinstance(a, str)]
+        alias_list = aliases if isinstance(aliases, (list, tuple)) else []
+        spell = [primary] + [a for a in alias_list if isinstance(a, str)]
         explicit_choices = _choices_tuple(_literal(kw["choices"], names)) if "choices" in kw else None
         choices_unknown = "choices" in kw and explicit_choices is None
         nargs_kw = _literal(kw["nargs"], {}) if "nargs" in kw else _MISSING

@@ -131,7 +131,11 @@ def stall_verdict(
     *,
     last_lines: Sequence[str] = (),
 ) -> StallVerdict:
-    if _finished(summary, ready):
-        return StallVerdict(False, math.inf, silent_for_s, "the start is over (ready or crashed)")
+    """Whether this start is stalled: not over (ready or crashed) and silent beyond `stall_limit_s`.
+
+    ``limit_s`` is the limit of the start's phase even once it is over (a status still shows it).
+    """
     limit, reason = _verdict_limit(profile, summary, baseline, has_compile_child, last_lines)
+    if _finished(summary, ready):
+        return StallVerdict(False, limit, silent_for_s, "the start is over (ready or crashed)")
     return StallVerdict(silent_for_s > limit, limit, silent_for_s, reason)

@@ -22,10 +22,13 @@ import threading
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sessions.home import atomic_write_json, read_json
 from sessions.redaction import REDACTED, is_secret_name, redact_argv, redact_text, secret_values
+
+if TYPE_CHECKING:
+    from sessions.profiles import LaunchProfile
 
 FACTS_FILE = "start_facts.json"
 FACTS_VERSION = 1
@@ -113,7 +116,7 @@ def _nvml_gpus() -> tuple[list[str], str | None, str | None]:
     return list(result.get("names", [])), result.get("driver"), result.get("error")
 
 
-def _sglang_version(profile: Any, env: Mapping[str, str]) -> str | None:
+def _sglang_version(profile: LaunchProfile, env: Mapping[str, str]) -> str | None:
     if profile.server.launcher == "emulator":
         from sessions.emulator.args import SGLANG_VERSION
 
@@ -127,7 +130,7 @@ def _sglang_version(profile: Any, env: Mapping[str, str]) -> str | None:
     return source.version if source is not None else None
 
 
-def collect(profile: Any, argv: Sequence[str], env_changes: Mapping[str, str],
+def collect(profile: LaunchProfile, argv: Sequence[str], env_changes: Mapping[str, str],
             base_env: Mapping[str, str] | None = None) -> dict[str, Any]:
     """The facts of a start about to run ``argv`` with ``env_changes`` on top of ``base_env``
     (default: this process's environment), redacted.  Never raises for what it probes."""
@@ -142,6 +145,8 @@ def collect(profile: Any, argv: Sequence[str], env_changes: Mapping[str, str],
         env[name] = REDACTED if (is_secret_name(name) and value) else redact_text(value, known)
     cvd = full_env.get("CUDA_VISIBLE_DEVICES")
     server = profile.server
+    driver: str | None
+    gpu_note: str | None
     if server.launcher == "emulator":
         from sessions.emulator.gpu_memory import EMULATED_GPU_NAME
 

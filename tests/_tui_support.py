@@ -85,3 +85,33 @@ async def first_poll(pilot: Any, app: Any, polls: int = 1) -> None:
         f"{polls} dashboard poll(s)",
     )
     await pilot.pause()
+
+
+def key_event(key: str) -> Any:
+    """The `Key` event a terminal key press becomes (as `Pilot.press` builds it)."""
+    import unicodedata
+
+    from textual import events
+    from textual.keys import REPLACED_KEYS, _character_to_key, _get_unicode_name_from_key
+
+    if len(key) == 1 and not key.isalnum():
+        key = _character_to_key(key)
+    try:
+        char: str | None = unicodedata.lookup(_get_unicode_name_from_key(REPLACED_KEYS.get(key, key)))
+    except KeyError:
+        char = key if len(key) == 1 else None
+    return events.Key(key, char)
+
+
+async def burst(pilot: Any, *keys: str) -> None:
+    """Send ``keys`` the way a paste or type-ahead over SSH arrives: all queued at once, with no pause
+    between them (`Pilot.press` waits for the app to go idle after each key, which hides lost keys), then
+    wait until the app has handled them."""
+    app = pilot.app
+    driver = app._driver
+    for key in keys:
+        event = key_event(key)
+        event.set_sender(app)
+        driver.send_message(event)
+    await pilot.pause()
+    await pilot.pause()

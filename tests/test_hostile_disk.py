@@ -94,7 +94,7 @@ def test_torch_save_runtime_error_on_a_nearly_full_disk_pauses_and_retries(tmp_p
     import threading
     from types import SimpleNamespace
 
-    from sessions.extraction import runner as runner_mod
+    from sessions.extraction import bookkeeping
     from sessions.extraction.runner import JobRun
 
     run = JobRun.__new__(JobRun)
@@ -117,9 +117,9 @@ def test_torch_save_runtime_error_on_a_nearly_full_disk_pauses_and_retries(tmp_p
 
     run.output = Output()
     usage = shutil.disk_usage(tmp_path)
-    monkeypatch.setattr(runner_mod.shutil, "disk_usage",
+    monkeypatch.setattr(bookkeeping.shutil, "disk_usage",
                         lambda _p: usage._replace(free=free["bytes"]))
-    monkeypatch.setattr(runner_mod, "OUTPUT_FULL_RETRY_S", 0.01)
+    monkeypatch.setattr(bookkeeping, "OUTPUT_FULL_RETRY_S", 0.01)
     result: list = []
     worker = threading.Thread(target=lambda: result.append(run._write_until_space(0, {})))
     worker.start()

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 import tomli_w
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from sessions.profiles import _KINDS, SECTIONS, ProfileError, parse_profile, validate_profile
@@ -57,7 +57,7 @@ def test_deep_nesting_is_a_toml_problem_not_a_recursion_error() -> None:
 
 
 def test_a_python_that_hangs_on_dash_c_is_answered_within_its_timeout(tmp_path: Path, monkeypatch) -> None:
-    from sessions import profiles
+    from sessions.profiles import validation as profiles
 
     script = tmp_path / "python3"
     script.write_text("#!/bin/sh\nexec sleep 30\n")
@@ -85,6 +85,9 @@ _schema = st.fixed_dictionaries({
 
 
 @settings(max_examples=250, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+# Found by this test: a non-string extra_args entry reached the draft-token count of spec_accept_length.
+@example(doc={"server": {"extra_args": [0]}, "capture": {}, "watch": {}, "emulator": {"spec_accept_length": []}})
+@example(doc={"server": {"extra_args": [0, "--speculative-num-draft-tokens"]}, "emulator": {"spec_accept_length": 2}})
 @given(doc=_schema | st.dictionaries(st.sampled_from([*SECTIONS, "extra"]), _value(), max_size=3))
 def test_validation_of_any_typed_profile_returns_problems_and_never_raises(doc: dict) -> None:
     try:

@@ -133,14 +133,14 @@ def test_the_bundle_takes_only_regular_files_and_follows_no_symlink(tmp_path: Pa
                                 processes=(), env={}, to_json=lambda: {"session_id": "s"})
     session = SimpleNamespace(session_dir=session_dir, profile=SimpleNamespace(server=SimpleNamespace(env={})),
                               pid=None, is_alive=lambda: False, state_record={})
-    import sessions.diagnosis as diag_mod
+    import sessions.diagnosis.bundle as bundle_mod
 
-    original = diag_mod.format_report
-    diag_mod.format_report = lambda _d: "report\n"
+    original = bundle_mod.format_report
+    bundle_mod.format_report = lambda _d: "report\n"
     try:
         path = write_bundle(diagnosis, session, tmp_path / "b.tar.gz")
     finally:
-        diag_mod.format_report = original
+        bundle_mod.format_report = original
     with tarfile.open(fileobj=io.BytesIO(path.read_bytes())) as tar:
         texts = {m.name.split("/", 1)[1]: tar.extractfile(m).read().decode() for m in tar.getmembers()}
     assert all("SHADOW-MARKER" not in t for t in texts.values())

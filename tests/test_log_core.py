@@ -171,7 +171,7 @@ def test_inspect_log_and_logs_answer_a_special_file_with_exit_2(special_files, k
 
 
 def test_a_session_whose_server_log_is_a_fifo_is_diagnosed_without_waiting(tmp_path):
-    from sessions.diagnosis import _tail_texts
+    from sessions.diagnosis.evidence import _tail_texts
     from sessions.phases import summarize_file
 
     fifo = tmp_path / "server.log"
@@ -254,14 +254,17 @@ def test_the_log_readers_open_logs_only_through_the_core():
     # Every place that reads a server log: none opens it itself (open(), os.open, Path.read_*).
     phases = sorted(str(p.relative_to(REPO_ROOT)) for p in (REPO_ROOT / "sessions" / "phases").glob("*.py"))
     assert phases, "sessions/phases/ holds the tracker"
-    for name in ("sessions/diagnosis.py", "app/cli_logs.py", "app/feed.py", "app/cli_server.py",
+    diagnosis_files = sorted(str(p.relative_to(REPO_ROOT))
+                             for p in (REPO_ROOT / "sessions" / "diagnosis").glob("*.py"))
+    assert diagnosis_files, "sessions/diagnosis/ holds the diagnosis"
+    for name in (*diagnosis_files, "app/cli_logs.py", "app/feed.py", "app/cli_server.py",
                  *phases, "widgets/log_view.py"):
         text = (REPO_ROOT / name).read_text()
         assert not re.search(r"open\([^)]*log", text, re.IGNORECASE), name
     import sessions.logs as core
-    from sessions import diagnosis
+    from sessions.diagnosis import evidence
 
-    assert diagnosis.read_tail is core.read_tail
+    assert evidence.read_tail is core.read_tail
 
 
 def test_widgets_import_nothing_from_app():

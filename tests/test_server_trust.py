@@ -68,20 +68,20 @@ def test_a_poll_that_sees_the_main_gone_mid_stop_records_stopped(launched, make_
     """The race behind "stopped ... in 0.9s", then "crashed": a second reader of the same session (the
     TUI's poll, another CLI) looks after SIGTERM killed the main process and before stop() has finished.
     Here that poll runs exactly there, inside stop()'s first wait, on its own ServerSession object."""
-    from sessions import server
+    from sessions.server import session as lifecycle
 
     session = launched.launch(hang_profile(make_emulator_profile))
     wait_weights_done(session, 8)
     launched.remember(session)
     poller = ServerSession.load(session.session_id, home)
     seen: list[str] = []
-    real_wait = server._wait_gone
+    real_wait = lifecycle._wait_gone
 
     def wait_then_poll(alive, timeout_s, reap):
         real_wait(alive, timeout_s, reap)
         seen.append(poller.status().state)  # the main is gone now; the stop has not recorded anything
 
-    monkeypatch.setattr(server, "_wait_gone", wait_then_poll)
+    monkeypatch.setattr(lifecycle, "_wait_gone", wait_then_poll)
     report = session.stop(grace_s=10)
     assert report.stopped, report
     assert "crashed" not in seen and seen[0] == "stopped", seen
@@ -225,13 +225,13 @@ def test_listener_owner_tells_our_socket_from_a_foreign_one(free_port):
 
 LAUNCHER_DIES = r"""
 import os, sys
-import sessions.server as server
+import sessions.server.session as lifecycle
 from sessions.profiles import load_profile
 def die(session, pid):
     print(session.session_id, pid, flush=True)
     os._exit(9)  # killed between starting the server and writing its pid
-server._record_pid = die
-server.ServerSession.launch(load_profile(sys.argv[1]))
+lifecycle._record_pid = die
+lifecycle.ServerSession.launch(load_profile(sys.argv[1]))
 """
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from textual.binding import Binding
+from textual.binding import Binding, BindingType
 
 
 @dataclass(frozen=True)
@@ -58,5 +58,5 @@ CONFIRM_KEYS: tuple[KeySpec, ...] = (
 )
 
 
-def bindings(specs: tuple[KeySpec, ...]) -> list[Binding]:
+def bindings(specs: tuple[KeySpec, ...]) -> list[BindingType]:
     return [spec.binding() for spec in specs]

@@ -9,12 +9,15 @@ them off for nothing).  Render only; the TUI polls `capture_status` in a worker.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 from rich.text import Text
 from textual.widget import Widget
 
 from widgets import units
+
+if TYPE_CHECKING:
+    from sessions.capture.toggle import CaptureStatus
 
 
 class CapturePanel(Widget):
@@ -32,11 +35,11 @@ class CapturePanel(Widget):
 
     def __init__(self, *, id: str | None = None, classes: str | None = None) -> None:
         super().__init__(id=id, classes=classes)
-        self.status: Any = None
+        self.status: CaptureStatus | None = None
         self.server_layers: list[int] | None = None
         self.hint = "No profile selected."
 
-    def update_status(self, status: Any, server_layers: Sequence[int] | None = None,
+    def update_status(self, status: CaptureStatus | None, server_layers: Sequence[int] | None = None,
                       hint: str | None = None) -> None:
         """Show ``status``; ``server_layers`` are the layers the running server logged (capture active)."""
         self.status = status
@@ -81,7 +84,7 @@ class CapturePanel(Widget):
         layers_line.append(str(list(status.draft_ids)) if status.draft_ids is not None else units.NA)
         if status.is_standard is True:
             layers_line.append("   ✓ EAGLE-3 standard", style=self._style("dim"))
-        elif status.is_standard is False:
+        elif status.is_standard is False and status.standard_points is not None:
             layers_line.append(f"   ⚠ not the standard {list(status.standard_points)} for L={status.num_layers}",
                                style=self._style("warn"))
         lines.append(layers_line)

@@ -11,13 +11,14 @@ import re
 from typing import ClassVar
 
 from textual.app import ComposeResult
-from textual.binding import Binding
+from textual.binding import Binding, BindingType
 from textual.containers import Horizontal, Vertical
 from textual.message import Message
 from textual.screen import ModalScreen
 from textual.widgets import Button, DataTable, Input, Label, Static
 
 from sessions.redaction import REDACTED, is_secret_name
+from widgets.inputs import InOrderInput
 
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
@@ -29,7 +30,7 @@ def shown_value(name: str, value: str) -> str:
 class EnvRowModal(ModalScreen[tuple[str, str] | None]):
     """Add or edit one variable; returns (name, value) or None."""
 
-    BINDINGS: ClassVar[list[Binding]] = [Binding("escape", "cancel", "Cancel")]
+    BINDINGS: ClassVar[list[BindingType]] = [Binding("escape", "cancel", "Cancel")]
     DEFAULT_CSS = """
     EnvRowModal { align: center middle; }
     EnvRowModal > Vertical { width: 80%; max-width: 90; height: auto; border: thick $accent;
@@ -41,7 +42,7 @@ class EnvRowModal(ModalScreen[tuple[str, str] | None]):
 
     def __init__(self, name: str = "", value: str = "", taken: frozenset[str] = frozenset()) -> None:
         super().__init__()
-        self._name = name
+        self._env_name = name  # (not _name: that is the widget name of Textual's DOMNode)
         self._value = value
         self._taken = taken
         self._secret = is_secret_name(name) and bool(value)
@@ -49,16 +50,18 @@ class EnvRowModal(ModalScreen[tuple[str, str] | None]):
     def compose(self) -> ComposeResult:
         with Vertical():
             yield Label("Name")
-            yield Input(self._name, placeholder="NCCL_ALGO", id="env-name")
+            yield InOrderInput(self._env_name, placeholder="NCCL_ALGO", id="env-name")
             yield Label("Value" + (" (secret: leave as *** to keep it)" if self._secret else ""))
-            yield Input(shown_value(self._name, self._value), id="env-value", password=self._secret)
+            yield InOrderInput(
+                shown_value(self._env_name, self._value), id="env-value", password=self._secret
+            )
             yield Static("", id="env-error")
             with Horizontal(id="env-buttons"):
                 yield Button("OK", id="env-ok", variant="primary")
                 yield Button("Cancel", id="env-cancel")
 
     def on_mount(self) -> None:
-        self.query_one("#env-name" if not self._name else "#env-value", Input).focus()
+        self.query_one("#env-name" if not self._env_name else "#env-value", Input).focus()
 
     def on_input_submitted(self) -> None:
         self._accept()
@@ -80,7 +83,7 @@ class EnvRowModal(ModalScreen[tuple[str, str] | None]):
                 f"env name {name!r}: use letters, digits and _, not starting with a digit"
             )
             return
-        if name != self._name and name in self._taken:
+        if name != self._env_name and name in self._taken:
             self.query_one("#env-error", Static).update(f"env name {name!r} is already in the table")
             return
         if self._secret and value == REDACTED:
@@ -91,7 +94,7 @@ class EnvRowModal(ModalScreen[tuple[str, str] | None]):
 class EnvTable(DataTable):
     """The env of a profile; `env` holds the real values, the table shows masked ones."""
 
-    BINDINGS: ClassVar[list[Binding]] = [
+    BINDINGS: ClassVar[list[BindingType]] = [
         Binding("enter", "edit_row", "Edit var", show=True),
         Binding("a,ctrl+n", "add_row", "Add var", show=True),
         Binding("delete,x", "delete_row", "Delete var", show=True),

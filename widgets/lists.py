@@ -7,9 +7,12 @@ highlighted item by id (a poll every second must not move the cursor under the u
 from __future__ import annotations
 
 import time
+from typing import Any
 
 from rich.text import Text
-from textual.widgets import OptionList
+from textual.app import ComposeResult
+from textual.widgets import OptionList, Select
+from textual.widgets._select import SelectCurrent, SelectOverlay
 from textual.widgets.option_list import Option
 
 from sessions.snapshots import ProfileEntry, SessionEntry
@@ -18,7 +21,31 @@ from widgets.state_line import state_glyph
 __all__ = ["ProfileEntry", "ProfileList", "SessionEntry", "SessionList"]
 
 
-class _KeyedList(OptionList):
+def can_page(option_list: OptionList) -> bool:
+    """Whether ``option_list`` can move its highlight by a page now.
+
+    Textual's `OptionList._move_page` reads its line index, which is only built once the list has a
+    non-empty content region; a list that is hidden, squeezed to height 0 or refilled before its next
+    layout raises KeyError/IndexError there (seen with the command palette's list while it refills).
+    With no visible rows there is no page to move by.
+    """
+    return bool(
+        option_list.options
+        and option_list.scrollable_content_region.height > 0
+        and option_list._lines  # builds the line index when the list has a size
+        and (option_list.highlighted or 0) in option_list._index_to_line
+    )
+
+
+class PageSafeOptionList(OptionList):
+    """An OptionList whose PageUp/PageDown keep the highlight while it has no rows to page through."""
+
+    def _move_page(self, direction: Any) -> None:
+        if can_page(self):
+            super()._move_page(direction)
+
+
+class _KeyedList(PageSafeOptionList):
     """An OptionList whose options carry ids and survive refreshes with the highlight in place."""
 
     def __init__(self, *, id: str | None = None, classes: str | None = None) -> None:
@@ -31,22 +58,29 @@ class _KeyedList(OptionList):
         return option.id if option is not None else None
 
     def select_id(self, option_id: str | None) -> bool:
+        """Highlight ``option_id`` from code.  No `OptionHighlighted` is posted: only the user's own moves
+        are choices, and an echo handled later would undo a newer selection (the restart race)."""
         if option_id is None:
             return False
         try:
-            self.highlighted = self.get_option_index(option_id)
+            index = self.get_option_index(option_id)
         except Exception:  # noqa: BLE001 - OptionDoesNotExist
             return False
+        with self.prevent(OptionList.OptionHighlighted):
+            self.highlighted = index
         return True
 
     def _replace(self, entries: tuple, options: list[Option], prefer: str | None = None) -> bool:
         if entries == self._entries:
+            if prefer is not None and prefer != self.highlighted_id:
+                self.select_id(prefer)
             return False
         keep = prefer or self.highlighted_id
         self._entries = entries
-        self.set_options(options)
-        if not self.select_id(keep) and options and not options[0].disabled:
-            self.highlighted = 0
+        with self.prevent(OptionList.OptionHighlighted):  # a refill is not the user's choice either
+            self.set_options(options)
+            if not self.select_id(keep) and options and not options[0].disabled:
+                self.highlighted = 0
         return True
 
 
@@ -106,3 +140,19 @@ class SessionList(_KeyedList):
             text.append(f" {time.strftime('%H:%M', time.localtime(entry.started_at))}", style="dim")
         text.append(f"  {entry.session_id.rsplit('-', 1)[-1]}", style="dim")
         return text
+
+
+class PageSafeSelectOverlay(SelectOverlay):
+    """A Select's drop-down list with the `can_page` guard (PageUp while it opens or closes)."""
+
+    def _move_page(self, direction: Any) -> None:
+        if can_page(self):
+            super()._move_page(direction)
+
+
+class PageSafeSelect(Select):
+    """A Select whose drop-down pages safely; otherwise Textual's own."""
+
+    def compose(self) -> ComposeResult:
+        yield SelectCurrent(self.prompt)
+        yield PageSafeSelectOverlay(type_to_search=self._type_to_search).data_bind(compact=Select.compact)

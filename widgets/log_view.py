@@ -16,11 +16,11 @@ from __future__ import annotations
 
 import re
 from collections import OrderedDict
-from typing import ClassVar
+from typing import Any, ClassVar, Self
 
 from rich.text import Text
 from textual import events
-from textual.binding import Binding
+from textual.binding import Binding, BindingType
 from textual.message import Message
 from textual.reactive import reactive
 from textual.strip import Strip
@@ -46,7 +46,7 @@ def is_error_line(line: str) -> bool:
 class LogView(Widget, can_focus=True):
     """A window onto a log file: follow, scroll, filter, wrap, timestamps, error highlighting."""
 
-    BINDINGS: ClassVar[list[Binding]] = [
+    BINDINGS: ClassVar[list[BindingType]] = [
         Binding("up,k", "scroll_lines(-1)", "Up", show=False),
         Binding("down,j", "scroll_lines(1)", "Down", show=False),
         Binding("pageup,ctrl+b", "scroll_page(-1)", "Page up", show=False),
@@ -232,7 +232,7 @@ class LogView(Widget, can_focus=True):
     def _max_top(self) -> int:
         return max(0, self.view_count - self._page_rows())
 
-    def _scroll_to(self, top: int) -> None:
+    def _scroll_to_line(self, top: int) -> None:
         max_top = self._max_top()
         if top >= max_top:  # reaching the end follows again (toolong's tail)
             self.action_follow()
@@ -248,10 +248,10 @@ class LogView(Widget, can_focus=True):
         return self._max_top() if self.follow else min(self._top, self._max_top())
 
     def action_scroll_lines(self, delta: int) -> None:
-        self._scroll_to(self._current_top() + delta)
+        self._scroll_to_line(self._current_top() + delta)
 
     def action_scroll_page(self, pages: int) -> None:
-        self._scroll_to(self._current_top() + pages * max(1, self._page_rows() - 1))
+        self._scroll_to_line(self._current_top() + pages * max(1, self._page_rows() - 1))
 
     def action_scroll_columns(self, delta: int) -> None:
         if self.wrap:
@@ -325,8 +325,8 @@ class LogView(Widget, can_focus=True):
         self._strip_cache.clear()  # a theme change: the cached colours are stale
         super().notify_style_update()
 
-    def refresh(self, *args, **kwargs):  # type: ignore[override]
-        self._rows_cache = None
+    def refresh(self, *args: Any, **kwargs: Any) -> Self:
+        self._rows_cache: tuple[tuple[int, int], list[Strip]] | None = None
         return super().refresh(*args, **kwargs)
 
     def _rows(self) -> list[Strip]:

@@ -7,13 +7,16 @@ line instead ("Load weight end 7/8 (missing TP7)"), which is the classic signatu
 from __future__ import annotations
 
 import time
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from rich.text import Text
 
 from sessions.phases import StartupPhase
 from widgets import units
 from widgets.text_lines import TextLines
+
+if TYPE_CHECKING:
+    from sessions.server import SessionStatus
 
 PHASE_SHORT = {
     StartupPhase.LAUNCHING: "launch",
@@ -68,10 +71,10 @@ class PhaseTimeline(TextLines):
 
     def __init__(self, *, id: str | None = None, classes: str | None = None) -> None:
         super().__init__(id=id, classes=classes)
-        self.status: Any = None
+        self.status: SessionStatus | None = None
         self.now: float | None = None
 
-    def update_status(self, status: Any) -> None:
+    def update_status(self, status: SessionStatus | None) -> None:
         self.status = status
         self._refresh_for_content()
 
@@ -89,7 +92,7 @@ class PhaseTimeline(TextLines):
 
     # -- the chain of phases ----------------------------------------------------------------------------
 
-    def _chain(self, status: Any, width: int) -> Text:
+    def _chain(self, status: SessionStatus | None, width: int) -> Text:
         phases = list(StartupPhase)
         if status is None:
             return Text(
@@ -151,7 +154,7 @@ class PhaseTimeline(TextLines):
 
     # -- progress and arrival -----------------------------------------------------------------------------
 
-    def _detail(self, status: Any, width: int) -> Text:
+    def _detail(self, status: SessionStatus, width: int) -> Text:
         summary = status.summary
         text = Text()
         ready_at = status.phase_entered_at.get(StartupPhase.READY.value)
@@ -178,7 +181,7 @@ class PhaseTimeline(TextLines):
             text.append_text(arrival)
         return text
 
-    def _arrival_text(self, status: Any) -> Text:
+    def _arrival_text(self, status: SessionStatus) -> Text:
         summary = status.summary
         arrival: dict[str, tuple[int, ...]] = dict(getattr(summary, "rank_arrival", {}) or {})
         expected = getattr(summary, "ranks_expected", None)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Hashable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.text import Text
 
@@ -17,10 +17,14 @@ from widgets import units
 from widgets.state_line import flow
 from widgets.text_lines import TextLines
 
+if TYPE_CHECKING:
+    from sessions.server import SessionStatus
+    from sessions.serving import ServingSnapshot
+
 SPARK_WIDTH = 16
 
 
-def serving_segments(serving: Any, now: float | None = None) -> list[Text]:
+def serving_segments(serving: ServingSnapshot | None, now: float | None = None) -> list[Text]:
     """The parts of the line (also used by tests and the bench screen)."""
     if serving is None:
         return [Text("serving: no Decode/Prefill batch line yet (send a request, or press b to bench)",
@@ -56,12 +60,12 @@ class ServingLine(TextLines):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self._serving: Any = None
+        self._serving: ServingSnapshot | None = None
         self._ready = False
 
-    def update_status(self, status: Any) -> None:
+    def update_status(self, status: SessionStatus | None) -> None:
         self._ready = status is not None and status.state == "ready"
-        self._serving = getattr(status, "serving", None) if status is not None else None
+        self._serving = status.serving if status is not None else None
         self.display = self._ready
         self._refresh_for_content()
 

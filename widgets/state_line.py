@@ -7,7 +7,7 @@ long, is the port open (and is a refused port normal right now), does /ready ans
 from __future__ import annotations
 
 import time
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from rich.text import Text
 
@@ -15,6 +15,9 @@ from sessions.home import read_json
 from sessions.phases import StartupPhase
 from widgets import units
 from widgets.text_lines import TextLines
+
+if TYPE_CHECKING:
+    from sessions.server import SessionStatus
 
 STATE_GLYPHS = {
     "starting": ("◐", "state--starting"),
@@ -109,12 +112,12 @@ class StateLine(TextLines):
 
     def __init__(self, *, id: str | None = None, classes: str | None = None) -> None:
         super().__init__(id=id, classes=classes)
-        self.status: Any = None
+        self.status: SessionStatus | None = None
         self.hint = "No session. Select a profile and press l to launch it."
         self.now: float | None = None  # tests freeze the clock
         self._ended_cache: dict[tuple[str, str], float] = {}
 
-    def update_status(self, status: Any, hint: str | None = None) -> None:
+    def update_status(self, status: SessionStatus | None, hint: str | None = None) -> None:
         self.status = status
         if hint is not None:
             self.hint = hint
@@ -175,7 +178,7 @@ class StateLine(TextLines):
             line.truncate(width, overflow="ellipsis")
         return lines
 
-    def _ended_at(self, status: Any) -> float | None:
+    def _ended_at(self, status: SessionStatus) -> float | None:
         """When an ended session ended (``ended_at`` of its state.json, written by stop() or by the poll that
         saw it end); read once per session and state, since an ended session's record no longer moves."""
         ended = getattr(status, "ended_at", None)
@@ -184,7 +187,7 @@ class StateLine(TextLines):
         key = (status.session_id, status.state)
         if key not in self._ended_cache:
             record = None
-            if getattr(status, "session_dir", None) is not None:
+            if status.session_dir is not None:
                 try:
                     record = read_json(status.session_dir / "state.json")
                 except OSError:  # unreadable: the line says how it ended, without the time
@@ -197,7 +200,7 @@ class StateLine(TextLines):
             self._ended_cache[key] = value
         return self._ended_cache[key]
 
-    def _port_segments(self, status: Any) -> list[Text]:
+    def _port_segments(self, status: SessionStatus) -> list[Text]:
         dim = self.get_component_rich_style("state--dim")
         port = status.port if status.port is not None else units.NA
         if status.port_listening:
@@ -213,7 +216,7 @@ class StateLine(TextLines):
         answer = "200" if ready is True else "503" if ready is False else "–"
         return [port_text, Text(f"/ready {answer}")]
 
-    def _ranks_text(self, status: Any, width: int) -> Text:
+    def _ranks_text(self, status: SessionStatus, width: int) -> Text:
         text = Text()
         schedulers = [r for r in status.ranks if r.rank is not None]
         expected = getattr(status.summary, "ranks_expected", None) or len(schedulers)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 NA = "n/a"
 _GIB = 1024**3
 _SPARK = "▁▂▃▄▅▆▇█"
@@ -60,7 +62,7 @@ def bar(fraction: float | None, width: int) -> str:
     return "█" * filled + "░" * (width - filled)
 
 
-def sparkline(values: list[float | None], width: int, maximum: float = 100.0) -> str:
+def sparkline(values: Sequence[float | None], width: int, maximum: float = 100.0) -> str:
     """The last ``width`` values as block characters (missing values as spaces)."""
     if width <= 0:
         return ""

@@ -5,6 +5,10 @@ concurrency 1, 8, 32) with a progress bar, shows the per-concurrency table (benc
 keeps the result.  Below, every kept result side by side: profile, date, key flag differences against the
 best row, single-stream tok/s, TTFT and throughput at the highest concurrency; the best is starred.
 ``space`` marks rows: with two marked (or one, against the best) the full flag diff is shown.
+``c`` compares two profiles with `sessions.bench.compare.run_compare` (A = the first marked row's profile,
+B = the second's; with fewer than two marked, type ``A B``: profiles or sessions): each is launched if
+needed, benched and stopped, one after the other, and the screen shows B against A per concurrency and the
+verdict.
 """
 
 from __future__ import annotations
@@ -15,13 +19,15 @@ from typing import Any, ClassVar
 from rich.text import Text
 from textual import work
 from textual.app import ComposeResult
-from textual.binding import Binding
+from textual.binding import Binding, BindingType
 from textual.containers import Vertical
 from textual.screen import Screen
-from textual.widgets import DataTable, Footer, ProgressBar, Static
+from textual.widgets import DataTable, Footer, Input, ProgressBar, Static
 
 RESULT_COLUMNS = ("conc", "done", "out tok/s", "in tok/s", "req/s", "TTFT med", "TTFT p99", "TPOT med",
                   "ITL med", "ITL p99", "E2E med")
+COMPARE_COLUMNS = ("conc", "A tok/s", "B tok/s", "speedup", "A ITL med", "B ITL med", "ITL ratio",
+                   "accept len", "accept rate", "break-even")
 HISTORY_COLUMNS = ("", "profile", "date", "flags vs best", "1-stream tok/s", "TTFT ms", "top conc",
                    "top tok/s")
 
@@ -40,10 +46,11 @@ def result_rows(runs: list[dict[str, Any]]) -> list[tuple[str, ...]]:
 class BenchScreen(Screen):
     """See the module docstring."""
 
-    BINDINGS: ClassVar[list[Binding]] = [
+    BINDINGS: ClassVar[list[BindingType]] = [
         Binding("escape", "close", "Back"),
         Binding("space", "mark", "Mark"),
         Binding("r", "rerun", "Bench again"),
+        Binding("c", "compare", "Compare A/B"),
     ]
     DEFAULT_CSS = """
     BenchScreen { layout: vertical; }
@@ -52,6 +59,10 @@ class BenchScreen(Screen):
     BenchScreen #progress { display: none; }
     BenchScreen #progress.-running { display: block; }
     BenchScreen #results { height: auto; max-height: 8; }
+    BenchScreen #compare { height: auto; max-height: 8; display: none; }
+    BenchScreen #compare.-shown { display: block; }
+    BenchScreen #compare-input { display: none; }
+    BenchScreen #compare-input.-shown { display: block; }
     BenchScreen #history-pane { height: 1fr; }
     BenchScreen #history { height: 1fr; }
     BenchScreen #diff { height: auto; max-height: 10; }
@@ -68,12 +79,15 @@ class BenchScreen(Screen):
         self.last_result: dict[str, Any] | None = None
         self.rows: list[Any] = []
         self.marked: list[str] = []
+        self.last_compare: dict[str, Any] | None = None
 
     def compose(self) -> ComposeResult:
         with Vertical(id="run-pane", classes="pane"):
             yield Static(id="run-status")
             yield ProgressBar(id="progress", total=1, show_eta=False)
             yield DataTable(id="results", cursor_type="none", zebra_stripes=True)
+            yield DataTable(id="compare", cursor_type="none", zebra_stripes=True)
+            yield Input(id="compare-input", placeholder="A B: two profiles or sessions to compare (Enter)")
         with Vertical(id="history-pane", classes="pane"):
             yield DataTable(id="history", cursor_type="row", zebra_stripes=True)
             yield Static(id="diff")
@@ -81,8 +95,9 @@ class BenchScreen(Screen):
 
     def on_mount(self) -> None:
         self.query_one("#run-pane").border_title = "Bench"
-        self.query_one("#history-pane").border_title = "Kept results (best ★, space marks two to diff)"
+        self.query_one("#history-pane").border_title = "Kept results (best ★, space marks two to diff, c compares A/B)"
         self.query_one("#results", DataTable).add_columns(*RESULT_COLUMNS)
+        self.query_one("#compare", DataTable).add_columns(*COMPARE_COLUMNS)
         self.query_one("#history", DataTable).add_columns(*HISTORY_COLUMNS)
         self.load_history()
         if self.session_id is not None:
@@ -178,6 +193,8 @@ class BenchScreen(Screen):
         if not self.rows or table.row_count == 0:
             return
         row_key = table.coordinate_to_cell_key(table.cursor_coordinate).row_key.value
+        if row_key is None:  # every row is added with its result's key
+            return
         if row_key in self.marked:
             self.marked.remove(row_key)
         else:
@@ -207,8 +224,102 @@ class BenchScreen(Screen):
             return
         self.start_bench()
 
+    # -- compare ------------------------------------------------------------------------------------------
+
+    def action_compare(self) -> None:
+        if self.running:
+            self.notify("A bench is running: wait for it to end.", severity="warning")
+            return
+        by_id = {r.id: r for r in self.rows}
+        chosen = [by_id[i] for i in self.marked if i in by_id]
+        if len(chosen) == 2:
+            self.start_compare(chosen[0].profile, chosen[1].profile)
+            return
+        box = self.query_one("#compare-input", Input)
+        box.add_class("-shown")
+        box.focus()
+
+    def on_input_submitted(self, event: Input.Submitted) -> None:
+        if event.input.id != "compare-input":
+            return
+        refs = event.value.split()
+        if len(refs) != 2:
+            self.notify(f"Type two names, A then B (profiles or sessions), not {event.value!r}.",
+                        severity="warning")
+            return
+        event.input.remove_class("-shown")
+        event.input.value = ""
+        self.query_one("#history", DataTable).focus()
+        self.start_compare(refs[0], refs[1])
+
+    def start_compare(self, a: str, b: str) -> None:
+        if self.running:
+            return
+        self.running = True
+        self.query_one("#progress", ProgressBar).add_class("-running")
+        self.query_one("#run-status", Static).update(f"Comparing {a} (A) with {b} (B) ...")
+        self._compare(a, b)
+
+    @work(thread=True, exclusive=True, group="bench")
+    def _compare(self, a: str, b: str) -> None:
+        from sessions.bench.compare import run_compare
+        from sessions.bench.runner import BenchError
+        from sessions.bench.session_bench import BenchOptions
+
+        def say(note: str) -> None:
+            self.app.call_from_thread(self._say, note)
+
+        def progress(concurrency: int, done: int, total: int) -> None:
+            self.app.call_from_thread(self._compare_progress, concurrency, done, total)
+
+        try:
+            report = run_compare(a, b, self.default_options or BenchOptions(), self.home, say, progress,
+                                 argv=["eagle3-tui", "bench", "compare", a, b])
+        except (BenchError, OSError, ValueError) as exc:
+            self.app.call_from_thread(self._failed, str(exc))
+            return
+        except Exception as exc:  # noqa: BLE001 - shown on the screen, the TUI keeps running
+            self.app.call_from_thread(self._failed, f"{type(exc).__name__}: {exc}")
+            return
+        self.app.call_from_thread(self._compared, report)
+
+    def _say(self, note: str) -> None:
+        self.query_one("#run-status", Static).update(note)
+
+    def _compare_progress(self, concurrency: int, done: int, total: int) -> None:
+        self.query_one("#progress", ProgressBar).update(total=total, progress=done)
+
+    def _compared(self, report: dict[str, Any]) -> None:
+        self.running = False
+        self.last_compare = report
+        self.query_one("#progress", ProgressBar).remove_class("-running")
+        self.query_one("#run-status", Static).update(Text.assemble(
+            (f"A = {report['a'].get('profile')}, B = {report['b'].get('profile')} · ", "dim"),
+            (report["verdict"], "bold"), (f" · kept as {report['saved_to']}", "dim")))
+        table = self.query_one("#compare", DataTable)
+        table.clear()
+        for row in compare_rows(report):
+            table.add_row(*row)
+        table.add_class("-shown")
+        self.load_history()
+
     def action_close(self) -> None:
         self.app.pop_screen()
+
+
+def compare_rows(report: dict[str, Any]) -> list[tuple[str, ...]]:
+    """The compare table's cells, one row per concurrency."""
+    rows: list[tuple[str, ...]] = []
+    for run in report["runs"]:
+        a, b = run["a"], run["b"]
+        rows.append((
+            str(run["max_concurrency"]), f"{a['output_throughput']:.1f}", f"{b['output_throughput']:.1f}",
+            _num(run["speedup"], ".2f") + ("×" if run["speedup"] is not None else ""),
+            f"{a['median_itl_ms']:.2f}", f"{b['median_itl_ms']:.2f}", _num(run["itl_ratio"], ".2f"),
+            _num(b.get("accept_length"), ".2f"), _num(b.get("accept_rate"), ".2f"),
+            _num(run.get("break_even_accept_length"), ".2f"),
+        ))
+    return rows
 
 
 def _num(value: Any, fmt: str) -> str:

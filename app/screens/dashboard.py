@@ -10,13 +10,12 @@ ask for an immediate poll when done.  Nothing here blocks the UI thread.
 from __future__ import annotations
 
 import dataclasses
-import importlib
 from functools import partial
 from typing import Any, ClassVar
 
 from textual import on
 from textual.app import ComposeResult
-from textual.binding import Binding
+from textual.binding import BindingType
 from textual.containers import Container, Horizontal, Vertical, VerticalScroll
 from textual.message import Message
 from textual.screen import Screen
@@ -29,7 +28,8 @@ from app.keymap import DASHBOARD_KEYS, KEYS_BY_ID, bindings
 from sessions.logs import MAIN_RANK, LogFilter
 from widgets.confirm_modal import ConfirmModal
 from widgets.gpu_panel import GpuPanel
-from widgets.lists import ProfileList, SessionList
+from widgets.inputs import InOrderInput
+from widgets.lists import PageSafeSelect, ProfileList, SessionList
 from widgets.log_view import LogView
 from widgets.phase_timeline import PhaseTimeline
 from widgets.serving_line import ServingLine
@@ -96,12 +96,15 @@ class DashboardScreen(Screen):
 
     # Help and Quit first in the footer: app bindings would come after the screen's own, and an 80-column
     # footer cuts the last ones off.
-    BINDINGS: ClassVar[list[Binding]] = [
+    BINDINGS: ClassVar[list[BindingType]] = [
         dataclasses.replace(KEYS_BY_ID["app.help"].binding(), action="app.help"),
         dataclasses.replace(KEYS_BY_ID["app.quit"].binding(), action="app.quit"),
         *bindings(DASHBOARD_KEYS),
     ]
-    HORIZONTAL_BREAKPOINTS: ClassVar[list[tuple[int, str]]] = [(0, "-narrow"), (110, "-wide")]
+    # Textual annotates this "ClassVar[...] | None", which mypy reads as an instance variable.
+    HORIZONTAL_BREAKPOINTS: ClassVar[list[tuple[int, str]]] = (  # type: ignore[misc]
+        [(0, "-narrow"), (110, "-wide")]
+    )
     DEFAULT_CSS = """
     DashboardScreen { layout: vertical; }
     DashboardScreen .pane {
@@ -159,6 +162,7 @@ class DashboardScreen(Screen):
         self._seen_problems: set[str] = set()
         self._last_states: dict[str, str] | None = None
         self._titles: dict[str, tuple[str, str | None]] = {}
+        self._rendered_session: str | None = None  # the session the last drawn snapshot showed
 
     # -- layout -------------------------------------------------------------------------------------------
 
@@ -179,10 +183,10 @@ class DashboardScreen(Screen):
         with LogPane(id="log-pane", classes="pane"):
             yield LogView(id="log")
             with Horizontal(id="filter-bar"):
-                yield Input(
+                yield InOrderInput(
                     placeholder="filter: text or /regex/  (Enter applies, Esc cancels)", id="filter-input"
                 )
-                yield Select([("main process", str(MAIN_RANK))], prompt="all ranks", id="filter-rank")
+                yield PageSafeSelect([("main process", str(MAIN_RANK))], prompt="all ranks", id="filter-rank")
         yield Footer(compact=True)
 
     def on_mount(self) -> None:
@@ -241,8 +245,10 @@ class DashboardScreen(Screen):
             return
         if event.state == WorkerState.SUCCESS:
             self._poll_worker = None
+            snapshot = worker.result
+            assert isinstance(snapshot, DashboardSnapshot)  # what the "poll" worker returns on success
             if self.selected_session == self._polled_for:
-                self._render_snapshot(worker.result)
+                self._render_snapshot(snapshot)
             else:
                 # Another session was selected while this poll ran (a launch, a restart, a click): the
                 # snapshot answers for the one shown before, and drawing it would select that one again.
@@ -259,6 +265,13 @@ class DashboardScreen(Screen):
         self.last_snapshot = snapshot
         self.poll_count += 1
         profiles = self.query_one(ProfileList)
+        if snapshot.selected != self._rendered_session:
+            # A session newly shown (attach, launch, restart, a pick in pane 2): the profile cursor goes to
+            # its profile, so l, e and c act on the profile the session card shows.
+            self._rendered_session = snapshot.selected
+            shown = next((s for s in snapshot.sessions if s.session_id == snapshot.selected), None)
+            if shown is not None and any(p.name == shown.profile for p in snapshot.profiles):
+                self.selected_profile = shown.profile
         profiles.update_entries(snapshot.profiles, prefer=self.selected_profile)
         if self.selected_profile is None and profiles.highlighted_id:
             self.selected_profile = profiles.highlighted_id
@@ -323,11 +336,8 @@ class DashboardScreen(Screen):
         if snapshot.capture is None:
             slot.display = False
             return
-        try:
-            from widgets.capture_panel import CapturePanel
-        except ImportError:
-            slot.display = False
-            return
+        from widgets.capture_panel import CapturePanel
+
         panels = slot.query(CapturePanel)
         panel = panels.first() if panels else None
         if panel is None:
@@ -336,7 +346,7 @@ class DashboardScreen(Screen):
         status = snapshot.status
         layers = None
         if status is not None and status.profile == snapshot.capture_profile:
-            layers = getattr(status.summary, "capture_layers", None)
+            layers = status.summary.capture_layers
         panel.update_status(snapshot.capture, layers)
         slot.display = True
 
@@ -570,59 +580,49 @@ class DashboardScreen(Screen):
 
         self.app.push_screen(ProfileEditorScreen(name, self.feed.home), closed)
 
-    def _optional(self, module: str, attribute: str, what: str) -> Any:
-        """A part that another issue delivers: import it lazily; say so when it is not there yet."""
-        try:
-            return getattr(importlib.import_module(module), attribute)
-        except (ImportError, AttributeError):
-            self.notify(f"{what} is not available yet.", severity="warning")
-            return None
-
     def action_diagnose(self) -> None:
+        from app.screens.diagnose import DiagnoseScreen
+
         status = self._require_session("diagnose")
         if status is None:
             return
-        screen_class = self._optional("app.screens.diagnose", "DiagnoseScreen", "Diagnose")
-        if screen_class is not None:
-            self.app.push_screen(screen_class(status.session_id, home=self.feed.home))
+        self.app.push_screen(DiagnoseScreen(status.session_id, home=self.feed.home))
 
     def action_jobs(self) -> None:
-        screen_class = self._optional("app.screens.jobs", "JobsScreen", "Jobs")
-        if screen_class is not None:
-            self.app.push_screen(screen_class(home=self.feed.home))
+        from app.screens.jobs import JobsScreen
+
+        self.app.push_screen(JobsScreen(home=self.feed.home))
 
     def action_bench(self) -> None:
         """b: bench the selected session when it is ready; the kept results either way."""
-        screen_class = self._optional("app.screens.bench", "BenchScreen", "Bench")
-        if screen_class is None:
-            return
+        from app.screens.bench import BenchScreen
+
         status = self.selected_status()
         ready = status is not None and status.state == "ready"
         if status is not None and not ready:
             self.notify(f"{status.session_id} is {status.state}: showing kept bench results only",
                         severity="warning")
-        self.app.push_screen(screen_class(self.feed.home, status.session_id if ready else None))
+        self.app.push_screen(BenchScreen(self.feed.home, status.session_id if ready else None))
 
     def action_capture(self) -> None:
         name = self.selected_profile or self.query_one(ProfileList).highlighted_id
         if not name:
             self.notify("No profile selected.", severity="warning")
             return
-        toggle = self._optional("sessions.capture.toggle", "toggle_capture", "Capture")
-        if toggle is not None:
-            self.run_worker(
-                partial(self._toggle_capture, toggle, name),
-                name="capture-toggle",
-                group="action",
-                thread=True,
-                exit_on_error=False,
-            )
+        self.run_worker(
+            partial(self._toggle_capture, name),
+            name="capture-toggle",
+            group="action",
+            thread=True,
+            exit_on_error=False,
+        )
 
-    def _toggle_capture(self, toggle: Any, name: str) -> None:
+    def _toggle_capture(self, name: str) -> None:
+        from sessions.capture.toggle import toggle_capture
         from sessions.profiles import load_profile
 
         try:
-            profile = toggle(load_profile(name, self.feed.home), self.feed.home)
+            profile = toggle_capture(load_profile(name, self.feed.home), self.feed.home)
         except Exception as exc:  # noqa: BLE001 - ProfileError names the field
             self.app.call_from_thread(self._report_failure, f"Capture toggle for {name} failed", exc)
             return
@@ -705,7 +705,7 @@ class DashboardScreen(Screen):
     def _apply_filter(self, close: bool = True) -> None:
         text = self.query_one("#filter-input", Input).value
         value = self.query_one("#filter-rank", Select).value
-        rank = None if value is Select.NULL else int(value)
+        rank = int(value) if isinstance(value, str) else None  # options are str(rank); else Select.NULL
         try:
             log_filter = LogFilter.parse(text, rank)
         except ValueError as exc:

@@ -10,13 +10,15 @@ lines and stacks are full of square brackets.
 """
 from __future__ import annotations
 
+import asyncio
 from typing import Any, ClassVar
 
 from rich.text import Text
 from textual import work
 from textual.app import ComposeResult
-from textual.binding import Binding
+from textual.binding import Binding, BindingType
 from textual.containers import Vertical, VerticalScroll
+from textual.css.query import NoMatches
 from textual.screen import Screen
 from textual.widgets import Collapsible, DataTable, Footer, Static
 
@@ -68,7 +70,7 @@ class DiagnoseScreen(Screen):
     DiagnoseScreen .stack-text { padding-left: 2; }
     """
 
-    BINDINGS: ClassVar[list[Binding]] = [
+    BINDINGS: ClassVar[list[BindingType]] = [
         Binding("b", "save_bundle", "Save bundle", id="diagnose.bundle"),
         Binding("r", "rediagnose", "Again", id="diagnose.again"),
         Binding("escape", "back", "Back", id="diagnose.back"),
@@ -81,6 +83,7 @@ class DiagnoseScreen(Screen):
         self._home = home
         self._with_stacks = with_stacks
         self._stack_timeout_s = stack_timeout_s
+        self._show_lock = asyncio.Lock()
         self.diagnosis: Any = None  # the latest `Diagnosis`, for tests and the bundle action
         self.bundle_path: Any = None
         self.error: str | None = None
@@ -132,7 +135,8 @@ class DiagnoseScreen(Screen):
         except Exception as exc:  # noqa: BLE001 - a failed diagnosis is shown, never crashes the TUI
             self.app.call_from_thread(self._show_error, f"{type(exc).__name__}: {exc}")
             return
-        self.app.call_from_thread(self._show, result)
+        # Textual's call_from_thread solves its return TypeVar to Never for an async callback (None).
+        self.app.call_from_thread(self._show, result)  # type: ignore[arg-type]
 
     @work(thread=True, exclusive=True, group="bundle")
     def _write_bundle(self) -> None:
@@ -173,7 +177,14 @@ class DiagnoseScreen(Screen):
         self.error = message
         self.query_one("#verdict", Static).update(Text(f"Diagnosis failed: {message}", style="bold red"))
 
-    def _show(self, d: Any) -> None:
+    async def _show(self, d: Any) -> None:
+        async with self._show_lock:  # two diagnoses (R pressed twice) draw one after the other
+            try:
+                await self._draw(d)
+            except NoMatches:
+                pass  # the screen was closed while this diagnosis was drawn
+
+    async def _draw(self, d: Any) -> None:
         self.diagnosis = d
         self.error = None
         verdict = Text()
@@ -225,7 +236,9 @@ class DiagnoseScreen(Screen):
             )
 
         stacks_box = self.query_one("#stacks", Vertical)
-        stacks_box.remove_children()
+        # Awaited, and no DOM ids: a second diagnosis (R) must not mount its boxes while the first ones are
+        # still being removed (DuplicateIds), and a pid may appear twice (a process listed in two roles).
+        await stacks_box.remove_children()
         collapsibles = []
         for p in d.processes:
             if p.stack is None:
@@ -237,14 +250,13 @@ class DiagnoseScreen(Screen):
                 title = f"{p.label} (pid {p.pid}) · no stack: {p.stack.error_kind}"
                 body = p.stack.error or ""
             collapsibles.append(
-                Collapsible(Static(Text(body), classes="stack-text"), title=title, collapsed=True,
-                            id=f"stack-{p.pid}")
+                Collapsible(Static(Text(body), classes="stack-text"), title=title, collapsed=True)
             )
         if collapsibles:
-            stacks_box.mount_all(collapsibles)
+            await stacks_box.mount_all(collapsibles)
         else:
             why = "stacks not taken (--no-stacks)" if not d.with_stacks else (d.pyspy.message or "no live ranks")
-            stacks_box.mount(Static(Text(why, style="dim")))
+            await stacks_box.mount(Static(Text(why, style="dim")))
 
         baseline = self.query_one("#baseline", DataTable)
         baseline.clear()

@@ -12,7 +12,7 @@ from typing import ClassVar
 from rich.table import Table
 from rich.text import Text
 from textual.app import ComposeResult
-from textual.binding import Binding
+from textual.binding import Binding, BindingType
 from textual.containers import Vertical, VerticalScroll
 from textual.screen import ModalScreen
 from textual.widgets import Static
@@ -30,7 +30,7 @@ Filter: text, or /regex/, plus a rank; Esc in the log clears it."""
 class HelpScreen(ModalScreen[None]):
     """All keys, grouped by where they work."""
 
-    BINDINGS: ClassVar[list[Binding]] = [
+    BINDINGS: ClassVar[list[BindingType]] = [
         Binding("escape,q,question_mark", "dismiss", "Close", key_display="Esc"),
         Binding("pageup", "page(-1)", show=False),
         Binding("pagedown,space", "page(1)", show=False),

@@ -9,17 +9,24 @@ re-arms a one-shot timer after each render, so polls never pile up (dolphie's lo
 """
 from __future__ import annotations
 
+import asyncio
+import json
 import time
+from collections import Counter
+from pathlib import Path
 from typing import Any, ClassVar
 
 from rich.text import Text
 from textual import work
 from textual.app import ComposeResult
-from textual.binding import Binding
+from textual.binding import Binding, BindingType
 from textual.containers import Vertical
 from textual.css.query import NoMatches
+from textual.notifications import SeverityLevel
 from textual.screen import ModalScreen, Screen
 from textual.widgets import Footer, Input, ListItem, ListView, ProgressBar, Static
+
+from widgets.inputs import InOrderInput
 
 POLL_INTERVAL_S = 1.0
 STALL_AFTER_S = 120.0  # a running job with no sample finished for this long is worth a notification
@@ -67,9 +74,12 @@ class JobRow(ListItem):
     JobRow .job-rates { color: $text-muted; }
     """
 
-    def __init__(self, progress: Any) -> None:
-        super().__init__(id=f"job-{progress.job_id}".replace(".", "_"))
+    def __init__(self, progress: Any, errors: tuple[tuple[str, int], ...] = ()) -> None:
+        # No DOM id: rows are keyed by job id in the screen's own map, so a row being removed while its
+        # successor mounts can never clash (the DuplicateIds crash when the set of jobs changed).
+        super().__init__()
         self.progress = progress
+        self.errors = errors
 
     def compose(self) -> ComposeResult:
         with Vertical():
@@ -78,10 +88,11 @@ class JobRow(ListItem):
             yield Static(classes="job-rates", id="rates", markup=False)
 
     def on_mount(self) -> None:
-        self.show(self.progress)
+        self.show(self.progress, self.errors)
 
-    def show(self, p: Any) -> None:
+    def show(self, p: Any, errors: tuple[tuple[str, int], ...] = ()) -> None:
         self.progress = p
+        self.errors = errors
         title = Text()
         title.append(p.name or p.job_id, style="bold")
         title.append(f"  {p.job_id}  ")
@@ -92,12 +103,48 @@ class JobRow(ListItem):
             title.append(f"  {p.reason}", style="italic")
         self.query_one("#title", Static).update(title)
         self.query_one("#bar", ProgressBar).update(total=max(1, p.total), progress=p.done)
-        errors = f"{p.failed_lines} error{'' if p.failed_lines == 1 else 's'}"
-        rates = (f"{p.done}/{p.total} samples · {errors} · {p.tokens:,} tokens · {_bytes(p.bytes)}"
+        error_count = f"{p.failed_lines} error{'' if p.failed_lines == 1 else 's'}"
+        rates = (f"{p.done}/{p.total} samples · {error_count} · {p.tokens:,} tokens · {_bytes(p.bytes)}"
                  f" · {p.samples_per_s:.1f} samples/s · {p.tokens_per_s:,.0f} tok/s · {p.gb_per_s:.3f} GB/s"
                  f"{' · ' + _eta(p.eta_s) if p.state == 'running' else ''}"
                  f"{' · capture fs ' + format(p.capture_fill, '.0%') if p.capture_fill is not None else ''}")
-        self.query_one("#rates", Static).update(rates)
+        line = Text(rates)
+        if errors:  # why the samples failed, from the job's errors.jsonl, most common first
+            line.append("\nwhy: " + " · ".join(f"{reason} ({count})" if count > 1 else reason
+                                               for reason, count in errors), style="red")
+        self.query_one("#rates", Static).update(line)
+
+
+ERRORS_TAIL_BYTES = 256 * 1024  # the reasons of the latest failures; a huge errors.jsonl is not read whole
+ERROR_REASONS_SHOWN = 3
+
+
+def error_reasons(output_dir: str | Path) -> tuple[tuple[str, int], ...]:
+    """The most common reasons in ``<output_dir>/errors.jsonl`` (its last 256 KiB), with their counts.
+
+    Unreadable or partly written lines are skipped: this is a summary for the screen, the file stays the
+    record (`extract status` and the file itself have every line)."""
+    path = Path(output_dir) / "errors.jsonl"
+    try:
+        with open(path, "rb") as fh:
+            size = fh.seek(0, 2)
+            fh.seek(max(0, size - ERRORS_TAIL_BYTES))
+            data = fh.read(ERRORS_TAIL_BYTES)
+    except OSError:
+        return ()
+    counts: Counter[str] = Counter()
+    lines = data.splitlines()
+    if len(data) == ERRORS_TAIL_BYTES and lines:
+        lines = lines[1:]  # the first line may be cut
+    for line in lines:
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(record, dict):
+            reason = " ".join(str(record.get("reason") or record.get("status") or "unknown").split())
+            counts[reason[:160]] += 1
+    return tuple(counts.most_common(ERROR_REASONS_SHOWN))
 
 
 def known_specs(home: Any) -> list[str]:
@@ -130,7 +177,7 @@ class SpecPathModal(ModalScreen[str | None]):
                                background: $surface; padding: 0 1; }
     SpecPathModal #known-specs { color: $text-muted; }
     """
-    BINDINGS: ClassVar[list[Binding]] = [Binding("escape", "cancel", "Cancel", id="jobs.new.cancel")]
+    BINDINGS: ClassVar[list[BindingType]] = [Binding("escape", "cancel", "Cancel", id="jobs.new.cancel")]
 
     def __init__(self, default: str = "", known: list[str] | None = None) -> None:
         super().__init__()
@@ -142,7 +189,7 @@ class SpecPathModal(ModalScreen[str | None]):
 
         with Vertical():
             yield Static("Start an extraction job from a spec (TOML with a [job] table):", markup=False)
-            yield Input(value=self.default, placeholder="/path/to/job.toml", id="spec-path",
+            yield InOrderInput(value=self.default, placeholder="/path/to/job.toml", id="spec-path",
                         suggester=SuggestFromList(self.known) if self.known else None)
             if self.known:
                 shown = self.known[:8]
@@ -171,7 +218,7 @@ class JobsScreen(Screen):
     JobsScreen ListView { height: 1fr; }
     """
 
-    BINDINGS: ClassVar[list[Binding]] = [
+    BINDINGS: ClassVar[list[BindingType]] = [
         Binding("n", "new", "New job", id="jobs.new"),
         Binding("p", "pause", "Pause", id="jobs.pause"),
         Binding("r", "resume", "Resume", id="jobs.resume"),
@@ -186,6 +233,10 @@ class JobsScreen(Screen):
         self._states: dict[str, str] = {}
         self._stall_notified: set[str] = set()
         self._first_poll = True
+        self._rows: dict[str, JobRow] = {}  # job id -> its row, the one source for what is on screen
+        self._errors: dict[str, tuple[tuple[str, int], ...]] = {}
+        self._show_lock = asyncio.Lock()
+        self._poll_timer: Any = None
 
     @property
     def home(self) -> Any:
@@ -215,35 +266,64 @@ class JobsScreen(Screen):
         except Exception as exc:  # noqa: BLE001 - an unreadable jobs dir is shown, never crashes the TUI
             self.app.call_from_thread(self.notify, f"Cannot read jobs: {exc}", severity="error")
             jobs = self.jobs
-        self.app.call_from_thread(self._show, jobs)
+        errors = {p.job_id: error_reasons(p.output_dir) for p in jobs if p.failed_lines and p.output_dir}
+        # Textual's call_from_thread solves its return TypeVar to Never for an async callback returning None.
+        self.app.call_from_thread(self._show, jobs, errors)  # type: ignore[arg-type]
 
-    def _show(self, jobs: list[Any]) -> None:
-        try:
-            view = self.query_one("#jobs", ListView)
-            empty = self.query_one("#jobs-empty", Static)
-        except NoMatches:
-            return  # the screen was closed while this poll was in flight: no repaint, no next poll
-        self._notify_changes(jobs)
-        self.jobs = jobs
-        empty.display = not jobs
-        rows = {row.progress.job_id: row for row in view.query(JobRow)}
-        if [p.job_id for p in jobs] == [row.progress.job_id for row in view.query(JobRow)]:
-            for p in jobs:
-                rows[p.job_id].show(p)
-        else:
-            index = view.index
-            view.clear()
-            view.extend(JobRow(p) for p in jobs)
+    async def _show(self, jobs: list[Any], errors: dict[str, tuple[tuple[str, int], ...]] | None = None) -> None:
+        """Bring the rows in line with ``jobs``, in place: a row per job id, updated, added or removed.
+
+        Polls can overlap (an action asks for one while the timer's runs), so updates take turns."""
+        async with self._show_lock:
+            try:
+                view = self.query_one("#jobs", ListView)
+                empty = self.query_one("#jobs-empty", Static)
+            except NoMatches:
+                return  # the screen was closed while this poll was in flight: no repaint, no next poll
+            self._notify_changes(jobs)
+            self.jobs = jobs
+            self._errors = dict(errors or {})
+            empty.display = not jobs
+            selected = self.selected()
+            wanted = {p.job_id for p in jobs}
+            gone = [row for job_id, row in self._rows.items() if job_id not in wanted]
+            for gone_row in gone:
+                del self._rows[gone_row.progress.job_id]
+            if gone:
+                await view.remove_items([view.children.index(row) for row in gone if row in view.children])
+            for position, p in enumerate(jobs):  # newest first, as list_jobs orders them
+                row = self._rows.get(p.job_id)
+                children = list(view.children)
+                if row is None:
+                    row = self._rows[p.job_id] = JobRow(p, self._errors.get(p.job_id, ()))
+                    if position < len(children):
+                        await view.mount(row, before=position)
+                    else:
+                        await view.mount(row)
+                    continue
+                row.show(p, self._errors.get(p.job_id, ()))
+                if position < len(children) and children[position] is not row:
+                    view.move_child(row, before=position)  # a job's start time became known
             if jobs:
-                view.index = min(index or 0, len(jobs) - 1)
-        self.set_timer(POLL_INTERVAL_S, self.poll)
+                keep = selected.job_id if selected is not None else None
+                rows = list(view.children)
+                index = next((i for i, r in enumerate(rows) if isinstance(r, JobRow)
+                              and r.progress.job_id == keep), None)
+                view.index = index if index is not None else min(view.index or 0, len(rows) - 1)
+            self._arm_poll()
+
+    def _arm_poll(self) -> None:
+        """One poll timer at a time: an extra poll (after an action) must not start a second chain."""
+        if self._poll_timer is not None:
+            self._poll_timer.stop()
+        self._poll_timer = self.set_timer(POLL_INTERVAL_S, self.poll)
 
     def _notify_changes(self, jobs: list[Any]) -> None:
         for p in jobs:
             before = self._states.get(p.job_id)
             self._states[p.job_id] = p.state
             if before is not None and before != p.state and p.state in _FINAL and not self._first_poll:
-                severity = "information" if p.state in ("done", "cancelled") else "error"
+                severity: SeverityLevel = "information" if p.state in ("done", "cancelled") else "error"
                 detail = f": {p.reason}" if p.reason else ""
                 self.notify(f"Job {p.name or p.job_id} {p.state} ({p.done}/{p.total} samples){detail}",
                             severity=severity, timeout=10)

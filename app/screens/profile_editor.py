@@ -15,12 +15,13 @@ import re
 import shlex
 from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from textual import on
 from textual.app import ComposeResult
-from textual.binding import Binding
+from textual.binding import Binding, BindingType
 from textual.containers import Horizontal, Vertical, VerticalScroll
+from textual.css.query import NoMatches
 from textual.message import Message
 from textual.screen import ModalScreen, Screen
 from textual.timer import Timer
@@ -30,12 +31,15 @@ from textual.worker import Worker, WorkerState
 from app.keymap import EDITOR_KEYS, bindings
 from widgets.confirm_modal import ConfirmModal
 from widgets.env_table import EnvTable
+from widgets.inputs import InOrderInput
+from widgets.lists import PageSafeSelect
 
 if TYPE_CHECKING:
     from sessions.home import Home
 
 VALIDATE_DEBOUNCE_S = 0.3
 _PROFILE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
+_InputKind = Literal["integer", "number", "text"]  # what Textual's Input(type=...) takes
 
 # form widget id -> the profile field that `validate_profile` names in its problems
 FIELD_OF_WIDGET = {
@@ -90,7 +94,7 @@ class NameModal(ModalScreen[str | None]):
                            background: $surface; padding: 0 1; }
     NameModal #name-error { color: $error; height: auto; }
     """
-    BINDINGS: ClassVar[list[Binding]] = [Binding("escape", "cancel", "Cancel")]
+    BINDINGS: ClassVar[list[BindingType]] = [Binding("escape", "cancel", "Cancel")]
 
     def __init__(self, suggestion: str, profiles_dir: Path) -> None:
         super().__init__()
@@ -100,7 +104,7 @@ class NameModal(ModalScreen[str | None]):
     def compose(self) -> ComposeResult:
         with Vertical():
             yield Label("Save as profile (letters, digits, . _ -):")
-            yield Input(self.suggestion, id="new-name")
+            yield InOrderInput(self.suggestion, id="new-name")
             yield Static("", id="name-error")
 
     def on_mount(self) -> None:
@@ -123,7 +127,10 @@ class ProfileEditorScreen(Screen[str | None]):
     """Edit one profile; dismisses with the saved name (or None when nothing was saved)."""
 
     BINDINGS = bindings(EDITOR_KEYS)
-    HORIZONTAL_BREAKPOINTS: ClassVar[list[tuple[int, str]]] = [(0, "-narrow"), (120, "-wide")]
+    # Textual annotates this "ClassVar[...] | None", which mypy reads as an instance variable.
+    HORIZONTAL_BREAKPOINTS: ClassVar[list[tuple[int, str]]] = (  # type: ignore[misc]
+        [(0, "-narrow"), (120, "-wide")]
+    )
     DEFAULT_CSS = """
     ProfileEditorScreen { layout: vertical; }
     ProfileEditorScreen #editor-title { height: 1; padding: 0 1; background: $panel; text-style: bold; }
@@ -204,11 +211,13 @@ class ProfileEditorScreen(Screen[str | None]):
         worker = event.worker
         if worker.name == "editor-load":
             if event.state == WorkerState.SUCCESS:
+                assert worker.result is not None  # _load returns (profile, backends, note)
                 self.profile, self.backends, self.sglang_note = worker.result
                 self._build_form()
             elif event.state == WorkerState.ERROR:
                 self._show_load_error(worker.error)
         elif worker.name == "editor-validate" and event.state == WorkerState.SUCCESS:
+            assert isinstance(worker.result, EditorCheck)  # what _check returns
             self._show_check(worker.result)
 
     def _show_load_error(self, error: BaseException | None) -> None:
@@ -243,7 +252,7 @@ class ProfileEditorScreen(Screen[str | None]):
             options = [(b, b) for b in self.backends]
             if backend and backend not in self.backends:
                 options.insert(0, (f"{backend} (not in this SGLang)", backend))
-            select = Select(
+            select = PageSafeSelect(
                 options,
                 prompt="auto (SGLang decides)",
                 id="attention_backend",
@@ -299,13 +308,16 @@ class ProfileEditorScreen(Screen[str | None]):
         self.call_after_refresh(self._form_ready)
 
     def _input(
-        self, label: str, widget_id: str, value: Any, kind: str = "text", placeholder: str = ""
+        self, label: str, widget_id: str, value: Any, kind: _InputKind = "text", placeholder: str = ""
     ) -> list[Any]:
-        field = Input(_text(value), id=widget_id, type=kind, placeholder=placeholder, compact=True)
+        field = InOrderInput(_text(value), id=widget_id, type=kind, placeholder=placeholder, compact=True)
         return self._row(label, field)
 
     def _form_ready(self) -> None:
-        self.query_one("#model_path", Input).focus()
+        fields = self.query("#model_path")
+        if not fields:
+            return  # the editor was closed before its form was drawn
+        fields.first(Input).focus()
         self._validate_now()
 
     def _row(self, label: str, widget: Any) -> list[Any]:
@@ -315,6 +327,16 @@ class ProfileEditorScreen(Screen[str | None]):
         ]
 
     # -- reading the form -----------------------------------------------------------------------------------
+
+    def _read_form(self) -> tuple[Any, dict[str, str]] | None:
+        """`form_profile()`, or None while the form is not (or no longer) on screen: keys and timers can
+        arrive before the loaded form is mounted and after the editor was closed."""
+        if self.profile is None or not self.is_attached or not self.query("#env"):
+            return None
+        try:
+            return self.form_profile()
+        except NoMatches:
+            return None
 
     def form_profile(self) -> tuple[Any, dict[str, str]]:
         """The profile the form describes, and the fields that do not parse (widget id -> message)."""
@@ -343,8 +365,8 @@ class ProfileEditorScreen(Screen[str | None]):
         backend_widget = self.query_one("#attention_backend")
         if isinstance(backend_widget, Select):
             backend = None if backend_widget.value is Select.NULL else str(backend_widget.value)
-        else:
-            backend = backend_widget.value.strip() or None
+        else:  # free text when SGLang's choices are unknown (_build_form)
+            backend = self.query_one("#attention_backend", Input).value.strip() or None
         try:
             extra_args = tuple(shlex.split(value("extra_args")))
         except ValueError as exc:
@@ -389,9 +411,9 @@ class ProfileEditorScreen(Screen[str | None]):
     @on(Select.Changed)
     @on(EnvTable.Changed)
     def _changed(self) -> None:
-        if self.profile is None or not self.query("#env"):
-            return  # the form is still being built
-        form_profile, errors = self.form_profile()
+        if (read := self._read_form()) is None:
+            return  # the form is still being built, or already gone
+        form_profile, errors = read
         self.dirty = bool(errors) or form_profile != self.profile
         state = " · modified" if self.dirty else ""
         self.query_one("#editor-title", Static).update(f"Edit profile {self.profile_name}{state}")
@@ -401,7 +423,9 @@ class ProfileEditorScreen(Screen[str | None]):
 
     def _validate_now(self) -> None:
         self._debounce = None
-        profile, errors = self.form_profile()
+        if (read := self._read_form()) is None:
+            return
+        profile, errors = read
         self._check_seq += 1
         self.run_worker(
             partial(_check, profile, errors, self.home, self._check_seq),
@@ -434,11 +458,21 @@ class ProfileEditorScreen(Screen[str | None]):
 
     def _savable(self) -> Any:
         """The form's profile, or None (and a notification naming the fields) when it does not parse."""
-        if self.profile is None:
+        if (read := self._read_form()) is None:
+            self.notify("The form is still loading: nothing saved yet.", title="not saved", severity="warning")
             return None
-        profile, errors = self.form_profile()
+        profile, errors = read
         if errors:
             self.notify("\n".join(errors.values()), title="not saved", severity="error")
+            return None
+        from sessions.profiles import validate_profile
+
+        # Checked now, on exactly what is in the form (the live check may be a keystroke behind).
+        refused = [p for p in validate_profile(profile, check_port=False) if p.is_error]
+        if refused:
+            lines = [f"{p.field}: {p.message}" for p in refused]
+            self.notify("The profile does not validate:\n" + "\n".join(lines), title="not saved",
+                        severity="error", timeout=15)
             return None
         return profile
 
@@ -491,10 +525,11 @@ class ProfileEditorScreen(Screen[str | None]):
         if not self.dirty:
             self.dismiss(self.saved_name)
             return
-        self.app.push_screen(
-            ConfirmModal("Discard the unsaved changes?", yes_label="Discard (y)"),
-            lambda yes: self.dismiss(self.saved_name) if yes else None,
-        )
+        def answered(yes: bool | None) -> None:
+            if yes:
+                self.dismiss(self.saved_name)
+
+        self.app.push_screen(ConfirmModal("Discard the unsaved changes?", yes_label="Discard (y)"), answered)
 
     def action_add_env(self) -> None:
         tables = self.query(EnvTable)
@@ -547,8 +582,8 @@ def _check(profile: Any, parse_errors: dict[str, str], home: Home | None = None,
 
     by_widget: dict[str, list[tuple[str, str]]] = {}
     general: list[str] = []
-    for widget_id, message in parse_errors.items():
-        by_widget.setdefault(widget_id, []).append(("error", message))
+    for parsed_id, message in parse_errors.items():
+        by_widget.setdefault(parsed_id, []).append(("error", message))
     try:
         problems = validate_profile(profile, check_port=False) + _port_problems(profile, home)
     except Exception as exc:  # noqa: BLE001

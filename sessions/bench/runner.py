@@ -33,6 +33,9 @@ from sessions.bench.metrics import calculate_metrics
 from sessions.bench.prompts import Prompt
 
 Progress = Callable[[int, int, int], None]  # (max_concurrency, done, total)
+# Called with ("start", max_concurrency) before a run's first request and ("end", max_concurrency) after its
+# last response, so a caller can take what the server logged during that run (`bench compare`).
+RunHook = Callable[[str, int], None]
 
 
 class BenchError(Exception):
@@ -82,9 +85,9 @@ def _headers(plan: BenchPlan) -> dict[str, str] | None:
 
 def _clients(count: int) -> list[Any]:
     """One blocking client per request slot, with one connection at a time and none kept alive: each
-    request connects anew, as bench_serving's fresh session per request does.  TCP_NODELAY, as aiohttp (bench_serving's client) sets by default: a small
-    request body must not wait for the server's delayed ACK of the headers.  One TLS context for all:
-    building one per client costs more than a request."""
+    request connects anew, as bench_serving's fresh session per request does.  TCP_NODELAY, as aiohttp
+    (bench_serving's client) sets by default: a small request body must not wait for the server's delayed
+    ACK of the headers.  One TLS context for all: building one per client costs more than a request."""
     import httpx
 
     context = httpx.create_ssl_context()
@@ -95,7 +98,8 @@ def _clients(count: int) -> list[Any]:
         for _ in range(count)]
 
 
-def run_bench(plan: BenchPlan, progress: Progress | None = None) -> dict[str, Any]:
+def run_bench(plan: BenchPlan, progress: Progress | None = None,
+              on_run: RunHook | None = None) -> dict[str, Any]:
     """The runs (one metrics dict per concurrency) and the server's ``/server_info`` facts."""
     clients = _clients(max(plan.concurrencies))
     try:
@@ -109,7 +113,11 @@ def run_bench(plan: BenchPlan, progress: Progress | None = None) -> dict[str, An
         runs = []
         for concurrency in plan.concurrencies:
             time.sleep(plan.settle_s)
+            if on_run is not None:
+                on_run("start", concurrency)
             runs.append(_one_run(clients[:concurrency], plan, concurrency, progress))
+            if on_run is not None:
+                on_run("end", concurrency)
         return {"runs": runs, "server_info": info}
     finally:
         for client in clients:

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from sessions.bench.prompts import random_id_prompts
-from sessions.bench.runner import BenchError, BenchPlan, Progress, prompts_needed, run_bench
+from sessions.bench.runner import BenchError, BenchPlan, Progress, RunHook, prompts_needed, run_bench
 from sessions.home import read_json
 from sessions.redaction import redact_argv
 
@@ -64,8 +64,12 @@ def vocab_size_of(model_path: str | Path) -> int:
     raise BenchError(f"{path} has no vocab_size")
 
 
+_SPEC_KEYS = ("speculative_algorithm", "speculative_num_steps", "speculative_eagle_topk",
+              "speculative_num_draft_tokens", "speculative_draft_model_path")
+
+
 def bench_session(session: Any, options: BenchOptions, progress: Progress | None = None,
-                  bench_argv: list[str] | None = None) -> dict[str, Any]:
+                  bench_argv: list[str] | None = None, on_run: RunHook | None = None) -> dict[str, Any]:
     """Bench a ready session (a `ServerSession`); BenchError when it cannot."""
     options.check()
     status = session.status()
@@ -79,11 +83,13 @@ def bench_session(session: Any, options: BenchOptions, progress: Progress | None
     plan = BenchPlan(base, tuple(prompts), options.concurrency, options.num_prompts,
                      api_key=_api_key(profile))
     started = time.time()
-    outcome = run_bench(plan, progress)
+    outcome = run_bench(plan, progress, on_run)
     info = outcome["server_info"]
     command = (read_json(session.session_dir / "command.json") or {}).get("argv") or []
+    speculative = {k.removeprefix("speculative_"): info.get(k) for k in _SPEC_KEYS if info.get(k) is not None}
     return {
         "runs": outcome["runs"],
+        "speculative": speculative or None,  # the server's resolved EAGLE flags (/server_info), if any
         "session": session.session_id,
         "profile": profile.name,
         "time": started,

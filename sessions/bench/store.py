@@ -2,7 +2,9 @@
 
 Each result keeps what a later comparison needs: the profile name and its TOML as launched (for flag
 differences), the exact command (secrets redacted), the SGLang version, the time, the request shape and
-the runs.  Files are written atomically (0600) in a 0700 folder and read back as JSON only.
+the runs.  Files are written atomically (0600) in a 0700 folder and read back as JSON only.  A `bench compare`
+report is kept next to them as ``compare-<time>-<A>-vs-<B>.json`` (``"kind": "compare"``); its two sides
+are kept as ordinary results too, so the history lists them.
 """
 
 from __future__ import annotations
@@ -36,6 +38,45 @@ def save_result(home: Home, result: dict[str, Any]) -> Path:
     result = dict(result, version=RESULT_VERSION, id=path.stem)
     atomic_write_json(path, result)
     return path
+
+
+def save_compare(home: Home, report: dict[str, Any]) -> Path:
+    folder = ensure_private_dir(bench_dir(home))
+    stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(report.get("time") or time.time()))
+    a = _SAFE.sub("-", str((report.get("a") or {}).get("profile") or "a"))
+    b = _SAFE.sub("-", str((report.get("b") or {}).get("profile") or "b"))
+    path = folder / f"compare-{stamp}-{a}-vs-{b}.json"
+    n = 1
+    while path.exists():
+        n += 1
+        path = folder / f"compare-{stamp}-{a}-vs-{b}-{n}.json"
+    atomic_write_json(path, dict(report, kind="compare", version=RESULT_VERSION, id=path.stem))
+    return path
+
+
+def load_compares(home: Home) -> tuple[list[dict[str, Any]], list[str]]:
+    """(kept compare reports oldest first, problems)."""
+    folder = bench_dir(home)
+    out, problems = [], []
+    if not folder.is_dir():
+        return out, problems
+    for path in sorted(folder.glob("compare-*.json")):
+        data = _read_json(path, problems)
+        if isinstance(data, dict) and data.get("kind") == "compare" and isinstance(data.get("runs"), list):
+            out.append(data)
+    out.sort(key=lambda r: r.get("time") or 0.0)
+    return out, problems
+
+
+def _read_json(path: Path, problems: list[str]) -> Any:
+    if path.is_symlink():
+        problems.append(f"{path}: is a symlink; skipped")
+        return None
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        problems.append(f"{path}: not a readable bench result ({exc})")
+        return None
 
 
 @dataclass(frozen=True)
@@ -91,7 +132,8 @@ def row_of(result: dict[str, Any], fallback_id: str = "") -> HistoryRow:
 def load_history(home: Home, profile: str | None = None) -> tuple[list[HistoryRow], list[str]]:
     """(rows oldest first, problems): a file that is not a bench result is named, not fatal."""
     folder = bench_dir(home)
-    rows, problems = [], []
+    rows: list[HistoryRow] = []
+    problems: list[str] = []
     if not folder.is_dir():
         return rows, problems
     for path in sorted(folder.glob("*.json")):
@@ -103,6 +145,8 @@ def load_history(home: Home, profile: str | None = None) -> tuple[list[HistoryRo
         except (OSError, ValueError) as exc:
             problems.append(f"{path}: not a readable bench result ({exc})")
             continue
+        if isinstance(data, dict) and data.get("kind") == "compare":
+            continue  # a compare report (`load_compares`); its sides are kept as results of their own
         if not isinstance(data, dict) or not isinstance(data.get("runs"), list):
             problems.append(f"{path}: not a bench result (no runs list)")
             continue

@@ -209,8 +209,8 @@ def check_sglang(root: str | os.PathLike, model_path: str | os.PathLike | None =
         else:
             path = files.path(relpath)
             if files.tree(relpath) is None:
-                problem = "missing file" if not (root / relpath).exists() else "unreadable file"
-                checks.append(SymbolCheck(symbol, role, path, False, problem))
+                reason = "missing file" if not (root / relpath).exists() else "unreadable file"
+                checks.append(SymbolCheck(symbol, role, path, False, reason))
                 return
         problem = test()
         checks.append(SymbolCheck(symbol, role, path, problem is None, problem or ""))
@@ -293,8 +293,10 @@ def check_sglang(root: str | os.PathLike, model_path: str | os.PathLike | None =
     batch_tree = files.tree(FORWARD_BATCH_FILE)
     forward_batch = _top_class(batch_tree, "ForwardBatch")
     for name in FORWARD_BATCH_FIELDS:
-        add(f"ForwardBatch.{name}", "field the hook reads", FORWARD_BATCH_FILE,
-            lambda name=name: exists(_class_field(forward_batch, name)))
+        def batch_field_test(name: str = name) -> str | None:
+            return exists(_class_field(forward_batch, name))
+
+        add(f"ForwardBatch.{name}", "field the hook reads", FORWARD_BATCH_FILE, batch_field_test)
     add("ForwardMode.is_extend_without_speculative", "selects extend forwards without speculation",
         FORWARD_BATCH_FILE, lambda: exists(_method(_top_class(batch_tree, "ForwardMode"),
                                                    "is_extend_without_speculative")))
@@ -311,8 +313,10 @@ def check_sglang(root: str | os.PathLike, model_path: str | os.PathLike | None =
         lambda: exists(_top_function(files.tree(RUNTIME_CONTEXT_FILE), "get_parallel")))
     parallel = _top_class(files.tree(PARALLEL_FIELDS_FILE), "Parallel")
     for name in PARALLEL_FIELDS:
-        add(f"get_parallel().{name}", "rank field the hook reads", PARALLEL_FIELDS_FILE,
-            lambda name=name: exists(_class_field(parallel, name)))
+        def parallel_field_test(name: str = name) -> str | None:
+            return exists(_class_field(parallel, name))
+
+        add(f"get_parallel().{name}", "rank field the hook reads", PARALLEL_FIELDS_FILE, parallel_field_test)
     add("GroupCoordinator.is_last_rank", "last pipeline rank test", PARALLEL_STATE_FILE,
         lambda: exists(_method(_top_class(files.tree(PARALLEL_STATE_FILE), "GroupCoordinator"), "is_last_rank")))
 
@@ -330,10 +334,10 @@ def check_sglang(root: str | os.PathLike, model_path: str | os.PathLike | None =
         add(flag, "capture flag", FLAG_FILES, flag_test)
 
     if model_path is not None:
-        from sessions.profiles import ModelConfigError, read_model_config
+        from sessions.profiles.model_config import ModelConfigError, read_model_config
 
         try:
-            arch = read_model_config(model_path).architecture
+            arch = read_model_config(Path(model_path)).architecture
         except ModelConfigError as exc:
             arch, error = None, str(exc)
         else:

@@ -36,7 +36,7 @@ from sessions.capture.plugin.eagle3_capture.spec import ENV_NAME, CaptureSpec
 from sessions.capture.plugin.eagle3_capture.writer import CaptureDirError, check_capture_dir
 
 if TYPE_CHECKING:  # pragma: no cover
-    from sessions.profiles import LaunchProfile, Problem
+    from sessions.profiles.model import LaunchProfile, Problem
 
 CAPTURE_FLAGS = ("--enable-return-aux-hidden-states", "--speculative-algorithm", "EAGLE3")
 LAYER_IDS_FLAG = "--return-aux-hidden-state-layer-ids"
@@ -80,7 +80,7 @@ class ModelFacts:
 
 
 def model_facts(model_path: str) -> ModelFacts:
-    from sessions.profiles import ModelConfigError, read_model_config
+    from sessions.profiles.model_config import ModelConfigError, read_model_config
 
     path = Path(os.path.expanduser(model_path or ""))
     if not model_path:
@@ -173,7 +173,7 @@ def capture_additions(profile: LaunchProfile) -> tuple[list[str], dict[str, str]
 
 # -- validation -----------------------------------------------------------------------------------------
 def _problem(field: str, message: str, severity: str = "error") -> Problem:
-    from sessions.profiles import Problem
+    from sessions.profiles.model import Problem
 
     return Problem(field, message, severity=severity)
 
@@ -374,7 +374,7 @@ def toggle_capture(profile: LaunchProfile, home: Any = None) -> LaunchProfile:
     Turning capture on also drops an explicit ``radix_cache = true`` back to the default (which is the
     same value): capture disables the radix cache itself, and an explicit true would be refused.
     """
-    from sessions.profiles import save_profile
+    from sessions.profiles.toml_io import save_profile
 
     enable = not profile.capture.enabled
     changed = profile.with_changes(capture={"enabled": enable})

@@ -6,7 +6,12 @@ This stands in for SGLang's scheduler loop (``event_loop_normal`` with ``get_nex
   ``max_running_requests`` running, at most ``--chunked-prefill-size`` new tokens per prefill forward, at
   least one request) and runs one **prefill** forward, which samples each admitted request's first token.
   A prompt longer than the chunk size takes several prefill forwards (one ``Prefill batch`` line each).
-* Otherwise the running batch takes one **decode** step: one token per request.
+* Otherwise the running batch takes one **decode** step: one token per request.  With EAGLE/EAGLE3
+  speculative decoding the step is one draft + verify cycle instead (`spec_decode.SpecDecoding`): each
+  request gets its drawn accept length of the target's own tokens, the cycle costs what that model says,
+  ``Decode batch`` carries ``accept len: X.XX, accept rate: Y.YY, `` after the token usage
+  (metrics_reporter.py:1005-1009), the final response carries the ``spec_*`` meta_info keys, and the gauges
+  ``spec_accept_length``/``spec_accept_rate`` take each Decode line's interval figures.
 * Each forward lasts what `DecodeCostModel` says; the backend's real work (the tiny model's forward) runs
   inside it and the step lasts the longer of the two.
 * After each forward, streaming requests get a chunk under SGLang's rule (output_streamer.py:444-478): a
@@ -25,13 +30,14 @@ from __future__ import annotations
 
 import collections
 import time
-from collections.abc import Callable, Generator
+from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from sessions.emulator.backend import RequestError
 from sessions.emulator.console import Console
 from sessions.emulator.cost_model import DecodeCostModel
+from sessions.emulator.spec_decode import SpecDecoding
 
 # The meta_info keys every chunk carries, in SGLang's insertion order (tokenizer_manager.py:2507-2617).
 _META_ORDER = (
@@ -67,6 +73,10 @@ class Req:
     sent_offset: int = 0
     final: dict[str, Any] | None = None
     aborted: bool = False
+    # speculative decoding: verify steps, accepted drafts, and how many steps accepted 0, 1, 2... drafts
+    spec_verify_ct: int = 0
+    spec_correct_drafts: int = 0
+    spec_histogram: list[int] = field(default_factory=list)
 
     @property
     def seq_len(self) -> int:
@@ -85,6 +95,13 @@ class _Stats:
     realtime_decode_tokens: int = 0
     realtime_prefill_tokens: int = 0
     realtime_cached_tokens: int = 0
+    # speculative decoding, over the current Decode-log interval and (added at each tick) since start/flush
+    spec_accept_tokens: int = 0  # sum of accept lengths (accepted drafts + bonus) per request-step
+    spec_reqs: int = 0  # sum of batch sizes
+    last_accept_length: float = 0.0
+    last_accept_rate: float = 0.0
+    total_accept_tokens: int = 0
+    total_reqs: int = 0
 
 
 class Batcher:
@@ -100,6 +117,7 @@ class Batcher:
         max_running: int,
         send: Callable[..., None],
         rank: int = 0,
+        spec: SpecDecoding | None = None,
     ) -> None:
         self.backend = backend
         self.args = args
@@ -109,6 +127,7 @@ class Batcher:
         self.max_running = max(1, max_running)
         self.send = send
         self.rank = rank
+        self.spec = spec
         self.waiting: collections.deque[Req] = collections.deque()
         self.prefilling: Req | None = None  # a chunked prompt part-way through its prefill forwards
         self.running: list[Req] = []
@@ -168,6 +187,17 @@ class Batcher:
         """/flush_cache resets the decode-log counter (scheduler.py:5528), not the tic."""
         self.stats.forward_ct_decode = 0
         self.stats.decode_tokens_since_log = 0
+        self.stats.spec_accept_tokens = self.stats.spec_reqs = 0
+        self.stats.total_accept_tokens = self.stats.total_reqs = 0
+
+    @property
+    def avg_spec_accept_length(self) -> float | None:
+        """Lifetime accept length as ``/server_info`` reports it: totals added at Decode-log ticks only,
+        absent (None) before the first tick and after a flush (internal_state.py:119-125)."""
+        stats = self.stats
+        if self.spec is None or stats.total_reqs == 0:
+            return None
+        return stats.total_accept_tokens / stats.total_reqs
 
     # -- one forward ----------------------------------------------------------------------------------
 
@@ -233,23 +263,42 @@ class Batcher:
     def _decode(self) -> None:
         began = self._step_start()
         batch = list(self.running)
-        seconds, _tokens_per_req = self._plan_step(len(batch))
-        for req in batch:
-            self._advance(req)
+        seconds, accept_lens = self._plan_step(len(batch))
+        emitted = 0
+        for req, accepted in zip(batch, accept_lens, strict=True):
+            before = len(req.output_ids)
+            for _ in range(accepted):  # the target's own tokens; spec overshoot stops at max_new / a stop
+                if req.final is not None:
+                    break
+                self._advance(req)
+            emitted += len(req.output_ids) - before
+            if self.spec is not None:
+                req.spec_verify_ct += 1
+                req.spec_correct_drafts += accepted - 1
+                while len(req.spec_histogram) < accepted:
+                    req.spec_histogram.append(0)
+                req.spec_histogram[accepted - 1] += 1
         self._sleep_until(began + seconds)
         stats = self.stats
         stats.forward_ct_decode += 1
-        stats.decode_tokens_since_log += len(batch)
-        stats.realtime_decode_tokens += len(batch)
+        # SGLang counts accepted drafts + one bonus token per request (batch_result_processor.py:982-993)
+        stats.decode_tokens_since_log += sum(accept_lens)
+        stats.realtime_decode_tokens += emitted
+        if self.spec is not None:
+            stats.spec_accept_tokens += sum(accept_lens)
+            stats.spec_reqs += len(batch)
         if stats.forward_ct_decode % self.decode_log_interval == 0:
             self._log_decode(batch)
         self.running = [r for r in self.running if r.final is None]
         self._emit(batch)
 
     def _plan_step(self, batch_size: int) -> tuple[float, list[int]]:
-        """(seconds, tokens per request) of the next decode step.  Speculative decoding replaces this with
-        draft steps + a verify step and an accept length per request."""
-        return self.cost.decode_step_s(batch_size), [1] * batch_size
+        """(seconds, accept length per request) of the next decode step: a plain step yields one token per
+        request; with speculative decoding it is one draft + verify cycle (`SpecDecoding`)."""
+        plain = self.cost.decode_step_s(batch_size)
+        if self.spec is None:
+            return plain, [1] * batch_size
+        return plain * self.spec.cycle_cost, [self.spec.draw() for _ in range(batch_size)]
 
     def _advance(self, req: Req) -> None:
         try:
@@ -312,12 +361,29 @@ class Batcher:
             if text is not None:
                 text = text.rstrip("\ufffd")  # an incomplete UTF-8 tail is held back (detokenizer_manager)
         new_ids = ids[req.sent_offset :]
-        return {"ids": new_ids, "all_ids": ids if finished else None, "text": text, "meta": meta,
-                "final": finished}
+        chunk = {"ids": new_ids, "all_ids": ids if finished else None, "text": text, "meta": meta,
+                 "final": finished}
+        if finished and self.spec is not None and req.spec_verify_ct > 0:
+            chunk["spec"] = self._spec_meta(req, len(ids))
+        return chunk
+
+    def _spec_meta(self, req: Req, completion_tokens: int) -> dict[str, Any]:
+        """The final response's ``spec_*`` keys, in SGLang's order (tokenizer_manager.py:3138-3208): the
+        accept length divides by verify steps the completion tokens, the prefill's first token included."""
+        assert self.spec is not None
+        proposed = req.spec_verify_ct * max(1, self.spec.num_draft_tokens - 1)
+        return {
+            "spec_accept_rate": req.spec_correct_drafts / proposed,
+            "spec_accept_length": completion_tokens / req.spec_verify_ct,
+            "spec_num_correct_drafts": req.spec_correct_drafts,
+            "spec_num_proposed_drafts": proposed,
+            "spec_verify_ct": req.spec_verify_ct,
+            "spec_correct_drafts_histogram": list(req.spec_histogram),
+        }
 
     # -- stats lines ----------------------------------------------------------------------------------
 
-    def _used_tokens(self, extra: list[Req] = ()) -> int:
+    def _used_tokens(self, extra: Sequence[Req] = ()) -> int:
         reqs = {id(r): r for r in [*self.running, *extra]}
         return sum(r.seq_len for r in reqs.values())
 
@@ -352,9 +418,22 @@ class Batcher:
         stats.decode_tokens_since_log = 0
         used = self._used_tokens()
         graph = self.decode_graph and len(batch) <= self.decode_graph_max_bs
+        spec_part = ""
+        if self.spec is not None:
+            # metrics_reporter.py:973-982: accept len = sum(accepted drafts + 1) / sum(bs); accept rate =
+            # sum(accepted drafts) / (sum(bs) * (num_draft_tokens - 1))
+            reqs = max(1, stats.spec_reqs)
+            stats.last_accept_length = stats.spec_accept_tokens / reqs
+            correct = stats.spec_accept_tokens - stats.spec_reqs
+            stats.last_accept_rate = correct / (reqs * max(1, self.spec.num_draft_tokens - 1))
+            stats.total_accept_tokens += stats.spec_accept_tokens
+            stats.total_reqs += stats.spec_reqs
+            stats.spec_accept_tokens = stats.spec_reqs = 0
+            spec_part = (f"accept len: {stats.last_accept_length:.2f}, "
+                         f"accept rate: {stats.last_accept_rate:.2f}, ")
         self.console.log(
             f"Decode batch, #running-req: {len(batch)}, #token: {used}, "
-            f"token usage: {min(used, self.kv_capacity) / self.kv_capacity:.2f}, "
+            f"token usage: {min(used, self.kv_capacity) / self.kv_capacity:.2f}, {spec_part}"
             f"{self.graph_label}: {graph}, gen throughput (token/s): {stats.last_gen_throughput:.2f}, "
             f"#queue-req: {len(self.waiting)}"
         )
@@ -382,5 +461,9 @@ class Batcher:
                 "realtime_decode_tokens": stats.realtime_decode_tokens,
                 "realtime_prefill_tokens": stats.realtime_prefill_tokens,
                 "realtime_cached_tokens": stats.realtime_cached_tokens,
+                "spec_accept_length": stats.last_accept_length,
+                "spec_accept_rate": stats.last_accept_rate,
+                "spec_num_steps": self.spec.num_steps if self.spec is not None else 0,
+                "spec_num_draft_tokens": self.spec.num_draft_tokens if self.spec is not None else 0,
             },
         )

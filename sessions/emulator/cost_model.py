@@ -1,4 +1,4 @@
-"""How long one forward of the emulated server takes: the decode step, the prefill, and (later) spec steps.
+"""How long one forward of the emulated server takes: the decode step and the prefill.
 
 The model is deliberately small, so a user can reason about the numbers it produces:
 
@@ -11,10 +11,8 @@ The model is deliberately small, so a user can reason about the numbers it produ
   diminishing returns, while each stream slows down a little, as on a real server.
 * **Prefill** of ``n`` new (uncached) tokens costs one decode step (the weights are read once, as in a
   decode) plus ``n / prefill_tokens_per_s``: longer prompts take proportionally longer.
-* **Speculative decoding** (a later extension): a verify step over ``k`` draft tokens per request costs a
-  decode step of the same batch times ``1 + verify_cost_per_token * (k - 1)``, and each draft step costs
-  ``draft_step_fraction`` of a decode step.  The scheduler asks the cost model for these, so the spec
-  work only has to decide *how many* tokens each step yields (the accept length).
+* **Speculative decoding**: one draft + verify cycle costs ``verify_cost + num_steps x draft_cost``
+  decode steps of the same batch and yields a drawn accept length per request (`spec_decode`).
 
 With a real model backend (the tiny demo model) the real forward runs inside the modelled step and the
 step lasts the longer of the two (`step_deadline`).
@@ -36,14 +34,12 @@ class DecodeCostModel:
     decode_tokens_per_s: float = DEFAULT_DECODE_TOKENS_PER_S
     prefill_tokens_per_s: float = DEFAULT_PREFILL_TOKENS_PER_S
     batch_cost_per_req: float = DEFAULT_BATCH_COST_PER_REQ
-    verify_cost_per_token: float = 0.05
-    draft_step_fraction: float = 0.15
 
     def __post_init__(self) -> None:
         for name in ("decode_tokens_per_s", "prefill_tokens_per_s"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name} must be > 0, not {getattr(self, name)}")
-        for name in ("batch_cost_per_req", "verify_cost_per_token", "draft_step_fraction"):
+        for name in ("batch_cost_per_req",):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0, not {getattr(self, name)}")
 
@@ -55,16 +51,6 @@ class DecodeCostModel:
     def prefill_s(self, new_tokens: int) -> float:
         """One prefill (extend) forward over ``new_tokens`` uncached prompt tokens."""
         return self.decode_step_s(1) + max(0, new_tokens) / self.prefill_tokens_per_s
-
-    def verify_step_s(self, batch_size: int, num_draft_tokens: int) -> float:
-        """A target verify forward over ``num_draft_tokens`` tokens per request (speculative decoding)."""
-        return self.decode_step_s(batch_size) * (
-            1.0 + self.verify_cost_per_token * max(0, num_draft_tokens - 1)
-        )
-
-    def draft_step_s(self, batch_size: int) -> float:
-        """One forward of the draft model (speculative decoding)."""
-        return self.decode_step_s(batch_size) * self.draft_step_fraction
 
 
 def step_deadline(started_at: float, modelled_s: float) -> float:

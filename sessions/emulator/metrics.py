@@ -34,6 +34,8 @@ _GAUGES = (
     ("cache_hit_rate", "The prefix cache hit rate."),
     ("spec_accept_length", "The average acceptance length of speculative decoding."),
     ("spec_accept_rate", "The average acceptance rate of speculative decoding."),
+    ("spec_num_steps", "The number of speculative decoding steps."),
+    ("spec_num_draft_tokens", "The number of speculative draft tokens."),
 )
 
 
@@ -69,6 +71,7 @@ class ServingMetrics:
         self.realtime = {"prefill_compute": 0, "prefill_cache": 0, "decode": 0}
         self.prompt_tokens = 0
         self.generation_tokens = 0
+        self.spec_verify_calls = 0
         self.requests: dict[str, int] = {"true": 0, "false": 0}
         self.ttft: dict[str, _Histogram] = {k: _Histogram(TTFT_BUCKETS) for k in ("true", "false")}
         self.e2e: dict[str, _Histogram] = {k: _Histogram(E2E_BUCKETS) for k in ("true", "false")}
@@ -98,9 +101,11 @@ class ServingMetrics:
             with self._lock:
                 self.itl.observe(interval_s / new_tokens, new_tokens)
 
-    def on_finish(self, streaming: bool, prompt: int, completion: int, e2e_s: float, decode_s: float) -> None:
+    def on_finish(self, streaming: bool, prompt: int, completion: int, e2e_s: float, decode_s: float,
+                  spec_verify_ct: int = 0) -> None:
         key = "true" if streaming else "false"
         with self._lock:
+            self.spec_verify_calls += spec_verify_ct
             self.prompt_tokens += prompt
             self.generation_tokens += completion
             self.requests[key] += 1
@@ -127,6 +132,9 @@ class ServingMetrics:
                     "# HELP sglang:generation_tokens_total Number of generation tokens processed.",
                     "# TYPE sglang:generation_tokens_total counter",
                     f"sglang:generation_tokens_total{{{tok}}} {float(self.generation_tokens)}",
+                    "# HELP sglang:spec_verify_calls_total Number of speculative verify calls.",
+                    "# TYPE sglang:spec_verify_calls_total counter",
+                    f"sglang:spec_verify_calls_total{{{tok}}} {float(self.spec_verify_calls)}",
                     "# HELP sglang:num_requests_total Number of requests processed.",
                     "# TYPE sglang:num_requests_total counter"]
             for key, value in self.requests.items():

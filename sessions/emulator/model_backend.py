@@ -42,6 +42,7 @@ from typing import Any
 
 from sessions.capture.layers import LayerConvention, LayerRule, rule_for
 from sessions.capture.plugin.eagle3_capture.spec import CaptureSpec, capture_active_line
+from sessions.emulator.backend import RequestError
 
 DEFAULT_CHUNKED_PREFILL_SIZE = 8192  # SGLang picks a size per GPU when the flag is absent
 EMULATOR_VERSION = "emulator"
@@ -56,16 +57,7 @@ _HIDDEN_EXCEEDS = (
 )
 
 
-try:  # the emulator's HTTP layer answers RequestError with its status (sessions/emulator/backend.py)
-    from sessions.emulator.backend import RequestError as _RequestError
-except ImportError:  # pragma: no cover - the emulator package without its fixed backend
-    class _RequestError(ValueError):  # type: ignore[no-redef]
-        def __init__(self, message: str, status: int = 400) -> None:
-            super().__init__(message)
-            self.status = status
-
-
-class ModelBackendError(_RequestError):
+class ModelBackendError(RequestError):  # the emulator's HTTP layer answers RequestError with its status
     """A request SGLang would refuse: ``status`` (400) and SGLang's message."""
 
     def __init__(self, message: str, status: int = 400) -> None:
@@ -139,7 +131,7 @@ def capture_config(model_dir: str | os.PathLike, server_flags: Any) -> CaptureCo
     from sessions.profiles import read_model_config
 
     flags = _normalize_flags(server_flags)
-    shape = read_model_config(model_dir)
+    shape = read_model_config(Path(model_dir))
     num_layers = int(shape.num_hidden_layers or 0)
     ids = flags["return_aux_hidden_state_layer_ids"]
     aux = bool(flags["enable_return_aux_hidden_states"])
@@ -225,6 +217,10 @@ class ModelBackend:
         if device is None:
             device = "cuda" if torch.cuda.is_available() else "cpu"
         self.device = torch.device(device)
+        if self.device.type == "cpu" and "OMP_NUM_THREADS" not in os.environ:
+            # A forward of a model this small gains nothing from intra-op threads, and on a shared CPU
+            # torch's one-thread-per-core pool oversubscribes it: one token then takes 100 ms instead of 5.
+            torch.set_num_threads(1)
         dtype = torch.bfloat16 if self.device.type == "cuda" else torch.float32
         from transformers.utils import logging as hf_logging
 

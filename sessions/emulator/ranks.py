@@ -52,6 +52,7 @@ from sessions.emulator.faults import (
 from sessions.emulator.gpu_memory import GIB, GpuMemoryHolder, MemoryPlan, kv_dtype_name, plan_memory
 from sessions.emulator.model_config import ModelConfig, load_model_config
 from sessions.emulator.pacing import Pacing
+from sessions.emulator.spec_decode import SpecDecoding
 from sessions.emulator.speculative import (
     check_draft_model,
     draft_architecture,
@@ -78,12 +79,9 @@ def kill_itself_when_parent_died(parent_pid: int) -> None:
 
 
 def _set_title(title: str) -> None:
-    try:
-        import setproctitle
+    import setproctitle  # a declared dependency: the ranks are found by their titles
 
-        setproctitle.setproctitle(title)
-    except ImportError:  # the dependency is declared; without it the ranks are merely harder to find
-        pass
+    setproctitle.setproctitle(title)
 
 
 def _prepare_child(parent_pid: int, title: str, console: Console) -> None:
@@ -182,6 +180,10 @@ class Scheduler:
         self._busy = False
         self.init_model_worker()
         if self.tp_rank == 0:
+            runner = self.model_runner
+            spec_model = (SpecDecoding.from_server(self.args, spec.options, runner.model.param_count(),
+                                                   runner.draft_config)
+                          if is_speculative(self.args) else None)
             self.batcher = Batcher(
                 self.model_runner.backend,
                 self.args,
@@ -191,6 +193,7 @@ class Scheduler:
                 self.model_runner.max_running_requests,
                 self.tp_group.send,
                 self.tp_rank,
+                spec_model,
             )
         self.report_ready()
 
@@ -317,7 +320,11 @@ class Scheduler:
             },
             "effective_max_running_requests_per_dp": self.model_runner.max_running_requests,
             "last_gen_throughput": self.last_gen_throughput,
-        }
+        } | self._spec_state()
+
+    def _spec_state(self) -> dict[str, Any]:
+        accept = self.batcher.avg_spec_accept_length if self.batcher is not None else None
+        return {} if accept is None else {"avg_spec_accept_length": accept}
 
     def flush_cache(self) -> dict[str, Any]:
         if self.batcher is not None:
@@ -357,6 +364,7 @@ class ModelRunner:
         self.fault = scheduler.options.fault
         self.tp_group = scheduler.tp_group
         self.model: ModelConfig = load_model_config(self.args["model_path"])
+        self.draft_config: dict[str, Any] | None = None  # the EAGLE draft's config.json (DraftWorker)
         self.plan: MemoryPlan = plan_memory(self.model, self.args, self.fault, self.tp_rank)
         self.context_len = context_len(self.args, self.model)
         self.max_running_requests = self.args["max_running_requests"] or max(
@@ -439,11 +447,15 @@ class ModelRunner:
             emulator_layers_to_capture=self.layers_to_capture,
         )
         if self.model.safetensors_files:
-            try:
-                from sessions.emulator.model_backend import ModelBackend
+            from sessions.emulator.model_backend import ModelBackend
 
+            try:
                 return ModelBackend(self.args["model_path"], flags)
-            except ImportError as exc:  # no model backend module, or no torch/transformers
+            except ModuleNotFoundError as exc:
+                # Only the tensor packages (the [extract] extra) may be absent, and only when nothing is
+                # captured: a capture launch without its forward would dump nothing, so it fails here.
+                if (exc.name or "").partition(".")[0] not in _TENSOR_PACKAGES or self.layers_to_capture:
+                    raise
                 self.console.log(
                     f"[emulator] model-backed forward unavailable ({exc}); answering /generate "
                     "with a fixed continuation",
@@ -690,6 +702,7 @@ class DraftWorker:
             raise TypeError("expected str, bytes or os.PathLike object, not NoneType")
         config = read_draft_config(path)
         check_draft_model(config, self.args["speculative_algorithm"])
+        runner.draft_config = config
         size_gb = draft_weight_gb(config, Path(path).expanduser())
         runner.pacing.sleep(max(pacing.WEIGHT_LOAD_MIN_S / 4, size_gb / pacing.WEIGHT_LOAD_GB_PER_S))
         elapsed = time.monotonic() - begin
@@ -726,16 +739,16 @@ class DraftWorker:
             )
 
 
+_TENSOR_PACKAGES = ("torch", "transformers", "safetensors", "tokenizers")
+
+
 def _layers_to_capture(model: ModelConfig, args: dict[str, Any]) -> list[int] | None:
     """SGLang's ``layers_to_capture`` for capture-only mode, by the model family's +1 rule (§4.3)."""
     if not args.get("aux_hidden_state_capture"):
         return None
+    from sessions.capture.layers import LayerConvention, LayerRule, rule_for
+
     ids = args.get("return_aux_hidden_state_layer_ids")
-    try:
-        from sessions.capture.layers import LayerConvention, LayerRule, rule_for
-    except ImportError:
-        n = model.num_hidden_layers
-        return [i + 1 for i in ids] if ids else [2, n // 2, n - 3]
     rule = rule_for(model.architecture) or LayerRule.PLUS_ONE
     return LayerConvention(rule, model.num_hidden_layers).points_from_ids(ids)
 

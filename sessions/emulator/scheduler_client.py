@@ -56,8 +56,8 @@ class StreamCall:
     def __init__(self, client: SchedulerClient, msg_id: int, call: _Call) -> None:
         self._client = client
         self.msg_id = msg_id
-        self._events = call.events
-        assert self._events is not None
+        assert call.events is not None  # a StreamCall is made for a streaming call only
+        self._events: queue.SimpleQueue = call.events
 
     def get(self, timeout_s: float | None = None) -> tuple[str, Any] | None:
         try:

@@ -178,11 +178,16 @@ def draft_weight_gb(config: dict[str, Any], draft_dir: Path | None) -> float:
     return params * 2 / (1 << 30)
 
 
+# A forward's fixed cost however small the model (kernel launches, sampling, the tree bookkeeping), as a
+# fraction of a target decode step.
+DRAFT_FORWARD_OVERHEAD = 0.1
+
+
 def draft_step_cost(target_params: int, draft_config: dict[str, Any]) -> float:
-    """A draft forward's cost as a fraction of a target decode step: the ratio of weights each reads
-    (decode is memory-bound), floored at 0.02 (kernel launches cost something even for a tiny draft)."""
+    """A draft forward's cost as a fraction of a target decode step: the fixed cost of a forward plus the
+    ratio of weights each reads (decode is memory-bound), at most 1."""
     h = int(draft_config.get("hidden_size") or 4096)
     inter = int(draft_config.get("intermediate_size") or 4 * h)
     vocab = int(draft_config.get("draft_vocab_size") or draft_config.get("vocab_size") or 32000)
     draft_params = 3 * h * h + 4 * h * h + 3 * h * inter + vocab * h
-    return max(0.02, min(1.0, draft_params / max(1, target_params)))
+    return min(1.0, DRAFT_FORWARD_OVERHEAD + draft_params / max(1, target_params))

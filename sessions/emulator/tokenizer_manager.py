@@ -177,10 +177,11 @@ class RequestStream:
             self.finished = True
             e2e = now - self.started
             meta["e2e_latency"] = e2e
+            meta.update(chunk.get("spec") or {})  # speculative decoding's keys come after e2e_latency
             if metrics is not None:
                 decode_s = now - (self._first_token_at or now)
                 metrics.on_finish(self.streaming, int(meta.get("prompt_tokens", 0)), len(self.output_ids),
-                                  e2e, decode_s)
+                                  e2e, decode_s, int(meta.get("spec_verify_ct", 0)))
             self.close()
         return response
 

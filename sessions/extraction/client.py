@@ -289,7 +289,7 @@ class GenerateConnection:
                 loop.create_connection(_ResponseReader, self.host, self.port), timeout=min(10.0, timeout_s))
             self._reader = reader
             self.connects += 1
-        assert reader.transport is not None
+        assert reader is not None and reader.transport is not None  # connection_made ran before that await
         waiter = loop.create_future()
         reader.waiter = waiter
         timer = loop.call_later(timeout_s, _expire, waiter, timeout_s)
@@ -541,7 +541,3 @@ class ExtractionClient:
                 continue
             self.consecutive_failures = 0
             return result
-
-    @property
-    def server_is_up(self) -> bool:
-        return self._server_up.is_set() and not self.abort_reason

@@ -289,14 +289,6 @@ def pause_job(job_id: str, home: Home | None = None) -> JobProgress:
     return progress
 
 
-def continue_job(job_id: str, home: Home | None = None) -> JobProgress:
-    progress = job_status(job_id, home)
-    if not progress.is_live:
-        raise JobError(f"job {job_id} is {progress.state}; use resume", code=1)
-    _control(Path(progress.job_dir), pause=False)
-    return progress
-
-
 def resume_job(job_id: str, home: Home | None = None) -> JobProgress:
     """``extract resume``: a live job paused by the user continues; a stopped one (or a done one with failed
     samples, which are retried) gets a new process that continues from the manifest under the same id."""
@@ -336,7 +328,7 @@ def cancel_job(job_id: str, home: Home | None = None, grace_s: float = 30.0) -> 
     deadline = time.monotonic() + grace_s
     while time.monotonic() < deadline and process_alive(pid, create_time):
         time.sleep(0.1)
-    if process_alive(pid, create_time):
+    if pid and process_alive(pid, create_time):
         try:
             os.kill(pid, signal.SIGKILL)
         except ProcessLookupError:

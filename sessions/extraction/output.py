@@ -317,7 +317,9 @@ class OutputDir:
         try:
             with open(tmp, "wb") as fh:
                 writer = _CrcWriter(fh)
-                torch.save(sample, writer)  # default zipfile format: SpecForge mmaps it (anchors §1.4.2)
+                # torch.save uses only write() and flush(); its annotation asks for a whole IO[bytes].
+                # The default zipfile format: SpecForge mmaps it (anchors §1.4.2).
+                torch.save(sample, writer)  # type: ignore[arg-type]
                 fh.flush()
             os.replace(tmp, final)
         except BaseException:

@@ -9,13 +9,15 @@ Start-up (fresh or ``--resume``, the same path): lock the output dir, reconcile 
 run the disk preflight, delete stale dumps of this job's rids, then stream every line not yet in the
 manifest.  SIGTERM (``extract cancel``) stops dispatching, lets the requests in flight finish and exits
 ``cancelled``; a SIGKILL loses nothing either, because reconcile redoes whatever was not recorded.
+
+`JobRun` is built in layers: `sessions.extraction.run_report.RunReport` (log, progress file, dataset.json),
+`sessions.extraction.bookkeeping.OutputBookkeeping` (counting, group commit, pausing on a full disk), and
+here the start-up, the pipeline loop and the end.
 """
 from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
-import errno
 import os
 import queue
 import shutil
@@ -26,11 +28,11 @@ import time
 import traceback
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from sessions.extraction.backpressure import CaptureSpaceGate, GateClosed
+from sessions.extraction.bookkeeping import OutputBookkeeping
 from sessions.extraction.client import (
     AttemptFailed,
     ExtractionClient,
@@ -41,67 +43,23 @@ from sessions.extraction.client import (
 )
 from sessions.extraction.datasets import DatasetLineError, count_lines, dataset_fingerprint, iter_dataset
 from sessions.extraction.job import CONTROL_FILE, JOB_FILE, SPEC_FILE, JobError, resolve_spec
+from sessions.extraction.model_dims import bytes_per_token, read_model_dims
 from sessions.extraction.output import ManifestEntry, OutputDir, OutputDirError
-from sessions.extraction.progress import PROGRESS_FILE, RateMeter
+from sessions.extraction.progress import RateMeter
 from sessions.extraction.spec import JobSpec, JobSpecError, load_job_spec
 from sessions.home import atomic_write_json, read_json, resolve_home
 
 REPORT_INTERVAL_S = 0.5
-COMMIT_INTERVAL_S = 0.25  # the group commit: written samples become durable, then recorded
-COMMIT_MAX_BATCH = 256
 PREFLIGHT_SAMPLE_LINES = 64
 CANCEL_GRACE_S = 20.0
-_OUT_OF_SPACE = (errno.ENOSPC, errno.EDQUOT)
-# A write that fails while the output filesystem has less than this (plus the write's own size) free is a
-# full disk, whatever it raised.
-LOW_SPACE_MARGIN_BYTES = 4 << 20
-OUTPUT_FULL_RETRY_S = 1.0
 
 
 class JobFailure(Exception):
     """The job cannot go on; the message becomes the progress file's ``reason``."""
 
 
-@dataclass(frozen=True)
-class ModelDims:
-    hidden_size: int | None
-    num_layers: int | None
-    vocab_size: int | None
-    architectures: tuple[str, ...]
-    model_type: str | None
 
-
-def read_model_dims(model_path: Path) -> ModelDims:
-    """The model's shape from config.json; Kimi-K2.5 nests the text model under ``text_config``."""
-    config = read_json(model_path / "config.json", default={}) or {}
-    text = config.get("text_config") if isinstance(config.get("text_config"), dict) else {}
-
-    def pick(key: str) -> Any:
-        return config.get(key) if config.get(key) is not None else text.get(key)
-
-    return ModelDims(pick("hidden_size"), pick("num_hidden_layers"), pick("vocab_size"),
-                     tuple(config.get("architectures") or ()), config.get("model_type"))
-
-
-def bytes_per_token(hidden_size: int, num_aux_layers: int) -> int:
-    """Output bytes per token: bf16 aux (K·H) and final (H) states, int64 ids and mask (anchors §5.1)."""
-    return 2 * hidden_size * (num_aux_layers + 1) + 16
-
-
-def draft_layer_ids(points: tuple[int, ...] | None, dims: ModelDims) -> list[int] | None:
-    """The draft-config spelling of the capture points, by the model family's +1 rule (DESIGN §5)."""
-    if not points or not dims.num_layers:
-        return None
-    from sessions.capture.layers import LayerConvention, LayerError, LayerRule, rule_for
-
-    rule = next((r for a in dims.architectures if (r := rule_for(a)) is not None), LayerRule.PLUS_ONE)
-    try:
-        return LayerConvention(rule, dims.num_layers).ids_for_points(points)
-    except LayerError:
-        return None
-
-
-class JobRun:
+class JobRun(OutputBookkeeping):
     """One run of a job process (fresh or resumed)."""
 
     def __init__(self, job_dir: Path, resume: bool) -> None:
@@ -137,73 +95,6 @@ class JobRun:
         self.done_at_pipeline_start = 0
         self._uncommitted: list[ManifestEntry] = []
         self._unappended: list[ManifestEntry] = []  # non-ok outcomes waiting for room on the output disk
-
-    # -- reporting ---------------------------------------------------------------------------------------
-    def log(self, message: str) -> None:
-        print(f"{time.strftime('%Y-%m-%d %H:%M:%S')} [{self.job_id}] {message}", flush=True)
-
-    @property
-    def done(self) -> int:
-        return sum(self.counts.values())
-
-    def snapshot(self) -> dict[str, Any]:
-        samples_s, tokens_s, bytes_s = self.rates.rates()
-        remaining = max(0, self.total - self.done)
-        state = self.state
-        reason = self.reason
-        if state in ("running", "starting") and self.pause_reasons:
-            state = "paused"
-            reason = "; ".join(self.pause_reasons.values())
-        spec = self.spec
-        gate = self.gate
-        fill = None
-        if gate is not None and gate._usage is not None:
-            fill = round(gate._usage.fill, 4)
-        return {
-            "job_id": self.job_id,
-            "name": spec.name if spec else "",
-            "pid": os.getpid(),
-            "create_time": _own_create_time(),
-            "python": str(spec.python) if spec and spec.python else sys.executable,
-            "state": state,
-            "reason": reason,
-            "total": self.total,
-            "done": self.done,
-            "ok": self.counts["ok"],
-            "skipped": self.counts["skipped"],
-            "failed_lines": self.counts["error"] + self.counts["failed"],
-            "extraction_failures": self.counts["failed"],
-            "tokens": self.tokens,
-            "supervised_tokens": self.supervised_tokens,
-            "bytes": self.bytes,
-            "samples_per_s": round(samples_s, 3),
-            "tokens_per_s": round(tokens_s, 1),
-            "gb_per_s": round(bytes_s / 1e9, 4),
-            # An ETA only while it runs: a paused, cancelled or failed job has no arrival time.
-            "eta_s": (round(remaining / samples_s, 1) if samples_s > 0 and remaining else None)
-            if state == "running" else None,
-            "output_dir": str(spec.output_dir) if spec else "",
-            "dataset": str(spec.dataset) if spec else "",
-            "server_url": spec.server_url if spec else None,
-            "started_at": self.started_at,
-            "updated_at": time.time(),
-            "finished_at": time.time() if self.state in ("done", "failed", "cancelled") else None,
-            "last_progress_at": self.last_progress_at,
-            "in_flight": gate.in_flight if gate else 0,
-            "retries": self.client.retries if self.client else 0,
-            "backpressure_waits": gate.waits if gate else 0,
-            "peak_reserved_capture_bytes": gate.peak_reserved_bytes if gate else 0,
-            "capture_fill": fill,
-            "paused_by_user": "user" in self.pause_reasons,
-            "estimated_output_bytes": self.estimated_output_bytes,
-            # For benches: this run's own rate, from the first request to the last recorded outcome
-            # (last_progress_at).
-            "pipeline_started_at": self.pipeline_started_at,
-            "done_this_run": self.done - self.done_at_pipeline_start if self.pipeline_started_at else 0,
-        }
-
-    def write_progress(self) -> None:
-        atomic_write_json(self.job_dir / PROGRESS_FILE, self.snapshot())
 
     # -- start-up ----------------------------------------------------------------------------------------
     def setup(self) -> Iterator[Any]:
@@ -331,139 +222,6 @@ class JobRun:
             remove_dumps(spec.capture_dir, name)
         if names:
             self.log(f"removed {len(names)} stale dump folders of this job from {spec.capture_dir}")
-
-    def _write_dataset_json(self, complete: bool) -> None:
-        spec = self.spec
-        assert spec is not None and self.output is not None
-        shape = self.shape
-        points = shape.layers if shape else None
-        draft_ids = (list(shape.draft_layer_ids) if shape and shape.draft_layer_ids
-                     else draft_layer_ids(points, self.dims))
-        previous = self.output.read_dataset_json() or {}
-        info = {
-            "format": "specforge_hidden_states_v1",
-            "writer": "eagle3-tui",
-            "job_id": self.job_id,
-            "name": spec.name,
-            "complete": complete,
-            "created_at": previous.get("created_at", self.started_at),
-            "updated_at": time.time(),
-            "model": {"path": str(spec.model_path), "architectures": list(self.dims.architectures),
-                      "model_type": self.dims.model_type, "num_hidden_layers": self.dims.num_layers,
-                      "hidden_size": self.dims.hidden_size, "vocab_size": self.dims.vocab_size},
-            "layers": {
-                "capture_points": list(points) if points else previous.get("layers", {}).get("capture_points"),
-                "draft_config_ids": draft_ids or previous.get("layers", {}).get("draft_config_ids"),
-                "meaning": "capture_points: SGLang layers_to_capture (input of decoder layer p = HF "
-                           "hidden_states[p]); draft_config_ids: eagle_aux_hidden_state_layer_ids",
-            },
-            "hidden_size": shape.hidden_size if shape else previous.get("hidden_size"),
-            "aux_width": shape.aux_width if shape else previous.get("aux_width"),
-            "dtype": "bfloat16",
-            "tensors": {"input_ids": "int64 [T]", "loss_mask": "int64 [T]",
-                        "hidden_state": "bfloat16 [1, T, H] post-norm final",
-                        "aux_hidden_state": "bfloat16 [1, T, K*H] ascending capture points"},
-            "sglang_version": (shape.sglang_version if shape else None) or previous.get("sglang_version"),
-            "server_url": spec.server_url,
-            "session": spec.session,
-            "rid_prefix": spec.rid_prefix,
-            "dataset": {**(self.meta.get("dataset") or {}), "format": spec.dataset_format},
-            "rendering": self.renderer.describe(),
-            "file_group_size": spec.file_group_size,
-            "counts": {"lines": self.total, **self.counts, "tokens": self.tokens,
-                       "supervised_tokens": self.supervised_tokens, "bytes": self.bytes},
-            "vocab_mapping": ("vocab_mapping/vocab_mapping.pt"
-                              if spec.draft_vocab_size and self.output.vocab_mapping_path.exists() else None),
-        }
-        self.output.write_dataset_json(info)
-
-    # -- the pipeline ------------------------------------------------------------------------------------
-    def _count(self, entry: ManifestEntry, rate: bool = True) -> None:
-        self.counts[entry.status] = self.counts.get(entry.status, 0) + 1
-        if entry.status == "ok":
-            self.tokens += entry.tokens
-            self.supervised_tokens += entry.supervised_tokens
-            self.bytes += entry.bytes
-        if rate:
-            self.last_progress_at = time.time()
-            self.rates.add(self.done, self.tokens, self.bytes)
-
-    def _record(self, entry: ManifestEntry) -> None:
-        """An outcome.  A written sample waits for the next group commit; the others go straight in."""
-        assert self.output is not None
-        if entry.status == "ok" and entry.path:
-            self._uncommitted.append(entry)
-            return
-        if self._unappended:  # keep the manifest in outcome order behind lines waiting for space
-            self._unappended.append(entry)
-            return
-        try:
-            self.output.append(entry)
-        except Exception as exc:
-            if not self._output_full(exc):
-                raise
-            self._pause_for_space(exc)
-            self._unappended.append(entry)  # the commit loop appends it once there is room
-            return
-        self._count(entry)
-
-    async def _commit(self) -> None:
-        """Make the written samples durable with one flush, then append their manifest lines."""
-        assert self.output is not None
-        while self._unappended:
-            entry = self._unappended[0]
-            try:
-                self.output.append(entry)
-            except Exception as exc:
-                if not self._output_full(exc):
-                    raise
-                self._pause_for_space(exc)
-                return
-            self._unappended.pop(0)
-            self._count(entry)
-            if not self._unappended:
-                self._space_again()
-        while self._uncommitted:
-            batch, self._uncommitted = self._uncommitted[:COMMIT_MAX_BATCH], self._uncommitted[COMMIT_MAX_BATCH:]
-            try:
-                await asyncio.to_thread(self.output.commit, batch)
-            except Exception as exc:
-                if self._output_full(exc) and not (self.cancel_requested or self.abort_reason):
-                    # Nothing of the batch is recorded yet: keep it, pause, and commit it once there is room.
-                    self._uncommitted = batch + self._uncommitted
-                    self._pause_for_space(exc)
-                    return
-                if not isinstance(exc, OSError):
-                    raise
-                # Nothing of the batch is recorded: their files are removed by the next reconcile and the
-                # samples written again by a resume.  Stop here rather than write into a failing disk.
-                if not self.abort_reason:
-                    self.abort_reason = (f"flushing {len(batch)} samples to {self.output.root} failed: "
-                                         f"{exc.strerror or exc}; `extract resume` writes them again")
-                    self.log(f"aborting: {self.abort_reason}")
-                    self._stop_sending()
-                return
-            for entry in batch:
-                self._count(entry)
-            if not self._unappended:
-                self._space_again()
-
-    async def _commit_loop(self, stop: asyncio.Event) -> None:
-        # Stopped by the event, never cancelled: a cancel inside ``to_thread`` would record a batch
-        # without counting it.
-        while not stop.is_set() or self._waiting_for_space():
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), COMMIT_INTERVAL_S)
-            if stop.is_set() and self._waiting_for_space():
-                self._read_control()  # a cancel while the disk is full ends the wait: a resume redoes them
-                self.write_progress()
-                await asyncio.sleep(OUTPUT_FULL_RETRY_S)
-            await self._commit()
-
-    def _waiting_for_space(self) -> bool:
-        """Outcomes are held back by a full output disk and the job was not cancelled."""
-        return bool((self._uncommitted or self._unappended) and "output" in self.pause_reasons
-                    and not self.cancel_requested and not self.abort_reason)
 
     def _on_server_state(self, up: bool, reason: str | None) -> None:
         if up:
@@ -693,80 +451,6 @@ class JobRun:
         return self._entry(sample.index, sample.line, "ok", tokens=len(sample.input_ids),
                            supervised_tokens=sum(sample.loss_mask), path=rel, bytes=size, checksum=checksum)
 
-    def _write_until_space(self, index: int, data: dict[str, Any]) -> tuple[str, int, str]:
-        """Write the sample; when the output filesystem is full, pause (no crash, no failed sample) and retry.
-
-        Full is judged by the filesystem, not by the exception: ``torch.save`` into a full disk raises
-        ``RuntimeError: ... unexpected pos ...``, not ``OSError(ENOSPC)``.
-        """
-        assert self.output is not None
-        needed = sum(getattr(t, "nbytes", 0) for t in data.values())
-        while True:
-            try:
-                result = self.output.write_sample(index, data)
-            except Exception as exc:
-                if not self._output_full(exc, needed):
-                    raise
-                if self.cancel_requested or self.abort_reason:
-                    raise AttemptFailed("output filesystem full at cancel", retryable=False) from None
-                self._pause_for_space(exc)
-                time.sleep(OUTPUT_FULL_RETRY_S)
-                continue
-            self._space_again()
-            return result
-
-    def _output_full(self, exc: BaseException, needed: int = 0) -> bool:
-        """The write failed because the output filesystem is (nearly) full, whatever ``exc``'s type."""
-        seen: BaseException | None = exc
-        while seen is not None:  # ENOSPC anywhere in the chain (a wrapped OSError)
-            if isinstance(seen, OSError) and seen.errno in _OUT_OF_SPACE:
-                return True
-            seen = seen.__cause__ or seen.__context__
-        root = self._output_root()
-        if root is None:
-            return False
-        try:
-            free = shutil.disk_usage(root).free
-        except OSError:
-            return False
-        return free < needed + LOW_SPACE_MARGIN_BYTES
-
-    def _output_root(self) -> Path | None:
-        if self.output is not None:
-            return self.output.root
-        return self.spec.output_dir if self.spec is not None else None
-
-    def _pause_for_space(self, exc: BaseException) -> None:
-        if "output" not in self.pause_reasons:
-            root = self._output_root()
-            try:
-                free = f"{shutil.disk_usage(root).free / 1e6:.1f} MB free" if root else "free space unknown"
-            except OSError:
-                free = "free space unknown"
-            detail = getattr(exc, "strerror", None) or f"{type(exc).__name__}: {str(exc)[:240]}"
-            self.pause_reasons["output"] = (f"output filesystem full at {root} ({free}; {detail}); "
-                                            "continues when there is room")
-            self.log(f"paused: {self.pause_reasons['output']}")
-
-    def _space_again(self) -> None:
-        if self.pause_reasons.pop("output", None) is not None:
-            self.log("output filesystem has space again; continuing")
-
-    def _until_space(self, what: str, action: Any) -> Any:
-        """Run a start-up or end-of-job write, pausing (progress says why) while the output disk is full."""
-        while True:
-            try:
-                result = action()
-            except Exception as exc:
-                if not self._output_full(exc) or self.cancel_requested:
-                    raise
-                self._pause_for_space(exc)
-                self.write_progress()
-                time.sleep(OUTPUT_FULL_RETRY_S)
-                continue
-            self._space_again()
-            return result
-
     # -- the end -----------------------------------------------------------------------------------------
     def finish(self) -> None:
         spec = self.spec
@@ -848,17 +532,6 @@ def _remove_quietly(capture_dir: Path, rid: str) -> None:
     except OSError:
         pass
 
-
-_CREATE_TIME: float | None = None
-
-
-def _own_create_time() -> float | None:
-    global _CREATE_TIME
-    if _CREATE_TIME is None:
-        import psutil
-
-        _CREATE_TIME = psutil.Process().create_time()
-    return _CREATE_TIME
 
 
 def main(argv: list[str] | None = None) -> int:

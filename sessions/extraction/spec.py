@@ -311,7 +311,7 @@ def check_paths(spec: JobSpec) -> list[SpecProblem]:
     try:
         check_regular(spec.dataset, "dataset")
     except SpecialFileError as exc:
-        problems.append(SpecProblem("job.dataset", exc.strerror))
+        problems.append(SpecProblem("job.dataset", exc.strerror or str(exc)))
     except OSError as exc:
         problems.append(SpecProblem("job.dataset", f"{spec.dataset} cannot be read: {exc.strerror or exc}"))
     if spec.model_path is not None and not (spec.model_path / "config.json").is_file():

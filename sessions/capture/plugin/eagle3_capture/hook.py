@@ -158,7 +158,7 @@ class CaptureHook:
         self._layers: list[int] | None = None
         self._active_logged = False
         self._warned: set[str] = set()
-        self._version = None
+        self._version: str | None = None
 
     # -- helpers --
     def _is_writer_rank(self) -> bool:
@@ -282,7 +282,7 @@ class CaptureHook:
         if self._version is None:
             self._version = _sglang_version()
         if last is not None:
-            hidden_size = int(last.shape[-1])
+            hidden_size: int | None = int(last.shape[-1])
         else:
             layers = self._layers or list(self.spec.layers or [])
             hidden_size = int(aux.shape[-1]) // len(layers) if layers else None

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 ENV_NAME = "EAGLE3_CAPTURE"
@@ -111,10 +111,10 @@ def _int_tuple(value: object, key: str) -> tuple[int, ...] | None:
     return tuple(value)
 
 
-def capture_active_line(layers: object, spec: CaptureSpec) -> str:
+def capture_active_line(layers: Iterable[int] | None, spec: CaptureSpec) -> str:
     """The one line each writing rank logs once the model is loaded (parsed by the log reader).
 
     ``layers`` is the model's actual ``layers_to_capture`` (physical capture points).
     """
-    shown = [int(v) for v in layers] if layers is not None else None  # type: ignore[union-attr]
+    shown = [int(v) for v in layers] if layers is not None else None
     return f"{ACTIVE_LINE_PREFIX}layers_to_capture={shown}, dir={spec.dir}, rid_prefix={spec.rid_prefix}"

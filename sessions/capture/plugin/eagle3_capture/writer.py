@@ -181,7 +181,7 @@ def _rid_folder(directory: str | os.PathLike, rid: str, create: bool = False,
     with _capture_dir(directory, create=create, missing_ok=missing_ok) as (dir_fd, path):
         rid_fd = None if dir_fd is None else _open_rid_dir(dir_fd, path, rid, create=create)
         try:
-            yield None if rid_fd is None else _Folder(path, dir_fd, rid_fd)
+            yield None if rid_fd is None or dir_fd is None else _Folder(path, dir_fd, rid_fd)
         finally:
             if rid_fd is not None:
                 os.close(rid_fd)
@@ -225,7 +225,8 @@ def _as_bytes(tensor: torch.Tensor) -> memoryview:
         tensor = tensor.detach()
     if not tensor.is_contiguous():
         tensor = tensor.contiguous()
-    return memoryview(tensor.view(torch.uint8).numpy())  # (_writev_all flattens it)
+    # numpy's stubs declare ndarray.__buffer__ only for Python >= 3.12 (3.11 has the buffer protocol too).
+    return memoryview(tensor.view(torch.uint8).numpy())  # type: ignore[arg-type]  # (_writev_all flattens it)
 
 
 def _writev_all(fd: int, views: list[memoryview]) -> None:

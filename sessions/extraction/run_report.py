@@ -1,0 +1,141 @@
+"""What a job run tells the world: its log lines, the progress file (``progress.json``) and the output's
+``dataset.json``.  `RunReport` is the first layer of `sessions.extraction.runner.JobRun`; it reads the run's
+state and writes nothing else.
+"""
+from __future__ import annotations
+
+import os
+import sys
+import time
+from typing import Any
+
+from sessions.extraction.model_dims import draft_layer_ids
+from sessions.extraction.progress import PROGRESS_FILE
+from sessions.home import atomic_write_json
+
+
+class RunReport:
+    """The reporting of a job run (its state lives in `JobRun.__init__`)."""
+
+    def log(self, message: str) -> None:
+        print(f"{time.strftime('%Y-%m-%d %H:%M:%S')} [{self.job_id}] {message}", flush=True)
+
+    @property
+    def done(self) -> int:
+        return sum(self.counts.values())
+
+    def snapshot(self) -> dict[str, Any]:
+        samples_s, tokens_s, bytes_s = self.rates.rates()
+        remaining = max(0, self.total - self.done)
+        state = self.state
+        reason = self.reason
+        if state in ("running", "starting") and self.pause_reasons:
+            state = "paused"
+            reason = "; ".join(self.pause_reasons.values())
+        spec = self.spec
+        gate = self.gate
+        fill = None
+        if gate is not None and gate._usage is not None:
+            fill = round(gate._usage.fill, 4)
+        return {
+            "job_id": self.job_id,
+            "name": spec.name if spec else "",
+            "pid": os.getpid(),
+            "create_time": _own_create_time(),
+            "python": str(spec.python) if spec and spec.python else sys.executable,
+            "state": state,
+            "reason": reason,
+            "total": self.total,
+            "done": self.done,
+            "ok": self.counts["ok"],
+            "skipped": self.counts["skipped"],
+            "failed_lines": self.counts["error"] + self.counts["failed"],
+            "extraction_failures": self.counts["failed"],
+            "tokens": self.tokens,
+            "supervised_tokens": self.supervised_tokens,
+            "bytes": self.bytes,
+            "samples_per_s": round(samples_s, 3),
+            "tokens_per_s": round(tokens_s, 1),
+            "gb_per_s": round(bytes_s / 1e9, 4),
+            # An ETA only while it runs: a paused, cancelled or failed job has no arrival time.
+            "eta_s": (round(remaining / samples_s, 1) if samples_s > 0 and remaining else None)
+            if state == "running" else None,
+            "output_dir": str(spec.output_dir) if spec else "",
+            "dataset": str(spec.dataset) if spec else "",
+            "server_url": spec.server_url if spec else None,
+            "started_at": self.started_at,
+            "updated_at": time.time(),
+            "finished_at": time.time() if self.state in ("done", "failed", "cancelled") else None,
+            "last_progress_at": self.last_progress_at,
+            "in_flight": gate.in_flight if gate else 0,
+            "retries": self.client.retries if self.client else 0,
+            "backpressure_waits": gate.waits if gate else 0,
+            "peak_reserved_capture_bytes": gate.peak_reserved_bytes if gate else 0,
+            "capture_fill": fill,
+            "paused_by_user": "user" in self.pause_reasons,
+            "estimated_output_bytes": self.estimated_output_bytes,
+            # For benches: this run's own rate, from the first request to the last recorded outcome
+            # (last_progress_at).
+            "pipeline_started_at": self.pipeline_started_at,
+            "done_this_run": self.done - self.done_at_pipeline_start if self.pipeline_started_at else 0,
+        }
+
+    def write_progress(self) -> None:
+        atomic_write_json(self.job_dir / PROGRESS_FILE, self.snapshot())
+
+    def _write_dataset_json(self, complete: bool) -> None:
+        spec = self.spec
+        assert spec is not None and self.output is not None
+        shape = self.shape
+        points = shape.layers if shape else None
+        draft_ids = (list(shape.draft_layer_ids) if shape and shape.draft_layer_ids
+                     else draft_layer_ids(points, self.dims))
+        previous = self.output.read_dataset_json() or {}
+        info = {
+            "format": "specforge_hidden_states_v1",
+            "writer": "eagle3-tui",
+            "job_id": self.job_id,
+            "name": spec.name,
+            "complete": complete,
+            "created_at": previous.get("created_at", self.started_at),
+            "updated_at": time.time(),
+            "model": {"path": str(spec.model_path), "architectures": list(self.dims.architectures),
+                      "model_type": self.dims.model_type, "num_hidden_layers": self.dims.num_layers,
+                      "hidden_size": self.dims.hidden_size, "vocab_size": self.dims.vocab_size},
+            "layers": {
+                "capture_points": list(points) if points else previous.get("layers", {}).get("capture_points"),
+                "draft_config_ids": draft_ids or previous.get("layers", {}).get("draft_config_ids"),
+                "meaning": "capture_points: SGLang layers_to_capture (input of decoder layer p = HF "
+                           "hidden_states[p]); draft_config_ids: eagle_aux_hidden_state_layer_ids",
+            },
+            "hidden_size": shape.hidden_size if shape else previous.get("hidden_size"),
+            "aux_width": shape.aux_width if shape else previous.get("aux_width"),
+            "dtype": "bfloat16",
+            "tensors": {"input_ids": "int64 [T]", "loss_mask": "int64 [T]",
+                        "hidden_state": "bfloat16 [1, T, H] post-norm final",
+                        "aux_hidden_state": "bfloat16 [1, T, K*H] ascending capture points"},
+            "sglang_version": (shape.sglang_version if shape else None) or previous.get("sglang_version"),
+            "server_url": spec.server_url,
+            "session": spec.session,
+            "rid_prefix": spec.rid_prefix,
+            "dataset": {**(self.meta.get("dataset") or {}), "format": spec.dataset_format},
+            "rendering": self.renderer.describe(),
+            "file_group_size": spec.file_group_size,
+            "counts": {"lines": self.total, **self.counts, "tokens": self.tokens,
+                       "supervised_tokens": self.supervised_tokens, "bytes": self.bytes},
+            "vocab_mapping": ("vocab_mapping/vocab_mapping.pt"
+                              if spec.draft_vocab_size and self.output.vocab_mapping_path.exists() else None),
+        }
+        self.output.write_dataset_json(info)
+
+
+_CREATE_TIME: float | None = None
+
+
+def _own_create_time() -> float | None:
+    global _CREATE_TIME
+    if _CREATE_TIME is None:
+        import psutil
+
+        _CREATE_TIME = psutil.Process().create_time()
+    return _CREATE_TIME

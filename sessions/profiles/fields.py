@@ -1,0 +1,255 @@
+"""Field checks of a loaded profile: types first, then ranges, text hygiene (NULs, control characters, overlong paths)."""
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from sessions.profiles.model import _ENV_NAME, _KINDS, FAULT_IDS, LAUNCHERS, SECTIONS, LaunchProfile, Problem
+from sessions.profiles.toml_lines import _line_of
+
+# --- field checks (types and ranges) ---------------------------------------------------------------------
+
+
+def _toml_type(value: Any) -> str:
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, int):
+        return "an integer"
+    if isinstance(value, float):
+        return "a float"
+    if isinstance(value, str):
+        return "a string"
+    if isinstance(value, (list, tuple)):
+        return "an array"
+    if isinstance(value, Mapping):
+        return "a table"
+    return f"a {type(value).__name__}"
+
+
+_KIND_TEXT = {
+    "str": "a string",
+    "int": "an integer",
+    "float": "a number",
+    "bool": "true or false",
+    "list[str]": "an array of strings",
+    "list[int]": "an array of integers",
+    "table[str]": "a table of strings",
+}
+
+
+def _scalar_ok(value: Any, kind: str) -> bool:
+    if kind == "str":
+        return isinstance(value, str)
+    if kind == "bool":
+        return isinstance(value, bool)
+    if kind == "int":
+        return isinstance(value, int) and not isinstance(value, bool)
+    if kind == "float":
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    return False
+
+
+def _type_problems(dotted: str, value: Any, kind: str, lines: Mapping[str, int]) -> list[Problem]:
+    """Problems with the TOML type of one value (None means "not set" and is fine)."""
+    if value is None:
+        return []
+    if kind in ("str", "int", "float", "bool"):
+        if _scalar_ok(value, kind):
+            return []
+        return [Problem(dotted, f"must be {_KIND_TEXT[kind]}, not {_toml_type(value)}", _line_of(lines, dotted))]
+    if kind.startswith("list["):
+        if not isinstance(value, (list, tuple)):
+            return [Problem(dotted, f"must be {_KIND_TEXT[kind]}, not {_toml_type(value)}", _line_of(lines, dotted))]
+        elem = kind[5:-1]
+        return [
+            Problem(f"{dotted}[{i}]", f"must be {_KIND_TEXT[elem]}, not {_toml_type(v)}",
+                    _line_of(lines, f"{dotted}[{i}]"))
+            for i, v in enumerate(value)
+            if not _scalar_ok(v, elem)
+        ]
+    if kind == "table[str]":
+        if not isinstance(value, Mapping):
+            return [Problem(dotted, f"must be a table, not {_toml_type(value)}", _line_of(lines, dotted))]
+        out = []
+        for k, v in value.items():
+            key_path = f"{dotted}.{k}"
+            if not isinstance(v, str):
+                out.append(Problem(key_path, f"must be a string, not {_toml_type(v)} (quote it: {k} = \"{v}\")",
+                                   _line_of(lines, key_path)))
+        return out
+    return []
+
+
+def field_problems(profile: LaunchProfile) -> list[Problem]:
+    """Types and ranges of every value: what a profile must satisfy on any machine."""
+    lines = profile.key_lines
+    problems: list[Problem] = []
+    bad: set[str] = set()
+    for section in SECTIONS:
+        obj = getattr(profile, section)
+        for key, kind in _KINDS[section].items():
+            found = _type_problems(f"{section}.{key}", getattr(obj, key), kind, lines)
+            if found:
+                bad.add(f"{section}.{key}")
+                problems += found
+
+    def check(dotted: str, ok: Callable[[], bool], message: str, severity: str = "error") -> None:
+        # ``ok`` runs only for a well-typed field: a range check never sees a string ("0.85" < 1.0).
+        if dotted in bad or any(dotted.startswith((f + "[", f + ".")) for f in bad):
+            return
+        try:
+            passed = ok()
+        except (TypeError, ValueError, OverflowError):
+            passed = False
+        if not passed:
+            problems.append(Problem(dotted, message, _line_of(lines, dotted), severity))
+
+    problems += _text_problems(profile, bad)
+
+    s, c, w, e = profile.server, profile.capture, profile.watch, profile.emulator
+    check("server.launcher", lambda: s.launcher in LAUNCHERS,
+          f"must be one of {', '.join(repr(x) for x in LAUNCHERS)}, not {s.launcher!r}")
+    check("server.python", lambda: bool(str(s.python).strip()), "must name a Python interpreter")
+    check("server.tp_size", lambda: isinstance(s.tp_size, int) and s.tp_size >= 1, f"must be at least 1, not {s.tp_size}")
+    check("server.host", lambda: bool(str(s.host).strip()) and str(s.host).isascii()
+          and str(s.host).isprintable() and not any(ch.isspace() for ch in str(s.host)),
+          f"must be a host name or address, not {s.host!r}")
+    check("server.port", lambda: isinstance(s.port, int) and 1 <= s.port <= 65535,
+          f"must be between 1 and 65535, not {s.port}")
+    if s.attention_backend is not None:
+        check("server.attention_backend", lambda: bool(str(s.attention_backend).strip()),
+              "must name a backend (leave it out for SGLang's automatic choice)")
+    if s.mem_fraction_static is not None:
+        check("server.mem_fraction_static",
+              lambda: math.isfinite(s.mem_fraction_static) and 0.0 < s.mem_fraction_static < 1.0,
+              f"must be between 0 and 1 (exclusive), not {s.mem_fraction_static}")
+    if s.chunked_prefill_size is not None:
+        check("server.chunked_prefill_size", lambda: s.chunked_prefill_size == -1 or s.chunked_prefill_size > 0,
+              f"must be -1 (no chunking) or a positive token count, not {s.chunked_prefill_size}")
+    if "server.extra_args" not in bad:
+        for i, arg in enumerate(s.extra_args):
+            check(f"server.extra_args[{i}]", lambda arg=arg: bool(arg), "is an empty argument")
+    if "server.env" not in bad:
+        for name in s.env:
+            check(f"server.env.{name}", lambda name=name: bool(_ENV_NAME.match(name)),
+                  f"{name!r} is not a valid environment variable name")
+    if c.layers is not None and "capture.layers" not in bad:
+        seen: set[int] = set()
+        for i, layer in enumerate(c.layers):
+            check(f"capture.layers[{i}]", lambda layer=layer: layer >= 0, f"must be a layer index >= 0, not {layer}")
+            check(f"capture.layers[{i}]", lambda layer=layer: layer not in seen, f"layer {layer} is listed twice")
+            seen.add(layer)
+    if c.dir is not None:
+        check("capture.dir", lambda: bool(str(c.dir).strip()), "must be a folder path (leave it out for the default)")
+    check("capture.rid_prefix", lambda: bool(c.rid_prefix),
+          "must not be empty: it selects which requests are dumped")
+    check("watch.stall_after_s", lambda: _positive(w.stall_after_s), f"must be a number of seconds > 0, not {w.stall_after_s}")
+    check("emulator.time_scale", lambda: _positive(e.time_scale), f"must be > 0, not {e.time_scale}")
+    check("emulator.fault", lambda: e.fault in FAULT_IDS,
+          f"unknown fault {e.fault!r}; known: {', '.join(FAULT_IDS)}")
+    if e.gpu_memory_gb is not None:
+        check("emulator.gpu_memory_gb", lambda: _positive(e.gpu_memory_gb), f"must be > 0, not {e.gpu_memory_gb}")
+    check("emulator.gpus", lambda: isinstance(e.gpus, int) and e.gpus >= 1, f"must be at least 1, not {e.gpus}")
+    if e.spec_accept_length is not None:
+        tokens = _num_draft_tokens(s.extra_args) if isinstance(s.extra_args, (list, tuple)) else None
+        check("emulator.spec_accept_length", lambda: e.spec_accept_length >= 1 and (tokens is None
+              or e.spec_accept_length <= tokens),
+              f"must be between 1 and the number of draft tokens ({tokens if tokens else 'num-draft-tokens'}), "
+              f"not {e.spec_accept_length}: it counts the accepted drafts plus the bonus token of each step")
+    if e.spec_draft_cost is not None:
+        check("emulator.spec_draft_cost", lambda: 0 < e.spec_draft_cost <= 1,
+              f"must be a fraction of a decode step in (0, 1], not {e.spec_draft_cost}")
+    if e.spec_verify_cost is not None:
+        check("emulator.spec_verify_cost", lambda: e.spec_verify_cost >= 1,
+              f"must be at least 1 (a verify step costs at least a decode step), not {e.spec_verify_cost}")
+    check("emulator.decode_tokens_per_s", lambda: _positive(e.decode_tokens_per_s),
+          f"must be a rate in tokens per second > 0, not {e.decode_tokens_per_s}")
+    if s.launcher == "emulator" and "emulator.gpus" not in bad and "server.tp_size" not in bad:
+        check("server.tp_size", lambda: s.tp_size <= e.gpus,
+              f"TP {s.tp_size} needs {_gpus(s.tp_size)} but the emulator has {e.gpus} (emulator.gpus)")
+    return problems
+
+
+def _num_draft_tokens(extra_args: tuple[str, ...] | list[str]) -> int | None:
+    """Tokens per verify step that SGLang will use for these flags (topk 1: steps + 1), None if unknown."""
+
+    def value(flag: str) -> int | None:
+        found = None
+        for i, token in enumerate(extra_args):
+            if not isinstance(token, str):  # a wrong type is field_problems' to report; it names no flag here
+                continue
+            text = extra_args[i + 1] if token == flag and i + 1 < len(extra_args) else (
+                token[len(flag) + 1:] if token.startswith(flag + "=") else None)
+            if text is not None:
+                try:
+                    found = int(text)
+                except (TypeError, ValueError):
+                    found = None
+        return found
+
+    steps, topk = value("--speculative-num-steps"), value("--speculative-eagle-topk")
+    if steps is not None and topk == 1:
+        return steps + 1
+    return value("--speculative-num-draft-tokens")
+
+
+# C0/C1 control characters and DEL; a NUL can never reach exec, a path or the environment.
+_CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+MAX_PATH_CHARS = 4096
+MAX_NAME_CHARS = 255
+
+
+def _text_problems(profile: LaunchProfile, bad: set[str]) -> list[Problem]:
+    """NULs and control characters in any text field, and overlong paths, named by field (before anything
+    hands the value to the OS, which would raise ``embedded null byte`` or ``File name too long``)."""
+    lines = profile.key_lines
+    problems: list[Problem] = []
+
+    def visit(dotted: str, value: str, allow_newline: bool = False, path: bool = False) -> None:
+        if dotted in bad:
+            return
+        if "\x00" in value:
+            problems.append(Problem(dotted, f"holds a NUL character at position {value.index(chr(0))}",
+                                    _line_of(lines, dotted)))
+            bad.add(dotted)
+            return
+        found = _CONTROL.search(value if not allow_newline else value.replace("\n", "").replace("\t", ""))
+        if found:
+            problems.append(Problem(dotted, f"holds the control character {found.group(0)!r}",
+                                    _line_of(lines, dotted)))
+            bad.add(dotted)
+            return
+        if path and (len(value) > MAX_PATH_CHARS or any(len(part) > MAX_NAME_CHARS for part in value.split("/"))):
+            problems.append(Problem(dotted, f"is too long for a path ({len(value)} characters; the OS allows "
+                                    f"{MAX_PATH_CHARS}, {MAX_NAME_CHARS} per name)", _line_of(lines, dotted)))
+            bad.add(dotted)
+
+    for section in SECTIONS:
+        obj = getattr(profile, section)
+        for key, kind in _KINDS[section].items():
+            dotted, value = f"{section}.{key}", getattr(obj, key)
+            if dotted in bad or value is None:
+                continue
+            is_path = key in ("model_path", "python", "dir", "tokenizer_path")
+            if kind == "str" and isinstance(value, str):
+                visit(dotted, value, path=is_path)
+            elif kind == "list[str]" and isinstance(value, (list, tuple)):
+                for n, item in enumerate(value):
+                    if isinstance(item, str):
+                        visit(f"{dotted}[{n}]", item)
+            elif kind == "table[str]" and isinstance(value, Mapping):
+                for name, item in value.items():
+                    visit(f"{dotted}.{name}", str(name))
+                    if isinstance(item, str):
+                        visit(f"{dotted}.{name}", item, allow_newline=True)  # a secret may hold a newline
+    return problems
+
+
+def _gpus(n: int) -> str:
+    return f"{n} GPU" if n == 1 else f"{n} GPUs"
+
+
+def _positive(value: Any) -> bool:
+    return isinstance(value, (int, float)) and math.isfinite(value) and value > 0

@@ -1,0 +1,530 @@
+"""A session's status, read now: the log, the process tree, the port and ``/ready`` (DESIGN §3).
+
+The state (``starting``, ``ready``, ``stalled``, ``crashed``, ``exited``, ``stopped``) is derived on
+every `SessionReader.status` from what it reads; only facts (phase first seen, descendants, how the start
+and the session ended, the model info) are written back to ``state.json``, once each, and the end of a
+start goes to the history (the baseline of the next start).
+"""
+from __future__ import annotations
+
+import re
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+from sessions import probes, start_facts
+from sessions.history import last_good, record_start
+from sessions.home import Home, read_json
+from sessions.logs import LogFileError, read_increment
+from sessions.phases import StartupPhase, StartupSummary, StartupTracker
+from sessions.server.model import (
+    _LAUNCH_STALE_S,
+    COMMAND_FILE,
+    EMULATED_GPUS_FILE,
+    HTTP_PROBE_TIMEOUT_S,
+    RankStatus,
+    SessionStatus,
+    classify_state,
+)
+from sessions.server.record import SessionRecord, _pgid_of
+from sessions.serving import SessionServing
+from sessions.stall import StallVerdict, is_compiler_name, stall_verdict
+from sessions.state_file import StateRead
+
+_LOG_READ_LIMIT_BYTES = 64 << 20  # per status() call, so a huge log never blocks one refresh for long
+_TAIL_KEEP_BYTES = 8192
+_LOG_TIME_FORMAT = "%Y-%m-%d %H:%M:%S"
+_LINE_TIME = re.compile(rb"\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d)")
+# uvicorn's access line for one of our probes: `INFO:     127.0.0.1:5433 - "GET /ready HTTP/1.1" 503 ...`
+_PROBE_ACCESS_LINE = re.compile(rb'"GET /(?:ready|model_info|get_model_info)(?:\?[^ "]*)? HTTP/1\.[01]" \d{3}')
+
+
+@dataclass(frozen=True)
+class _PortReading:
+    """What the port and the HTTP probes said in one status() call."""
+
+    listening: bool
+    ready_http: bool | None  # /ready answered 200 (None: not asked)
+    http_error: str | None
+    port_owner: str | None  # who holds the port when it is not this session's server
+
+
+@dataclass(frozen=True)
+class _Liveness:
+    """The facts one status() call gathers, from which the state follows."""
+
+    alive: bool
+    ready_now: bool
+    fatal: bool
+    ever_ready: bool
+    stalled: bool
+
+    def state_of(self, record: dict) -> str:
+        # A stop the user asked for is a stop: what the signal causes (the main gone, ranks dying in any
+        # order, their error lines) is not a crash once the intent is on record.
+        stopping = record.get("stop_requested_at") is not None or bool(record.get("stopped_at"))
+        return classify_state(
+            alive=self.alive,
+            stopped=stopping,
+            fatal_error=self.fatal and not stopping,
+            ready=self.ready_now,
+            ever_ready=self.ever_ready,
+            stalled=self.stalled,
+        )
+
+
+class SessionReader(SessionRecord):
+    """A session's record plus what its log, process tree and port say now; ``status()`` reads them all."""
+
+    def __init__(self, session_dir: Path, home: Home) -> None:
+        super().__init__(session_dir, home)
+        self._tracker = StartupTracker()
+        self._serving = SessionServing()  # Decode/Prefill batch lines (+ /metrics) once it serves
+        self._log_offset = 0
+        self._log_tail = b""
+        self._activity_at: float | None = None  # wall clock of the last log write that was not a probe
+        self._model_info: dict | None = None
+        self._tree_watch: probes.ProcessTreeWatch | None = None  # the main process's tree, between polls
+        self._last_lines_cache: tuple[tuple[int, int], tuple[str, ...]] | None = None
+        self._has_metrics: bool | None = None
+
+    # -- status ----------------------------------------------------------------------------------------
+
+    def status(self, probe_http: bool = True, gpu_snapshot: Any = None) -> SessionStatus:
+        """Read the log, the process tree, the port and (when it listens) ``/ready`` and ``/model_info``.
+
+        A damaged or missing state.json does not raise: the status carries ``problem`` (what is wrong,
+        naming the file and field), and the server is still found by its session marker.
+        """
+        read = self.state_read
+        ident = self.main_identity()
+        pid, create_time = ident if ident else (None, None)
+        rec, problems = self._checked_record(read, ident)
+        host, port = rec.get("host", "127.0.0.1"), rec.get("port")
+        summary = self._read_log()
+        silent_for_s = self._silent_for_s(rec)
+        log_ready = summary.phase == StartupPhase.READY or summary.outcome == "ready"
+        if self._model_info is None and isinstance(rec.get("model_info"), dict):
+            self._model_info = rec["model_info"]
+        # Every request lands in the server's access log: ask /ready only until the start is over and
+        # /model_info once (it is kept in state.json), so watching a server does not fill its log.
+        known_ready = log_ready or rec.get("start_outcome") == "ready"
+        # While it starts, the tree changes (ranks, compilers: the stall limit asks) and is walked every
+        # time; once ready, the watch reads its known members and walks /proc only now and then.
+        tree = self._process_tree(pid, create_time, full_scan=not known_ready) if pid else []
+        alive = bool(tree) and tree[0].pid == pid
+        net = self._read_port(host, port, tree, alive, known_ready, probe_http)
+        # The log's ready line comes after warmup, as /ready's 200 does (http_server.py:2502); a 503 after
+        # it means draining (SIGTERM), which is still a server that was ready, not a start.
+        ready_now = alive and (net.ready_http is True or log_ready)
+        verdict = self._stall_verdict(rec, summary, tree, silent_for_s, ready_now)
+        live = _Liveness(
+            alive=alive,
+            ready_now=ready_now,
+            fatal=summary.outcome == "crashed" or any(e.fatal for e in summary.errors),
+            ever_ready=_ever_ready(rec, log_ready or ready_now),
+            stalled=alive and verdict.stalled,
+        )
+        rec, state = self._settle_state(read, rec, summary, tree, live)
+        if net.port_owner:
+            problems.append(f"{net.port_owner}: it is not this session's server")
+        return SessionStatus(
+            session_id=self.session_id,
+            profile=self.profile_name,
+            pid=pid,
+            create_time=create_time,
+            state=state,
+            phase=StartupPhase.READY.value if ready_now else str(summary.phase),
+            port=port,
+            host=host,
+            ranks=_rank_rows(tree, _gpu_index_by_pid(gpu_snapshot, self.session_dir)),
+            log_path=self.log_path,
+            started_at=rec.get("started_at"),
+            port_listening=net.listening,
+            ready=net.ready_http,
+            model_info=self._model_info,
+            silent_for_s=silent_for_s,
+            summary=summary,
+            phase_entered_at=dict(rec.get("phase_entered_at", {})),
+            alive=alive,
+            outcome=rec.get("outcome"),
+            stall_limit_s=verdict.limit_s,
+            processes=tuple(tree),
+            http_error=net.http_error,
+            session_dir=self.session_dir,
+            problem="; ".join(problems) if problems else None,
+            serving=self._serving_snapshot(host, port, net.listening and probe_http and ready_now),
+        )
+
+    def _checked_record(self, read: StateRead, ident: tuple[int, float] | None) -> tuple[dict, list[str]]:
+        """The record to read this status from, and what is wrong with the session's files."""
+        rec = read.record
+        problems = list(read.problems)
+        if not self.session_dir.is_dir():
+            problems = [f"the session folder {self.session_dir} is gone (found by its session marker)"]
+        elif ident and not rec.get("pid"):
+            rec = self._adopt_marked(read, ident, problems)
+        elif (
+            ident is None
+            and rec.get("launch_state") == "launching"
+            and time.time() - float(rec.get("started_at") or 0.0) > _LAUNCH_STALE_S
+        ):
+            problems.append("the launch never completed: no server process was recorded or found")
+        return rec, problems
+
+    def _read_port(
+        self,
+        host: str,
+        port: int | None,
+        tree: list[probes.ProcInfo],
+        alive: bool,
+        known_ready: bool,
+        probe_http: bool,
+    ) -> _PortReading:
+        """Whether the port listens for this session's server, and (when asked) what ``/ready`` says."""
+        listening = bool(alive and port and probes.port_listening(host, port))
+        http_error = None
+        port_owner: str | None = None
+        if listening and port and not known_ready:
+            # Whatever answers on the port counts only when it is our own process: another server on
+            # the same port would answer /ready for us (a false good start in the history).
+            owner = probes.listener_owner(port, host, [p.pid for p in tree])
+            if owner.ours is False:
+                listening = False
+                port_owner = owner.text
+                http_error = f"{owner.text}, not by this session"
+        ready_http: bool | None = None
+        if listening and probe_http:
+            base = f"http://{_url_host(host)}:{port}"
+            if known_ready:
+                ready_http = True
+            else:
+                result = probes.http_get_json(f"{base}/ready", HTTP_PROBE_TIMEOUT_S)
+                ready_http = result.status == 200 if result.status is not None else None
+                http_error = result.error
+            self._ask_model_info(base)
+        return _PortReading(listening, ready_http, http_error, port_owner)
+
+    def _ask_model_info(self, base: str) -> None:
+        if self._model_info is None:
+            info = probes.http_get_json(f"{base}/model_info", HTTP_PROBE_TIMEOUT_S)
+            if info.status == 200 and isinstance(info.json, dict):
+                self._model_info = info.json
+
+    def _settle_state(
+        self,
+        read: StateRead,
+        rec: dict,
+        summary: StartupSummary,
+        tree: list[probes.ProcInfo],
+        live: _Liveness,
+    ) -> tuple[dict, str]:
+        """The state, once the facts it implies are on record (the record, under its lock, has the last
+        word)."""
+        state = live.state_of(rec)
+        if state in ("crashed", "exited") and rec.get("stop_requested_at") is None:
+            # A stop may have recorded its intent after this call read the record: read it once more.
+            fresh = self.state_record
+            if fresh.get("stop_requested_at") is not None:
+                rec = fresh
+                state = live.state_of(rec)
+        if not read.damaged and self.session_dir.is_dir():
+            rec = self._record_progress(
+                rec, summary, state, tree, live.ready_now, live.alive, self._model_info
+            )
+            state = live.state_of(rec)
+        return rec, state
+
+    def _serving_snapshot(self, host: str, port: int | None, live: bool) -> Any:
+        """The serving figures (sessions.serving); ``/metrics`` too when the server exports it."""
+        url = f"http://{_url_host(host)}:{port}" if live and port and self._metrics_enabled() else None
+        return self._serving.snapshot(url)
+
+    def _metrics_enabled(self) -> bool:
+        if self._has_metrics is None:
+            argv = (read_json(self.session_dir / COMMAND_FILE) or {}).get("argv") or []
+            self._has_metrics = "--enable-metrics" in argv
+        return self._has_metrics
+
+    def _adopt_marked(self, read: StateRead, ident: tuple[int, float], problems: list[str]) -> dict:
+        """A server found by its marker that state.json does not name: record it when the record is
+        sound (the launcher died between starting it and writing its pid), else only say so."""
+        pid, create_time = ident
+        if read.damaged:
+            problems.append(f"its server (pid {pid}) was found by its session marker")
+            return read.record
+
+        def adopt(state_rec: dict) -> None:
+            if not state_rec.get("pid"):
+                state_rec.update(pid=pid, create_time=create_time, pgid=_pgid_of(pid), launch_state="adopted")
+
+        problems.append(f"the launcher did not record the server's pid; found pid {pid} by its session marker")
+        return self._update_state(adopt)
+
+    def _process_tree(self, pid: int, create_time: float | None, full_scan: bool) -> list[probes.ProcInfo]:
+        watch = self._tree_watch
+        if watch is None or (watch.pid, watch.create_time) != (pid, float(create_time or 0.0)):
+            watch = self._tree_watch = probes.ProcessTreeWatch(pid, float(create_time or 0.0))
+        return watch.read(full_scan=full_scan)
+
+    def _read_log(self) -> StartupSummary:
+        """Feed what the log gained since the last call into the tracker (a fresh object re-reads it)."""
+        try:  # the log core opens it: a FIFO or a device in its place is refused, never waited on
+            got = read_increment(self.log_path, self._log_offset, _LOG_READ_LIMIT_BYTES)
+        except LogFileError:
+            return self._tracker.summary()  # not a log file: nothing to learn from it (diagnose says why)
+        if got is None:
+            return self._tracker.summary()
+        chunk, st = got
+        if st.st_size < self._log_offset:  # truncated or replaced: start over
+            self._tracker = StartupTracker()
+            self._serving.reset()
+            self._log_offset = 0
+            self._log_tail = b""
+            self._activity_at = None
+            got = read_increment(self.log_path, 0, _LOG_READ_LIMIT_BYTES)
+            chunk, st = got if got is not None else (b"", st)
+        if chunk:
+            first_read = self._log_offset == 0
+            self._log_offset += len(chunk)
+            self._tracker.feed_bytes(chunk)  # it keeps a partial last line until its newline comes
+            self._serving.feed_bytes(chunk)
+            self._log_tail = (self._log_tail + chunk[-_TAIL_KEEP_BYTES:])[-_TAIL_KEEP_BYTES:]
+            activity_at = _last_activity_at(chunk, st.st_mtime, exact=not first_read)
+            if activity_at is not None:
+                self._activity_at = max(activity_at, self._activity_at or 0.0)
+        return self._tracker.summary()
+
+    def _last_lines(self, count: int = 5) -> tuple[str, ...]:
+        """The latest non-empty log lines (tqdm renders split at ``\r``), for stall's DeepGEMM check."""
+        key = (self._log_offset, count)
+        if self._last_lines_cache is not None and self._last_lines_cache[0] == key:
+            return self._last_lines_cache[1]  # the log did not grow since the last poll
+        text = self._log_tail.decode("utf-8", errors="replace")
+        lines = tuple([line for line in re.split(r"[\r\n]", text) if line.strip()][-count:])
+        self._last_lines_cache = (key, lines)
+        return lines
+
+    def _silent_for_s(self, rec: dict) -> float:
+        """Seconds since the server last wrote something other than the access lines of our probes."""
+        last = self._activity_at if self._activity_at is not None else rec.get("started_at") or time.time()
+        return max(0.0, time.time() - last)
+
+    def _stall_verdict(
+        self,
+        rec: dict,
+        summary: StartupSummary,
+        tree: list[probes.ProcInfo],
+        silent_for_s: float,
+        ready: bool,
+    ) -> StallVerdict:
+        """Whether the start is stalled, and its limit: seconds of log silence (wall clock, never
+        time-scaled) before a start that is not over counts as stalled."""
+        try:
+            profile: Any = self.profile
+        except Exception:  # noqa: BLE001 - an unreadable snapshot must not break status; the recorded limit will do
+            profile = SimpleNamespace(watch=SimpleNamespace(stall_after_s=rec.get("stall_after_s")))
+        baseline = last_good(self.home, self.profile_name, exclude_session_id=self.session_id)
+        has_compile_child = any(is_compiler_name(p.name) for p in tree[1:])
+        return stall_verdict(
+            profile, summary, silent_for_s, ready, baseline, has_compile_child, last_lines=self._last_lines()
+        )
+
+    def _record_progress(
+        self,
+        rec: dict,
+        summary: StartupSummary,
+        state: str,
+        tree: list[probes.ProcInfo],
+        ready_now: bool,
+        alive: bool,
+        model_info: dict | None,
+    ) -> dict:
+        """Write new facts to state.json, once each: phases first seen, the descendants, how it ended.
+
+        ``start_outcome`` is how the start ended (``ready`` / ``crashed``; ``stop()`` adds ``stopped``),
+        ``outcome`` how the session ended (``crashed`` / ``exited``; ``stop()`` adds ``stopped``).
+        """
+        now = time.time()
+        started_at = rec.get("started_at") or now
+        entered = dict(rec.get("phase_entered_at", {}))
+        new_phases: dict[str, float] = {}
+        for event in summary.events:
+            name = str(event.phase)
+            if name not in entered and name not in new_phases:
+                new_phases[name] = _event_wall_time(event.log_time, started_at, now)
+        if ready_now and StartupPhase.READY.value not in entered:
+            new_phases.setdefault(StartupPhase.READY.value, now)
+        known = {tuple(d) for d in rec.get("descendants", [])}
+        new_descendants = [(p.pid, p.create_time) for p in tree[1:] if (p.pid, p.create_time) not in known]
+        reached_ready = StartupPhase.READY.value in entered or StartupPhase.READY.value in new_phases
+
+        def outcomes(record: dict) -> tuple[str | None, str | None]:
+            """(start_outcome, outcome) to add to ``record``; a recorded stop intent turns what the stop
+            causes into ``stopped``, never ``crashed``."""
+            effective: str | None = state
+            if record.get("stop_requested_at") is not None and state in ("crashed", "exited"):
+                effective = "stopped" if not alive else None
+            start = None
+            if record.get("start_outcome") is None:
+                if effective == "stopped" and reached_ready:
+                    start = "ready"  # it was ready, then stopped
+                elif effective in ("ready", "crashed", "stopped"):
+                    start = effective
+                elif effective == "exited":
+                    start = "ready"  # it got ready between two looks, then ended
+            end = None
+            if effective in ("crashed", "exited", "stopped") and not alive and not record.get("outcome"):
+                end = effective
+            return start, end
+
+        start_outcome, end_outcome = outcomes(rec)
+        new_model_info = model_info if model_info is not None and "model_info" not in rec else None
+        if (
+            not new_phases
+            and not new_descendants
+            and start_outcome is None
+            and end_outcome is None
+            and new_model_info is None
+        ):
+            return rec
+
+        def update(state_rec: dict) -> None:
+            phases_now = state_rec.setdefault("phase_entered_at", {})
+            for name, t in new_phases.items():
+                phases_now.setdefault(name, t)
+            kept = {tuple(d) for d in state_rec.get("descendants", [])}
+            state_rec["descendants"] = sorted(list(d) for d in kept | set(new_descendants))
+            start, end = outcomes(state_rec)  # the fresh record: a stop may have landed since
+            if start is not None:
+                state_rec["start_outcome"] = start
+            if new_model_info is not None:
+                state_rec.setdefault("model_info", new_model_info)
+            if end is not None:
+                state_rec["outcome"] = end
+                state_rec.setdefault("ended_at", now)
+
+        rec = self._update_state(update)
+        self._record_history(rec, summary)
+        return rec
+
+    def _record_history(self, rec: dict, summary: StartupSummary) -> None:
+        """Tell the history, once, how this start ended: the baseline the next start is compared with."""
+        outcome = rec.get("start_outcome")
+        if outcome is None or rec.get("history_recorded"):
+            return
+        claimed = {}
+
+        def claim(state_rec: dict) -> None:
+            claimed["ok"] = not state_rec.get("history_recorded")
+            state_rec["history_recorded"] = True
+
+        self._update_state(claim)
+        if claimed.get("ok"):
+            record_start(
+                self.home,
+                self.profile_name,
+                self.session_id,
+                summary,
+                rec.get("phase_entered_at", {}),
+                outcome,
+                started_at=rec.get("started_at"),
+                facts=start_facts.read(self.session_dir),
+            )
+
+def _gpu_index_by_pid(gpu_snapshot: Any, session_dir: Path) -> dict[int, int]:
+    """pid -> GPU index from a GpuSnapshot, else from the emulator's ``emulated_gpus.json``."""
+    mapping: dict[int, int] = {}
+    if gpu_snapshot is not None:
+        for sample in getattr(gpu_snapshot, "samples", ()):
+            for proc in sample.processes:
+                mapping.setdefault(proc.pid, sample.index)
+        return mapping
+    data = read_json(session_dir / EMULATED_GPUS_FILE)
+    if isinstance(data, dict):
+        for gpu in data.get("gpus", []) or []:
+            try:
+                for proc in gpu.get("processes", []) or []:
+                    mapping.setdefault(int(proc["pid"]), int(gpu["index"]))
+            except (KeyError, TypeError, ValueError):
+                continue
+    return mapping
+
+
+def _last_activity_at(chunk: bytes, mtime: float, exact: bool) -> float | None:
+    """When the server last wrote something in ``chunk`` other than the access lines of /ready and
+    /model_info probes (uvicorn logs each request): those would keep a hung warmup looking busy.
+
+    ``exact``: the chunk is what the log gained since the previous look, so its non-probe text was
+    written by ``mtime``.  A first read of a whole log dates its last non-probe line by its own
+    timestamp when probe lines follow it.  None: nothing but probe lines.
+    """
+    segments = [s for s in re.split(rb"[\r\n]", chunk) if s.strip()]
+    for i in range(len(segments) - 1, -1, -1):
+        if _PROBE_ACCESS_LINE.search(segments[i]):
+            continue
+        if exact or i == len(segments) - 1:
+            return mtime
+        match = _LINE_TIME.match(segments[i])
+        if match:
+            try:
+                stamp = time.mktime(time.strptime(match.group(1).decode(), _LOG_TIME_FORMAT))
+            except ValueError:
+                return mtime
+            return min(stamp, mtime)
+        return mtime
+    return None
+
+
+def _event_wall_time(log_time: str | None, started_at: float, now: float) -> float:
+    """When a phase began: the log line's own timestamp when plausible, else now (when we saw it)."""
+    if log_time:
+        try:
+            t = time.mktime(time.strptime(log_time.strip()[:19], _LOG_TIME_FORMAT))
+        except ValueError:
+            t = None
+        if t is not None and started_at - 1.0 <= t <= now + 1.0:
+            return min(max(t, started_at), now)
+    return now
+
+
+def _rank_sort_key(rank: RankStatus) -> tuple:
+    order = {"dp_controller": 0, "scheduler": 1, "detokenizer": 2}
+    return (order.get(rank.role, 3), rank.rank if rank.rank is not None else -1, rank.pid)
+
+
+def _url_host(host: str) -> str:
+    target = probes.connect_host(host)
+    return f"[{target}]" if ":" in target else target
+
+
+def _ever_ready(rec: dict, seen_ready: bool) -> bool:
+    """The server was ready at some point: seen now, or on record."""
+    return (
+        seen_ready
+        or rec.get("start_outcome") == "ready"
+        or StartupPhase.READY.value in rec.get("phase_entered_at", {})
+    )
+
+
+def _rank_rows(tree: list[probes.ProcInfo], gpu_of: dict[int, int]) -> tuple[RankStatus, ...]:
+    """The SGLang children of the tree (schedulers, detokenizer, DP controller) as status rows, in order."""
+    ranks = (
+        RankStatus(
+            pid=p.pid,
+            title=p.title,
+            rank=p.rank,
+            status=p.status,
+            cpu_percent=p.cpu_percent,
+            rss_bytes=p.rss_bytes,
+            gpu_index=gpu_of.get(p.pid),
+            role=p.role,
+            create_time=p.create_time,
+            num_threads=p.num_threads,
+        )
+        for p in tree
+        if p.role in ("scheduler", "detokenizer", "dp_controller")
+    )
+    return tuple(sorted(ranks, key=_rank_sort_key))
