@@ -8,6 +8,11 @@ request shape: random-id prompts of --input-len tokens sent as input_ids
 throughput, median TTFT and median ITL per concurrency, with the target: every gap within 10 %.
 It never asserts; the exit code is 0 either way.
 
+Each concurrency is run --repeat times by each client, back to back and in alternating order (ours
+first, then theirs first), so that both see the same machine load; the figures are the median over the
+rounds, printed with their min-max range.  On a shared 2-core machine one round's TTFT moves by tens of
+percent with the load of other processes, for both clients alike.
+
 bench_serving lives in its own venv outside the repository (it is not a dependency of the panel):
 ``--sglang-python`` (default ``/work/wt/.sglang-venv/bin/python``, or ``$SGLANG_BENCH_PYTHON``).  Make it with
 ``python -m venv DIR && DIR/bin/pip install torch==2.14.1 torchvision==0.29.1 && DIR/bin/pip install --no-deps
@@ -15,7 +20,7 @@ sglang==0.5.23 && DIR/bin/pip install transformers aiohttp msgspec orjson reques
 triton pillow starlette pyzmq ipython datasets apache-tvm-ffi==0.1.11 sentencepiece compressed-tensors gguf``.
 
 Usage: ``python benches/bench_vs_sglang.py [--concurrency 1,8] [--input-len 128] [--output-len 64]
-[--num-prompts 16] [--out benches/results/bench_vs_sglang.json]``.
+[--num-prompts 16] [--repeat 3] [--out benches/results/bench_vs_sglang.json]``.
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ import argparse
 import json
 import math
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -71,6 +77,7 @@ def main() -> int:
     parser.add_argument("--output-len", type=int, default=64)
     parser.add_argument("--num-prompts", type=int, default=16)
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--repeat", type=int, default=3, help="rounds per client and concurrency (median)")
     parser.add_argument("--profile", default="kimi-k25-tp8",
                         help="demo profile to serve (default the Kimi TP8 demo: config-only, modelled steps)")
     parser.add_argument("--tokenizer", default=None,
@@ -102,29 +109,43 @@ def main() -> int:
     try:
         status = json.loads(panel(home, "status", session, "--json").stdout)[0]
         port = status["port"]
-        bench_args = ["--concurrency", args.concurrency, "--input-len", str(args.input_len),
-                      "--output-len", str(args.output_len), "--num-prompts", str(args.num_prompts),
-                      "--seed", str(args.seed)]
-        ours = json.loads(panel(home, "bench", session, "--json", *bench_args).stdout)
-        theirs = {c: sglang_bench(args.sglang_python, port, tokenizer, c, args, work / f"sglang_{c}.jsonl")
-                  for c in concurrencies}
+        ours_rounds: dict[int, list[dict]] = {c: [] for c in concurrencies}
+        theirs_rounds: dict[int, list[dict]] = {c: [] for c in concurrencies}
+        for round_no in range(args.repeat):
+            for c in concurrencies:
+                bench_args = ["--concurrency", str(c), "--input-len", str(args.input_len), "--output-len",
+                              str(args.output_len), "--num-prompts", str(args.num_prompts), "--seed",
+                              str(args.seed)]
+                for who in (("ours", "theirs") if round_no % 2 == 0 else ("theirs", "ours")):
+                    if who == "ours":
+                        ours_rounds[c].append(json.loads(panel(home, "bench", session, "--json",
+                                                               *bench_args).stdout)["runs"][0])
+                    else:
+                        theirs_rounds[c].append(sglang_bench(args.sglang_python, port, tokenizer, c, args,
+                                                             work / f"sglang_{c}_{round_no}.jsonl"))
     finally:
         panel(home, "stop", session, "--grace", "20", check=False)
     report = {"request": {"input_len": args.input_len, "output_len": args.output_len,
-                          "num_prompts": args.num_prompts, "seed": args.seed, "profile": args.profile},
+                          "num_prompts": args.num_prompts, "seed": args.seed, "profile": args.profile,
+                          "repeat": args.repeat},
               "tolerance": TOLERANCE, "runs": [], "time": time.time()}
     title = (f"bench_vs_sglang: profile {args.profile}, input {args.input_len}, output {args.output_len}, "
-             f"{args.num_prompts} prompts per concurrency (target: every gap within {TOLERANCE:.0%})")
+             f"{args.num_prompts} prompts per concurrency, median of {args.repeat} alternating rounds "
+             f"[min-max] (target: every gap within {TOLERANCE:.0%})")
     lines = [title]
     all_ok = True
-    for run in ours["runs"]:
-        c = run["max_concurrency"]
-        other = theirs[c]
-        row = {"max_concurrency": c, "eagle3_tui": {k: run[k] for k in KEYS},
-               "bench_serving": {k: other.get(k) for k in KEYS}, "gap": {}}
-        lines.append(f"concurrency {c}:  {'metric':<24}{'eagle3-tui':>12}{'bench_serving':>15}{'gap':>9}")
+    for c in concurrencies:
+        ours_runs, theirs_runs = ours_rounds[c], theirs_rounds[c]
+        row: dict = {"max_concurrency": c, "eagle3_tui": {}, "bench_serving": {}, "gap": {},
+                     "rounds": {"eagle3_tui": [{k: r[k] for k in KEYS} for r in ours_runs],
+                                "bench_serving": [{k: r.get(k) for k in KEYS} for r in theirs_runs]}}
+        lines.append(f"concurrency {c}:  {'metric':<24}{'eagle3-tui':>12}{'':>16}{'bench_serving':>15}"
+                     f"{'':>16}{'gap':>9}")
         for key in KEYS:
-            a, b = run[key], other.get(key) or 0.0
+            mine = [r[key] for r in ours_runs]
+            other = [r.get(key) or 0.0 for r in theirs_runs]
+            a, b = statistics.median(mine), statistics.median(other)
+            row["eagle3_tui"][key], row["bench_serving"][key] = a, b
             gap = abs(a - b) / b if b else math.inf
             row["gap"][key] = gap
             mark = ""
@@ -132,14 +153,17 @@ def main() -> int:
                 ok = gap <= TOLERANCE
                 all_ok &= ok
                 mark = "  ok" if ok else "  OVER"
-            lines.append(f"                {key:<24}{a:>12.2f}{b:>15.2f}{gap:>8.1%}{mark}")
-        lines.append(f"                bench_serving completed {other.get('completed')}, "
-                     f"ours {run['completed']}")
+            spread_a = f"[{min(mine):.1f}-{max(mine):.1f}]"
+            spread_b = f"[{min(other):.1f}-{max(other):.1f}]"
+            lines.append(f"                {key:<24}{a:>12.2f}{spread_a:>16}{b:>15.2f}{spread_b:>16}"
+                         f"{gap:>8.1%}{mark}")
+        lines.append(f"                completed per round: bench_serving "
+                     f"{[r.get('completed') for r in theirs_runs]}, ours {[r['completed'] for r in ours_runs]}")
         report["runs"].append(row)
     lines.append("AGREE within 10% on output throughput, median TTFT and median ITL" if all_ok
                  else "DISAGREE: a checked gap is over 10%")
     report["agree"] = all_ok
-    report["bench_serving_stdout_c1"] = theirs[concurrencies[0]]["stdout_tail"]
+    report["bench_serving_stdout_c1"] = theirs_rounds[concurrencies[0]][-1]["stdout_tail"]
     text = "\n".join(lines)
     print(text)
     out = Path(args.out)

@@ -43,23 +43,34 @@ def payload(prompt: Prompt, output_len: int | None = None) -> dict[str, Any]:
     }
 
 
-async def send_request(client: Any, base_url: str, prompt: Prompt, output_len: int | None = None,
-                       headers: dict[str, str] | None = None) -> RequestOutput:
-    """Send one streaming request with an ``httpx.AsyncClient``; never raises for a failed request."""
+def send_request(client: Any, base_url: str, prompt: Prompt, output_len: int | None = None,
+                 headers: dict[str, str] | None = None) -> RequestOutput:
+    """Send one streaming request with a (blocking) ``httpx.Client``; never raises for a failed request.
+
+    The request (URL, headers, JSON body) is built before the clock starts, as bench_serving builds its
+    payload before ``st``; the clock covers sending it and reading the answer.  Each chunk is timed in
+    the calling thread the moment its line is read, so one stream's parsing never delays another's
+    timestamps (see `sessions.bench.runner` for why each request in flight has its own thread)."""
     out = RequestOutput(prompt_len=prompt.prompt_len)
     wanted = prompt.output_len if output_len is None else output_len
+    try:
+        request = client.build_request("POST", f"{base_url}/generate", json=payload(prompt, output_len),
+                                       headers=headers)
+    except Exception as exc:  # noqa: BLE001 - a bad URL or header is this request's error
+        out.error = f"{type(exc).__name__}: {exc}"
+        return out
     st = time.perf_counter()
     out.start = st
     most_recent = st
     last_tokens = 0
     try:
-        async with client.stream("POST", f"{base_url}/generate", json=payload(prompt, output_len),
-                                 headers=headers) as response:
+        response = client.send(request, stream=True)
+        try:
             if response.status_code != 200:
-                body = (await response.aread()).decode("utf-8", "replace")
+                body = response.read().decode("utf-8", "replace")
                 out.error = f"{response.reason_phrase}: {body}"
                 return out
-            async for raw in response.aiter_lines():
+            for raw in response.iter_lines():
                 line = raw.strip()
                 if not line:
                     continue
@@ -86,6 +97,8 @@ async def send_request(client: Any, base_url: str, prompt: Prompt, output_len: i
                     most_recent = now
                     last_tokens = tokens
                     out.output_len = tokens
+        finally:
+            response.close()
         out.success = True
         if out.output_len == 0:
             out.output_len = wanted  # bench_serving keeps the requested length when no text came

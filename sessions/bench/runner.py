@@ -1,17 +1,28 @@
 """Run a bench against one server: ``/v1/models`` ready check, warm-up, then each concurrency in turn.
 
 Like bench_serving: the warm-up sends one request with ``max_new_tokens = min(output_len, 32)``; a short
-pause lets the server settle; each run dispatches its prompts with at most ``max_concurrency`` in flight
-and its duration ends after a ``GET /server_info`` (which bench_serving reads for the accept length).
-Every concurrency uses the same seeded prompts; by default concurrency ``c`` sends the first
-``max(4, 2c)`` of them (enough to keep ``c`` requests in flight twice over), with ``num_prompts`` given
-it sends all of them every time.
+pause lets the server settle; each run dispatches its prompts in order with at most ``max_concurrency`` in
+flight (the next starts as soon as one ends) and its duration ends after a ``GET /server_info`` (which
+bench_serving reads for the accept length).  Every concurrency uses the same seeded prompts; by default
+concurrency ``c`` sends the first ``max(4, 2c)`` of them (enough to keep ``c`` requests in flight twice
+over), with ``num_prompts`` given it sends all of them every time.
+
+Each request in flight has its own thread and its own blocking ``httpx.Client``.  Like bench_serving,
+which makes a new aiohttp session per request, every request opens its own connection inside its clock
+and closes it after (no keep-alive pool): TTFT counts the same connect that bench_serving's does.  bench_serving runs all its streams on one asyncio loop,
+which works because aiohttp's C parser costs little per chunk.  httpx's asyncio stack (httpcore over
+anyio: a checkpoint and a cancel scope per read or write) costs about twice the CPU, and every step of
+a request waits behind every other stream's parsing: at concurrency 8 the second half of a wave reached
+the server one prefill forward after the other, not in one batch, and the client's own queueing was
+counted as TTFT (61 ms against bench_serving's 30).  Blocking reads in threads have no such queue: a
+thread sleeps in ``recv`` and times its chunk as soon as it wakes.
 """
 
 from __future__ import annotations
 
-import asyncio
+import queue
 import socket
+import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -51,12 +62,12 @@ def prompts_needed(concurrencies: Sequence[int], num_prompts: int | None) -> int
     return num_prompts if num_prompts is not None else max(4, 2 * max(concurrencies))
 
 
-async def _wait_ready(client: Any, plan: BenchPlan) -> None:
+def _wait_ready(client: Any, plan: BenchPlan) -> None:
     deadline = time.monotonic() + plan.ready_timeout_s
     last = "no answer"
     while True:
         try:
-            response = await client.get(f"{plan.base_url}/v1/models", headers=_headers(plan))
+            response = client.get(f"{plan.base_url}/v1/models", headers=_headers(plan))
             if response.status_code == 200:
                 return
             last = f"HTTP {response.status_code}"
@@ -65,71 +76,98 @@ async def _wait_ready(client: Any, plan: BenchPlan) -> None:
         if time.monotonic() > deadline:
             raise BenchError(f"{plan.base_url}/v1/models did not answer 200 within "
                              f"{plan.ready_timeout_s:g} s ({last})")
-        await asyncio.sleep(1.0)
+        time.sleep(1.0)
 
 
 def _headers(plan: BenchPlan) -> dict[str, str] | None:
     return {"authorization": f"Bearer {plan.api_key}"} if plan.api_key else None
 
 
-async def run_bench_async(plan: BenchPlan, progress: Progress | None = None,
-                          on_run: RunHook | None = None) -> dict[str, Any]:
-    """The runs (one metrics dict per concurrency) and the server's ``/server_info`` facts."""
+def _clients(count: int) -> list[Any]:
+    """One blocking client per request slot, with one connection at a time and none kept alive: each
+    request connects anew, as bench_serving's fresh session per request does.  TCP_NODELAY, as aiohttp
+    (bench_serving's client) sets by default: a small request body must not wait for the server's delayed
+    ACK of the headers.  One TLS context for all: building one per client costs more than a request."""
     import httpx
 
-    limits = httpx.Limits(max_connections=max(plan.concurrencies) + 4,
-                          max_keepalive_connections=max(plan.concurrencies) + 4)
-    timeout = httpx.Timeout(6 * 3600.0, connect=10.0)
-    # TCP_NODELAY, as aiohttp (bench_serving's client) sets by default: a small request body must not wait
-    # for the server's delayed ACK of the headers.
-    transport = httpx.AsyncHTTPTransport(limits=limits, socket_options=[
-        (socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)])
-    async with httpx.AsyncClient(timeout=timeout, transport=transport, trust_env=False) as client:
-        await _wait_ready(client, plan)
-        warm = await send_request(client, plan.base_url, plan.prompts[0],
-                                  output_len=min(plan.prompts[0].output_len, 32), headers=_headers(plan))
+    context = httpx.create_ssl_context()
+    timeout = httpx.Timeout(6 * 3600.0, connect=10.0)  # bench_serving's 6-hour total
+    limits = httpx.Limits(max_connections=1, max_keepalive_connections=0)
+    return [httpx.Client(timeout=timeout, trust_env=False, transport=httpx.HTTPTransport(
+        verify=context, limits=limits, socket_options=[(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)]))
+        for _ in range(count)]
+
+
+def run_bench(plan: BenchPlan, progress: Progress | None = None,
+              on_run: RunHook | None = None) -> dict[str, Any]:
+    """The runs (one metrics dict per concurrency) and the server's ``/server_info`` facts."""
+    clients = _clients(max(plan.concurrencies))
+    try:
+        first = clients[0]
+        _wait_ready(first, plan)
+        warm = send_request(first, plan.base_url, plan.prompts[0],
+                            output_len=min(plan.prompts[0].output_len, 32), headers=_headers(plan))
         if not warm.success:
             raise BenchError(f"Warmup failed - {warm.error}")
-        info = await _server_info(client, plan)
+        info = _server_info(first, plan)
         runs = []
         for concurrency in plan.concurrencies:
-            await asyncio.sleep(plan.settle_s)
+            time.sleep(plan.settle_s)
             if on_run is not None:
                 on_run("start", concurrency)
-            runs.append(await _one_run(client, plan, concurrency, progress))
+            runs.append(_one_run(clients[:concurrency], plan, concurrency, progress))
             if on_run is not None:
                 on_run("end", concurrency)
         return {"runs": runs, "server_info": info}
+    finally:
+        for client in clients:
+            client.close()
 
 
-async def _server_info(client: Any, plan: BenchPlan) -> dict[str, Any]:
+def _server_info(client: Any, plan: BenchPlan) -> dict[str, Any]:
     try:
-        response = await client.get(f"{plan.base_url}/server_info", headers=_headers(plan))
+        response = client.get(f"{plan.base_url}/server_info", headers=_headers(plan))
         return response.json() if response.status_code == 200 else {}
     except Exception:  # noqa: BLE001 - optional facts (the version), not the bench
         return {}
 
 
-async def _one_run(client: Any, plan: BenchPlan, concurrency: int, progress: Progress | None) -> dict[str, Any]:
+def _one_run(clients: Sequence[Any], plan: BenchPlan, concurrency: int,
+             progress: Progress | None) -> dict[str, Any]:
     prompts = plan.prompts_for(concurrency)
-    gate = asyncio.Semaphore(concurrency)
-    done = 0
+    slots = clients[: min(concurrency, len(prompts))]
+    todo: queue.SimpleQueue[tuple[int, Prompt]] = queue.SimpleQueue()
+    for item in enumerate(prompts):
+        todo.put(item)
+    finished: queue.SimpleQueue[tuple[int, RequestOutput]] = queue.SimpleQueue()
+    headers = _headers(plan)
+
+    def slot(client: Any) -> None:
+        # FCFS like bench_serving's semaphore: a slot that frees takes the next prompt in order.
+        while True:
+            try:
+                index, prompt = todo.get_nowait()
+            except queue.Empty:
+                return
+            finished.put((index, send_request(client, plan.base_url, prompt, headers=headers)))
+
     if progress is not None:
         progress(concurrency, 0, len(prompts))
-
-    async def limited(prompt: Prompt) -> RequestOutput:
-        nonlocal done
-        async with gate:
-            out = await send_request(client, plan.base_url, prompt, headers=_headers(plan))
-        done += 1
-        if progress is not None:
-            progress(concurrency, done, len(prompts))
-        return out
-
+    outputs: list[RequestOutput] = [RequestOutput() for _ in prompts]
+    threads = [threading.Thread(target=slot, args=(client,), name=f"bench-c{concurrency}-{i}", daemon=True)
+               for i, client in enumerate(slots)]
     started = time.perf_counter()
-    outputs = await asyncio.gather(*(limited(p) for p in prompts))
-    info = await _server_info(client, plan)  # inside the duration, as bench_serving reads it
+    for thread in threads:
+        thread.start()
+    for done in range(1, len(prompts) + 1):
+        index, out = finished.get()
+        outputs[index] = out
+        if progress is not None:  # called on the caller's thread, as before
+            progress(concurrency, done, len(prompts))
+    info = _server_info(slots[0], plan)  # inside the duration, as bench_serving reads it
     duration = time.perf_counter() - started
+    for thread in threads:
+        thread.join()
     result = calculate_metrics(outputs, [p.prompt_len for p in prompts], duration, concurrency)
     states = info.get("internal_states") or [{}]
     server_accept = (states[0] or {}).get("avg_spec_accept_length") if states else None
@@ -137,8 +175,3 @@ async def _one_run(client: Any, plan: BenchPlan, concurrency: int, progress: Pro
         result["accept_length"] = server_accept
     result["num_prompts"] = len(prompts)
     return result
-
-
-def run_bench(plan: BenchPlan, progress: Progress | None = None,
-              on_run: RunHook | None = None) -> dict[str, Any]:
-    return asyncio.run(run_bench_async(plan, progress, on_run))
