@@ -193,10 +193,21 @@ def test_a_job_stays_paused_against_a_different_server_on_its_port_and_continues
         launched.remember(session)
         return session, profile
 
+    def group_gone(pgid: int) -> bool:
+        try:
+            os.killpg(pgid, 0)
+        except ProcessLookupError:
+            return True
+        return False
+
     def kill(session) -> None:
         pid, create_time = session.state_record["pid"], session.state_record["create_time"]
-        os.killpg(os.getpgid(pid), 9)
+        pgid = os.getpgid(pid)
+        os.killpg(pgid, 9)
         wait_for(lambda: not probes.process_alive(pid, create_time), "server gone", 30)
+        # Every rank too: a scheduler still alive holds its emulated GPU, and the next launch would be
+        # refused as GPU-busy.
+        wait_for(lambda: group_gone(pgid), "every process of the server's group gone", 30)
         wait_for(lambda: probes.port_free("127.0.0.1", session.state_record["port"]), "port free", 30)
 
     first, _profile = serve("mine", tmp_path / "cap-mine")
