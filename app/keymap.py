@@ -78,6 +78,9 @@ DASHBOARD_KEYS: tuple[KeySpec, ...] = (
         "filter",
         "Filter",
         key_display="/",
+        # Before the key goes to the focused widget, so "/Load" typed in one burst lands in the filter
+        # (the dashboard's check_action lets "/" through to an input that has focus).
+        priority=True,
         help="Filter the log by text, /regex/ or rank. Esc in the log clears the filter.",
     ),
     KeySpec(

@@ -232,3 +232,29 @@ def test_two_answers_in_one_burst_close_only_the_question(home, make_emulator_pr
             assert len(app.screen_stack) == 2  # Textual's default screen and the dashboard, nothing popped
 
     run(scenario)
+
+
+def test_slash_then_text_in_one_burst_lands_in_the_filter(home, make_emulator_profile):
+    make_emulator_profile("emu", tp=2)
+
+    async def scenario() -> None:
+        app = _app(home)
+        async with app.run_test(size=(80, 24)) as pilot:
+            await first_poll(pilot, app)
+            await burst(pilot, *"/Load")
+            assert app.screen.query_one("#filter-input", Input).value == "Load"
+
+    run(scenario)
+
+
+def test_a_slash_typed_into_the_open_filter_is_a_character(home, make_emulator_profile):
+    make_emulator_profile("emu", tp=2)
+
+    async def scenario() -> None:
+        app = _app(home)
+        async with app.run_test(size=(80, 24)) as pilot:
+            await first_poll(pilot, app)
+            await burst(pilot, *"/", *"/Load weight/")
+            assert app.screen.query_one("#filter-input", Input).value == "/Load weight/"
+
+    run(scenario)

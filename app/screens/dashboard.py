@@ -683,6 +683,12 @@ class DashboardScreen(Screen):
         log_view.show_timestamps = not log_view.show_timestamps
         self._update_log_title()
 
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        # "/" is a priority binding (see keymap): in a focused input it is a character, not the filter key.
+        if action == "filter" and isinstance(self.focused, Input):
+            return False
+        return True
+
     def action_filter(self) -> None:
         bar = self.query_one("#filter-bar")
         log_view = self.query_one(LogView)
@@ -696,7 +702,9 @@ class DashboardScreen(Screen):
         if current is not None and current.rank is not None:
             rank_select.value = str(current.rank)
         bar.add_class("-open")
-        field.focus()
+        # Focus now, not on the next message (`focus()` defers): the keys already queued behind "/" are
+        # then forwarded to the filter.
+        self.set_focus(field, scroll_visible=False)
 
     def _ranks_expected(self) -> int:
         status = self.selected_status()
