@@ -685,9 +685,7 @@ class DashboardScreen(Screen):
 
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
         # "/" is a priority binding (see keymap): in a focused input it is a character, not the filter key.
-        if action == "filter" and isinstance(self.focused, Input):
-            return False
-        return True
+        return not (action == "filter" and isinstance(self.focused, Input))
 
     def action_filter(self) -> None:
         bar = self.query_one("#filter-bar")
