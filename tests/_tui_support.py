@@ -24,20 +24,60 @@ SNAPSHOT_DIR = Path(__file__).resolve().parent / "snapshots"
 UPDATE_ENV = "EAGLE3_UPDATE_SNAPSHOTS"
 
 
+# Each app run by `App.run_test` gets an event that its message hook sets whenever any of its message pumps
+# dispatches a message (a poll's result, a worker's state change, a timer, a key): `wait_until` sleeps on it,
+# so a test wakes when the app did something, as harlequin's tests wait on messages, not on a clock.  The
+# event lives on the app (this module is imported under two names, `_tui_support` and `tests._tui_support`).
+_ACTIVITY_ATTR = "_eagle3_test_activity"
+
+
+def install_message_waits() -> None:
+    """Wrap `App.run_test` so every test app reports its messages to `wait_until` (conftest calls this);
+    a test's own ``message_hook`` still gets every message."""
+    from textual.app import App
+
+    if getattr(App.run_test, "_eagle3_waits", False):
+        return
+    original = App.run_test
+
+    def run_test(self: Any, *args: Any, message_hook: Callable[[Any], None] | None = None, **kwargs: Any) -> Any:
+        activity = asyncio.Event()
+        setattr(self, _ACTIVITY_ATTR, activity)
+
+        def hook(message: Any) -> None:
+            activity.set()
+            if message_hook is not None:
+                message_hook(message)
+
+        return original(self, *args, message_hook=hook, **kwargs)
+
+    run_test._eagle3_waits = True  # type: ignore[attr-defined]
+    App.run_test = run_test  # type: ignore[method-assign]
+
+
 async def wait_until(pilot: Any, condition: Callable[[], Any], what: str, limit_s: float = 120.0) -> Any:
-    """Pause the pilot until ``condition()`` is truthy; returns its value.
+    """Wait until ``condition()`` is truthy, re-checking each time the app dispatches a message (its workers'
+    results and polls arrive as messages); returns its value.
 
     The limit only stops a stuck test; it is generous because CI runs two workers on two busy cores."""
     deadline = time.monotonic() + limit_s
+    activity: asyncio.Event | None = getattr(pilot.app, _ACTIVITY_ATTR, None)
     while True:
         value = condition()
         if value:
             return value
-        if time.monotonic() > deadline:
+        left = deadline - time.monotonic()
+        if left <= 0:
             with contextlib.suppress(Exception):  # where the app was stuck (stderr may be captured)
                 faulthandler.dump_traceback(file=sys.__stderr__, all_threads=True)
             raise AssertionError(f"never happened within {limit_s:.0f} s: {what}")
-        await pilot.pause(0.05)
+        if activity is None:  # install_message_waits not called (a script, not pytest): pause a little
+            await pilot.pause(0.05)
+            continue
+        activity.clear()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(activity.wait(), timeout=left)
+        await pilot.pause()  # let what that message started (a render) finish before checking
 
 
 def screen_text(app: Any) -> str:

@@ -32,6 +32,9 @@ import psutil
 import pytest
 
 from sessions.demo import KIMI_K25_CONFIG
+from tests._tui_support import install_message_waits
+
+install_message_waits()  # TUI tests wait on the app's messages (tests/_tui_support.wait_until)
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
