@@ -18,7 +18,12 @@ from typing import BinaryIO
 
 
 class SpecialFileError(OSError):
-    """The path is not a regular file (or is a symlink where none is followed); the message says which."""
+    """The path is not a regular file (or is a symlink where none is followed); the message says which, and
+    ``kind`` names what it is ("a FIFO (named pipe)", "a symlink", ...) for callers that word it their way."""
+
+    def __init__(self, err: int, message: str, kind: str = "not a regular file") -> None:
+        super().__init__(err, message)
+        self.kind = kind
 
 
 def file_kind(mode: int) -> str:
@@ -42,22 +47,24 @@ def open_regular_fd(path: str | os.PathLike, what: str = "file", nofollow: bool 
 
     Other OSErrors (missing, no permission, a name too long) pass through for the caller to word.
     """
-    flags = os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
+    flags = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY
     if nofollow:
         flags |= os.O_NOFOLLOW
     try:
         fd = os.open(path, flags)
     except OSError as exc:
         if nofollow and exc.errno == errno.ELOOP:
-            raise SpecialFileError(errno.ELOOP, f"{what} {path} is a symlink; it is not followed") from None
+            raise SpecialFileError(errno.ELOOP, f"{what} {path} is a symlink; it is not followed",
+                                   "a symlink") from None
         if exc.errno == errno.ENXIO:  # a socket file, or a FIFO opened for writing without a reader
             raise SpecialFileError(errno.ENXIO, f"{what} {path} is a socket (or a device with nothing behind it), "
-                                                "not a regular file") from None
+                                                "not a regular file", "a socket") from None
         raise
     try:
         mode = os.fstat(fd).st_mode
         if not stat.S_ISREG(mode):
-            raise SpecialFileError(errno.EINVAL, f"{what} {path} is {file_kind(mode)}, not a regular file")
+            kind = file_kind(mode)
+            raise SpecialFileError(errno.EINVAL, f"{what} {path} is {kind}, not a regular file", kind)
         os.set_blocking(fd, True)
     except BaseException:
         os.close(fd)

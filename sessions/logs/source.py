@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import errno
 import os
-import stat
 from collections.abc import Iterator
 from pathlib import Path
 
 from sessions.logs.lines import LogLine, make_line
+from sessions.safe_files import SpecialFileError, open_regular_fd
 
 READ_BLOCK_BYTES = 8 << 20
 HINT_LINE_CHARS = 8192  # a longer line keeps its head and its tail (hints look at both ends)
@@ -32,49 +32,25 @@ class LogFileError(OSError):
         return f"{self.path}: {self.what}"
 
 
-def _kind(mode: int) -> str:
-    if stat.S_ISFIFO(mode):
-        return "a FIFO (named pipe)"
-    if stat.S_ISCHR(mode):
-        return "a character device"
-    if stat.S_ISBLK(mode):
-        return "a block device"
-    if stat.S_ISDIR(mode):
-        return "a directory"
-    if stat.S_ISSOCK(mode):
-        return "a socket"
-    return "not a regular file"
-
-
 def open_log(path: str | Path, *, follow_symlinks: bool = True) -> int:
     """A read-only descriptor of the regular file at ``path``; `LogFileError` for anything else.
 
     FileNotFoundError stays itself (a log that does not exist yet is a state, not an error, for a follower).
+    The opening itself is `sessions.safe_files`' (the one rule for every input file); this words it for logs.
     """
-    flags = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY
-    if not follow_symlinks:
-        flags |= os.O_NOFOLLOW
     try:
-        fd = os.open(path, flags)
+        return open_regular_fd(path, "log", nofollow=not follow_symlinks)
     except FileNotFoundError:
         raise
+    except SpecialFileError as exc:
+        err = exc.errno or errno.EINVAL
+        if exc.kind == "a symlink":
+            raise LogFileError(path, "is a symbolic link, which is not followed here", err) from None
+        raise LogFileError(path, f"is {exc.kind}, not a log file (only regular files are read)", err) from None
     except OSError as exc:
-        if exc.errno == errno.ENXIO:  # open(2) on a socket
-            raise LogFileError(path, "is a socket, not a log file", exc.errno) from None
-        if exc.errno == errno.ELOOP and not follow_symlinks:
-            raise LogFileError(path, "is a symbolic link, which is not followed here", exc.errno) from None
         if exc.errno in (errno.EACCES, errno.EPERM):
             raise LogFileError(path, "permission denied", exc.errno) from None
         raise LogFileError(path, f"cannot open: {exc.strerror or exc}", exc.errno or errno.EIO) from None
-    try:
-        mode = os.fstat(fd).st_mode
-    except OSError:
-        os.close(fd)
-        raise
-    if not stat.S_ISREG(mode):
-        os.close(fd)
-        raise LogFileError(path, f"is {_kind(mode)}, not a log file (only regular files are read)")
-    return fd
 
 
 def iter_blocks(path: str | Path, max_bytes: int | None = None) -> Iterator[bytes]:
