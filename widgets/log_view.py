@@ -21,6 +21,7 @@ from typing import Any, ClassVar, Self
 from rich.text import Text
 from textual import events
 from textual.binding import Binding, BindingType
+from textual.containers import Vertical
 from textual.message import Message
 from textual.reactive import reactive
 from textual.strip import Strip
@@ -450,3 +451,9 @@ class LogView(Widget, can_focus=True):
         if self._filter is not None and self._filter.pattern is not None:
             text.highlight_regex(self._filter.pattern, style=self.get_component_rich_style("log--match"))
         return text
+
+
+class LogPane(Vertical):
+    """The dashboard's pane 4, holding the log view; `f` maximizes it (Esc or f restores)."""
+
+    ALLOW_MAXIMIZE = True

@@ -37,7 +37,7 @@ from widgets.confirm_modal import ConfirmModal
 from widgets.gpu_panel import GpuPanel
 from widgets.inputs import InOrderInput
 from widgets.lists import PageSafeSelect, ProfileList, SessionList
-from widgets.log_view import LogView
+from widgets.log_view import LogPane, LogView
 from widgets.phase_timeline import PhaseTimeline
 from widgets.serving_line import ServingLine
 from widgets.state_line import StateLine
@@ -54,12 +54,6 @@ _TRANSITION_TOASTS: dict[str, tuple[str, Any, float]] = {
     "stalled": ("{} has logged nothing for a while: press d to see why.", "warning", 15),
     "crashed": ("{} crashed: the log pane shows the error; d diagnoses.", "error", 15),
 }
-
-
-class LogPane(Vertical):
-    """Pane 4; `f` maximizes it (Esc or f restores)."""
-
-    ALLOW_MAXIMIZE = True
 
 
 class DashboardScreen(Screen):
@@ -700,9 +694,7 @@ class DashboardScreen(Screen):
         if current is not None and current.rank is not None:
             rank_select.value = str(current.rank)
         bar.add_class("-open")
-        # Focus now, not on the next message (`focus()` defers): the keys already queued behind "/" are
-        # then forwarded to the filter.
-        self.set_focus(field, scroll_visible=False)
+        self.set_focus(field, scroll_visible=False)  # now (focus() defers): keys queued behind "/" go here
 
     def _ranks_expected(self) -> int:
         status = self.selected_status()
