@@ -273,7 +273,18 @@ async def capture_and_jobs(app, pilot, shot: Shooter, jobs_screen) -> None:
     await shot.wait(lambda: (s := _status(app)) and s.state == "stopped", "hang stopped", limit_s=90)
     await shot.polls(1)
     await shot.shoot("dashboard-stopped")
-    await pilot.press("1", "down", "l")  # the capture profile, listed after the Kimi ones
+    from widgets.lists import ProfileList
+
+    await pilot.press("1", "home")  # walk down the profile list to the capture profile, then launch it
+    profiles = app.screen.query_one(ProfileList)
+    for _ in range(20):
+        if profiles.highlighted_id == CAPTURE_PROFILE:
+            break
+        await pilot.press("down")
+    await pilot.press("l")
+    await shot.polls(1)
+    if isinstance(app.screen, ConfirmModal):  # the healthy Kimi session still holds the emulated GPUs
+        await pilot.press("y")
     await shot.wait(
         lambda: (s := _status(app)) and s.profile == CAPTURE_PROFILE and s.state == "ready",
         "the capture session is ready",
