@@ -141,18 +141,10 @@ def _compare(args: argparse.Namespace) -> int:
 
 def compare_table(report: dict) -> str:
     """B against A per concurrency (people's output; the TUI shows the same columns)."""
-    head = ("CONC", "A tok/s", "B tok/s", "SPEEDUP", "A ITL med", "B ITL med", "ITL RATIO", "ACCEPT LEN",
-            "ACCEPT RATE", "BREAK-EVEN")
-    rows = [head]
-    for run in report["runs"]:
-        a, b = run["a"], run["b"]
-        rows.append((
-            str(run["max_concurrency"]), f"{a['output_throughput']:.1f}", f"{b['output_throughput']:.1f}",
-            _num(run["speedup"], ".2f") + ("x" if run["speedup"] is not None else ""),
-            f"{a['median_itl_ms']:.2f}", f"{b['median_itl_ms']:.2f}", _num(run["itl_ratio"], ".2f"),
-            _num(b.get("accept_length"), ".2f"), _num(b.get("accept_rate"), ".2f"),
-            _num(run.get("break_even_accept_length"), ".2f"),
-        ))
+    from sessions.bench.compare import COMPARE_HEAD, compare_rows
+
+    head = COMPARE_HEAD
+    rows = [head, *compare_rows(report, times="x")]
     widths = [max(len(row[i]) for row in rows) for i in range(len(head))]
     title = f"A = {report['a'].get('profile')} ({report['a'].get('session')}), " \
             f"B = {report['b'].get('profile')} ({report['b'].get('session')})"

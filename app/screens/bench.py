@@ -298,6 +298,8 @@ class BenchScreen(Screen):
             (report["verdict"], "bold"), (f" · kept as {report['saved_to']}", "dim")))
         table = self.query_one("#compare", DataTable)
         table.clear()
+        from sessions.bench.compare import compare_rows
+
         for row in compare_rows(report):
             table.add_row(*row)
         table.add_class("-shown")
@@ -305,21 +307,6 @@ class BenchScreen(Screen):
 
     def action_close(self) -> None:
         self.app.pop_screen()
-
-
-def compare_rows(report: dict[str, Any]) -> list[tuple[str, ...]]:
-    """The compare table's cells, one row per concurrency."""
-    rows: list[tuple[str, ...]] = []
-    for run in report["runs"]:
-        a, b = run["a"], run["b"]
-        rows.append((
-            str(run["max_concurrency"]), f"{a['output_throughput']:.1f}", f"{b['output_throughput']:.1f}",
-            _num(run["speedup"], ".2f") + ("×" if run["speedup"] is not None else ""),
-            f"{a['median_itl_ms']:.2f}", f"{b['median_itl_ms']:.2f}", _num(run["itl_ratio"], ".2f"),
-            _num(b.get("accept_length"), ".2f"), _num(b.get("accept_rate"), ".2f"),
-            _num(run.get("break_even_accept_length"), ".2f"),
-        ))
-    return rows
 
 
 def _num(value: Any, fmt: str) -> str:

@@ -281,3 +281,27 @@ def run_compare(a_ref: str, b_ref: str, options: BenchOptions, home: Any, say: S
                   same_prompts=results[0]["request"] == results[1]["request"])
     report["saved_to"] = str(save_compare(home, report))
     return report
+
+
+COMPARE_HEAD = ("CONC", "A tok/s", "B tok/s", "SPEEDUP", "A ITL med", "B ITL med", "ITL RATIO", "ACCEPT LEN",
+                "ACCEPT RATE", "BREAK-EVEN")
+
+
+def compare_rows(report: dict[str, Any], times: str = "×") -> list[tuple[str, ...]]:
+    """The compare table's cells (`COMPARE_HEAD`), one row per concurrency; the CLI and the TUI both show
+    these.  ``times`` ends a speedup ("x" for a plain terminal)."""
+    rows: list[tuple[str, ...]] = []
+    for run in report["runs"]:
+        a, b = run["a"], run["b"]
+        rows.append((
+            str(run["max_concurrency"]), f"{a['output_throughput']:.1f}", f"{b['output_throughput']:.1f}",
+            _cell(run["speedup"], ".2f") + (times if run["speedup"] is not None else ""),
+            f"{a['median_itl_ms']:.2f}", f"{b['median_itl_ms']:.2f}", _cell(run["itl_ratio"], ".2f"),
+            _cell(b.get("accept_length"), ".2f"), _cell(b.get("accept_rate"), ".2f"),
+            _cell(run.get("break_even_accept_length"), ".2f"),
+        ))
+    return rows
+
+
+def _cell(value: Any, fmt: str) -> str:
+    return "-" if value is None else format(value, fmt)
