@@ -193,26 +193,25 @@ def test_a_job_stays_paused_against_a_different_server_on_its_port_and_continues
         launched.remember(session)
         return session, profile
 
-    def group_gone(pgid: int) -> bool:
-        """No live process left in the group (a zombie main, not yet reaped by its launcher, holds nothing)."""
+    def session_processes_gone(session_id: str) -> bool:
+        """No live process carries the session's marker (its ranks too: a rank that outlives the main, e.g.
+        on its way out after PDEATHSIG, still holds its emulated GPU and the relaunch would be GPU-busy)."""
         import psutil
 
         for proc in psutil.process_iter(["status"]):
             try:
-                if os.getpgid(proc.pid) == pgid and proc.info["status"] != psutil.STATUS_ZOMBIE:
+                if (proc.info["status"] != psutil.STATUS_ZOMBIE
+                        and proc.environ().get("EAGLE3_TUI_SESSION") == session_id):
                     return False
-            except (ProcessLookupError, psutil.Error):
+            except psutil.Error:
                 continue
         return True
 
     def kill(session) -> None:
         pid, create_time = session.state_record["pid"], session.state_record["create_time"]
-        pgid = os.getpgid(pid)
-        os.killpg(pgid, 9)
+        os.killpg(os.getpgid(pid), 9)
         wait_for(lambda: not probes.process_alive(pid, create_time), "server gone", 30)
-        # Every rank too: a scheduler still alive holds its emulated GPU, and the next launch would be
-        # refused as GPU-busy.
-        wait_for(lambda: group_gone(pgid), "every process of the server's group gone", 30)
+        wait_for(lambda: session_processes_gone(session.session_id), "every process of the session gone", 60)
         wait_for(lambda: probes.port_free("127.0.0.1", session.state_record["port"]), "port free", 30)
 
     first, _profile = serve("mine", tmp_path / "cap-mine")
