@@ -43,6 +43,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--concurrency", default="1,8,32", metavar="C,C,...",
                    help="max requests in flight, one run each (1,8,32)")
     p.add_argument("--seed", type=int, default=1, metavar="S", help="prompt seed (1)")
+    p.add_argument("--no-flush-cache", dest="flush_cache", action="store_false",
+                   help="keep the server's prefix cache between runs (default: flush it before each "
+                   "concurrency, as bench_serving --flush-cache does, so no run times a cached prefill)")
     p.add_argument("--json", action="store_true", help="print one JSON object on stdout")
     p.set_defaults(func=_bench)
 
@@ -88,7 +91,7 @@ def _options(args: argparse.Namespace) -> BenchOptions:
 
     try:
         options = BenchOptions(args.input_len, args.output_len, args.num_prompts,
-                               parse_concurrency(args.concurrency), args.seed)
+                               parse_concurrency(args.concurrency), args.seed, args.flush_cache)
         options.check()
     except BenchError as exc:
         raise CliError(str(exc), EXIT_BAD_INPUT) from None
@@ -153,20 +156,13 @@ def compare_table(report: dict) -> str:
 
 
 def runs_table(runs: list[dict]) -> str:
-    """The per-concurrency table (people's output; the TUI shows the same columns)."""
-    head = ("CONC", "DONE", "OUT tok/s", "IN tok/s", "REQ/s", "TTFT med", "TTFT p99", "TPOT med", "ITL med",
-            "ITL p99", "E2E med")
-    rows = [head]
-    for r in runs:
-        rows.append((
-            str(r["max_concurrency"]), str(r["completed"]), f"{r['output_throughput']:.1f}",
-            f"{r['input_throughput']:.1f}", f"{r['request_throughput']:.2f}", f"{r['median_ttft_ms']:.1f}",
-            f"{r['p99_ttft_ms']:.1f}", f"{r['median_tpot_ms']:.2f}", f"{r['median_itl_ms']:.2f}",
-            f"{r['p99_itl_ms']:.2f}", f"{r['median_e2e_latency_ms']:.0f}",
-        ))
-    widths = [max(len(row[i]) for row in rows) for i in range(len(head))]
+    """The per-concurrency table (people's output; the TUI shows the same cells)."""
+    from sessions.bench.metrics import RUN_HEAD, run_notes, run_rows
+
+    rows = [RUN_HEAD, *run_rows(runs)]
+    widths = [max(len(row[i]) for row in rows) for i in range(len(RUN_HEAD))]
     return "\n".join("  ".join(c.rjust(w) for c, w in zip(row, widths)) for row in rows) + \
-        "\n(latencies in ms)"
+        "\n(latencies in ms)" + "".join("\n" + note for note in run_notes(runs))
 
 
 def _history(args: argparse.Namespace) -> int:

@@ -6,6 +6,8 @@ from __future__ import annotations
 import asyncio
 import re
 import sys
+import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -100,3 +102,124 @@ def test_a_request_costs_no_import_attempt_with_either_httpx_client(slow_server)
 
     seen = asyncio.run(async_requests())
     assert seen == [], f"httpx's asyncio client imports per request: {sorted(set(seen))}"
+
+
+PREFILL_CACHED = re.compile(r"Prefill batch, #new-seq: \d+, #new-token: (\d+), #cached-token: (\d+),")
+
+
+def _prefills_since(emu: Emulator, offset: int) -> list[tuple[int, int]]:
+    return [(int(m.group(1)), int(m.group(2))) for m in PREFILL_CACHED.finditer(emu.stderr[offset:])]
+
+
+def test_each_concurrency_starts_on_a_flushed_prefix_cache(slow_server):
+    """Every concurrency sends the same seeded prompts; without a flush the second run (and the first
+    request of the first, the warm-up's prompt) would time prefills of prompts the radix cache already
+    holds.  With the default flush, no prefill of a run finds a cached token; with it off, they do."""
+    base = slow_server.url("").rstrip("/")
+    prompts = tuple(random_id_prompts(4, 24, 3, vocab_size=1024, seed=3))
+    start = len(slow_server.stderr)
+    outcome = run_bench(BenchPlan(base, prompts, (1, 2), num_prompts=4, settle_s=0.05))
+    assert [r["cache_flushed"] for r in outcome["runs"]] == [True, True]
+    assert slow_server.stderr[start:].count("Cache flushed successfully!") == 2
+    prefills = _prefills_since(slow_server, start)
+    assert prefills[0] == (24, 0)  # the warm-up, on a cache that held none of these prompts
+    assert sum(new for new, _ in prefills) == 24 * 9 and all(cached == 0 for _, cached in prefills), prefills
+
+    start = len(slow_server.stderr)
+    outcome = run_bench(BenchPlan(base, prompts, (1, 2), num_prompts=4, settle_s=0.05, flush_cache=False))
+    assert [r["cache_flushed"] for r in outcome["runs"]] == [None, None]
+    assert "Cache flushed" not in slow_server.stderr[start:]
+    assert all(cached > 0 for _, cached in _prefills_since(slow_server, start)[1:])
+
+
+def test_a_flush_the_busy_server_refuses_is_the_runs_note_and_the_run_goes_on(slow_server):
+    """Another client's long request keeps the server busy past the flush's timeout: SGLang answers 400
+    "Timed out waiting for idle state.", and the run is measured anyway, on a warm cache, saying so."""
+    import threading
+
+    base = slow_server.url("").rstrip("/")
+    answers: list[httpx.Response] = []
+    other = threading.Thread(target=lambda: answers.append(httpx.post(f"{base}/generate", timeout=60.0, json={
+        "input_ids": [1, 2, 3], "rid": "other-client",
+        "sampling_params": {"max_new_tokens": 2000, "ignore_eos": True}})), daemon=True)
+    other.start()
+    try:
+        slow_server.wait_for("Prefill batch, #new-seq: 1, #new-token: 3,")
+        prompts = tuple(random_id_prompts(2, 8, 2, vocab_size=1024, seed=4))
+        plan = BenchPlan(base, prompts, (1,), num_prompts=2, settle_s=0.05, flush_timeout_s=0.3)
+        run = run_bench(plan)["runs"][0]
+        assert run["completed"] == 2 and run["cache_flushed"] is False
+        assert run["cache_note"] == "prefix cache not flushed (HTTP 400: Timed out waiting for idle state.)"
+        assert "Deferred flush_cache timed out while waiting for idle state." in slow_server.stderr
+    finally:
+        httpx.post(f"{base}/abort_request", json={"rid": "other-client"}, timeout=10.0)
+        other.join(30)
+    assert not other.is_alive()  # the aborted request is answered (scheduler.py: FINISH_ABORT)
+    meta = answers[0].json()["meta_info"]
+    assert answers[0].status_code == 200 and meta["finish_reason"]["type"] == "abort"
+    assert 0 < meta["completion_tokens"] < 2000
+
+
+def test_flush_cache_waits_for_idle_within_its_timeout_and_checks_the_timeout(slow_server):
+    """/flush_cache?timeout=T waits for running requests to end (flush_wrapper.py); with no timeout a busy
+    server refuses at once ("Flush cache failed."); a timeout that is not a number >= 0 is a 422."""
+    import threading
+
+    base = slow_server.url("").rstrip("/")
+    assert httpx.post(f"{base}/flush_cache", params={"timeout": "-1"}).status_code == 422
+    assert httpx.post(f"{base}/flush_cache", params={"timeout": "soon"}).status_code == 422
+    other = threading.Thread(target=lambda: httpx.post(f"{base}/generate", timeout=60.0, json={
+        "input_ids": [1, 2, 3], "sampling_params": {"max_new_tokens": 20, "ignore_eos": True}}), daemon=True)
+    other.start()
+    slow_server.wait_for("Prefill batch, #new-seq: 1, #new-token: 3,")
+    busy = httpx.post(f"{base}/flush_cache")
+    assert (busy.status_code, busy.text) == (400, "Flush cache failed.\n")
+    waited = httpx.post(f"{base}/flush_cache", params={"timeout": "30"}, timeout=60.0)
+    assert waited.status_code == 200 and waited.text.startswith("Cache flushed.")
+    other.join(30)
+    assert not other.is_alive()
+
+
+class _RecordingClient:
+    """Stands in for one slot's httpx.Client: records when each request's clock started (``send``) and
+    streams its answer 0.3 s later."""
+
+    def __init__(self, sent: list[float]) -> None:
+        self.sent = sent
+
+    def build_request(self, method: str, url: str, **kwargs: Any) -> tuple[str, str]:
+        return method, url
+
+    def send(self, request: Any, stream: bool = False) -> Any:
+        self.sent.append(time.perf_counter())
+        lines = ['data: {"text":"a","meta_info":{"completion_tokens":1}}', "data: [DONE]"]
+
+        def iter_lines(_self: Any) -> Iterator[str]:
+            time.sleep(0.3)  # a stream in flight: its slot is busy, the next prompt waits for a free one
+            yield from lines
+
+        return type("Response", (), {"status_code": 200, "iter_lines": iter_lines, "close": lambda self: None})()
+
+    def get(self, url: str, **kwargs: Any) -> Any:
+        return type("Response", (), {"status_code": 404})()
+
+
+def test_a_waves_requests_leave_together_however_slowly_threads_start(monkeypatch):
+    """The run's first wave leaves together, as bench_serving's tasks do: no slot's clock starts before
+    every slot is running.  Thread starts are made slow here (5 ms each, 155 ms for 32); without the
+    start line the 32nd request would leave 155 ms after the first."""
+    from sessions.bench import runner
+
+    real_start = threading.Thread.start
+
+    def slow_start(self: threading.Thread) -> None:
+        real_start(self)
+        time.sleep(0.005)
+
+    monkeypatch.setattr(threading.Thread, "start", slow_start)
+    sent: list[float] = []
+    prompts = tuple(random_id_prompts(32, 4, 1, vocab_size=64, seed=2))
+    plan = BenchPlan("http://127.0.0.1:9", prompts, (32,), num_prompts=32)
+    run = runner._one_run([_RecordingClient(sent) for _ in range(32)], plan, 32, None)
+    assert run["completed"] == 32 and len(sent) == 32
+    assert max(sent) - min(sent) < 0.05, f"the wave left over {1000 * (max(sent) - min(sent)):.0f} ms"

@@ -49,7 +49,7 @@ def test_b_on_the_tiny_llama_demo_shows_a_result_table_and_the_history(demo_home
                              "the bench finishes", 240)
             assert screen.last_result is not None, screen_text(app)
             text = screen_text(app)
-            assert "out tok/s" in text and "TTFT med" in text and "ITL med" in text
+            assert "OUT tok/s" in text and "TTFT med" in text and "ITL med" in text
             assert CAPTURE_PROFILE in text and "★" in text
             runs = screen.last_result["runs"]
             assert [r["max_concurrency"] for r in runs] == [1, 2] and all(r["completed"] == 2 for r in runs)

@@ -169,3 +169,33 @@ def test_streaming_client_that_goes_away_is_aborted(served):
     status, whole = http_json("POST", served.url("/generate"), {"input_ids": [3], "sampling_params":
                                                                 {"max_new_tokens": 2}})
     assert status == 200 and len(whole["output_ids"]) == 2
+
+
+def test_abort_request_answers_the_waiting_client_queued_or_running(tmp_path, models):  # noqa: F811
+    """/abort_request (scheduler.py:5675-5812): rids match by prefix; a queued request is answered at once
+    with "Abort in waiting queue" and no tokens, a running one after one more forward with what it has;
+    either way the client that waits gets a 200 whose finish_reason is abort, never a hang."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    emu = Emulator(tmp_path / "run", models["small"], "--max-running-requests", "1",
+                   "--emulate-decode-tokens-per-s", "50", tp=1)
+    try:
+        emu.wait_ready()
+        body = {"input_ids": [1, 2, 3], "sampling_params": {"max_new_tokens": 3000, "ignore_eos": True}}
+        with ThreadPoolExecutor(2) as pool:
+            running = pool.submit(http_json, "POST", emu.url("/generate"), dict(body, rid="job-running"))
+            emu.wait_for("Prefill batch, #new-seq: 1, #new-token: 3,")
+            queued = pool.submit(http_json, "POST", emu.url("/generate"), dict(body, rid="job-queued"))
+            emu.wait_for(re.compile(r"Decode batch, #running-req: 1, .*#queue-req: 1"))
+            assert http_json("POST", emu.url("/abort_request"), {"rid": "job-q"})[0] == 200
+            status, reply = queued.result(timeout=30)
+            assert status == 200 and reply["meta_info"]["finish_reason"] == {
+                "type": "abort", "message": "Abort in waiting queue"}
+            assert reply["meta_info"]["completion_tokens"] == 0 and not running.done()
+            assert http_json("POST", emu.url("/abort_request"), {"rid": "job-running"})[0] == 200
+            status, reply = running.result(timeout=30)
+            assert status == 200 and reply["meta_info"]["finish_reason"]["message"] == "Aborted"
+            assert 0 < reply["meta_info"]["completion_tokens"] < 3000
+            assert len(reply["output_ids"]) == reply["meta_info"]["completion_tokens"]
+    finally:
+        emu.kill()

@@ -24,23 +24,12 @@ from textual.containers import Vertical
 from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Input, ProgressBar, Static
 
-RESULT_COLUMNS = ("conc", "done", "out tok/s", "in tok/s", "req/s", "TTFT med", "TTFT p99", "TPOT med",
-                  "ITL med", "ITL p99", "E2E med")
+from sessions.bench.metrics import RUN_HEAD, run_notes, run_rows
+
 COMPARE_COLUMNS = ("conc", "A tok/s", "B tok/s", "speedup", "A ITL med", "B ITL med", "ITL ratio",
                    "accept len", "accept rate", "break-even")
 HISTORY_COLUMNS = ("", "profile", "date", "flags vs best", "1-stream tok/s", "TTFT ms", "top conc",
                    "top tok/s")
-
-
-def result_rows(runs: list[dict[str, Any]]) -> list[tuple[str, ...]]:
-    """The result table's cells (ms for latencies), one row per concurrency."""
-    return [
-        (str(r["max_concurrency"]), str(r["completed"]), f"{r['output_throughput']:.1f}",
-         f"{r['input_throughput']:.1f}", f"{r['request_throughput']:.2f}", f"{r['median_ttft_ms']:.1f}",
-         f"{r['p99_ttft_ms']:.1f}", f"{r['median_tpot_ms']:.2f}", f"{r['median_itl_ms']:.2f}",
-         f"{r['p99_itl_ms']:.2f}", f"{r['median_e2e_latency_ms']:.0f}")
-        for r in runs
-    ]
 
 
 class BenchScreen(Screen):
@@ -96,7 +85,7 @@ class BenchScreen(Screen):
     def on_mount(self) -> None:
         self.query_one("#run-pane").border_title = "Bench"
         self.query_one("#history-pane").border_title = "Kept results (best ★, space marks two to diff, c compares A/B)"
-        self.query_one("#results", DataTable).add_columns(*RESULT_COLUMNS)
+        self.query_one("#results", DataTable).add_columns(*RUN_HEAD)
         self.query_one("#compare", DataTable).add_columns(*COMPARE_COLUMNS)
         self.query_one("#history", DataTable).add_columns(*HISTORY_COLUMNS)
         self.load_history()
@@ -159,10 +148,12 @@ class BenchScreen(Screen):
         headline = f", single stream {single['output_throughput']:.1f} tok/s" if single else ""
         self.query_one("#run-status", Static).update(
             f"{result['profile']} ({result['session']}){headline} · SGLang {result.get('sglang_version') or '?'}"
-            f" · kept as {path} · latencies in ms")
+            f" · kept as {path} · latencies in ms" + "".join(f"\n{note}" for note in run_notes(result["runs"])))
+        for note in run_notes(result["runs"]):
+            self.notify(note, severity="warning")
         table = self.query_one("#results", DataTable)
         table.clear()
-        for row in result_rows(result["runs"]):
+        for row in run_rows(result["runs"]):
             table.add_row(*row)
         self.load_history()
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -44,7 +45,8 @@ def payload(prompt: Prompt, output_len: int | None = None) -> dict[str, Any]:
 
 
 def send_request(client: Any, base_url: str, prompt: Prompt, output_len: int | None = None,
-                 headers: dict[str, str] | None = None) -> RequestOutput:
+                 headers: dict[str, str] | None = None,
+                 before_clock: Callable[[], object] | None = None) -> RequestOutput:
     """Send one streaming request with a (blocking) ``httpx.Client``; never raises for a failed request.
 
     The request (URL, headers, JSON body) is built before the clock starts, as bench_serving builds its
@@ -53,11 +55,15 @@ def send_request(client: Any, base_url: str, prompt: Prompt, output_len: int | N
     timestamps (see `sessions.bench.runner` for why each request in flight has its own thread)."""
     out = RequestOutput(prompt_len=prompt.prompt_len)
     wanted = prompt.output_len if output_len is None else output_len
+    request = None
     try:
         request = client.build_request("POST", f"{base_url}/generate", json=payload(prompt, output_len),
                                        headers=headers)
     except Exception as exc:  # noqa: BLE001 - a bad URL or header is this request's error
         out.error = f"{type(exc).__name__}: {exc}"
+    if before_clock is not None:  # the run's start line: every slot's first request is built, then all go
+        before_clock()
+    if request is None:
         return out
     st = time.perf_counter()
     out.start = st

@@ -85,3 +85,24 @@ def calculate_metrics(outputs: Sequence[RequestOutput], dataset_prompt_lens: Seq
     if errors:
         result["errors"] = errors[:5]
     return result
+
+
+# The per-concurrency result table, for both the CLI's text table and the TUI's bench screen.
+RUN_HEAD = ("CONC", "DONE", "OUT tok/s", "IN tok/s", "REQ/s", "TTFT med", "TTFT p99", "TPOT med", "ITL med",
+            "ITL p99", "E2E med")
+
+
+def run_rows(runs: Sequence[dict[str, Any]]) -> list[tuple[str, ...]]:
+    """One row of cells per concurrency (latencies in ms), under `RUN_HEAD`."""
+    return [
+        (str(r["max_concurrency"]), str(r["completed"]), f"{r['output_throughput']:.1f}",
+         f"{r['input_throughput']:.1f}", f"{r['request_throughput']:.2f}", f"{r['median_ttft_ms']:.1f}",
+         f"{r['p99_ttft_ms']:.1f}", f"{r['median_tpot_ms']:.2f}", f"{r['median_itl_ms']:.2f}",
+         f"{r['p99_itl_ms']:.2f}", f"{r['median_e2e_latency_ms']:.0f}")
+        for r in runs
+    ]
+
+
+def run_notes(runs: Sequence[dict[str, Any]]) -> list[str]:
+    """What the reader must know about a run's figures (a prefix cache that could not be flushed)."""
+    return [f"concurrency {r['max_concurrency']}: {r['cache_note']}" for r in runs if r.get("cache_note")]

@@ -3,7 +3,9 @@
 Like bench_serving: the warm-up sends one request with ``max_new_tokens = min(output_len, 32)``; a short
 pause lets the server settle; each run dispatches its prompts in order with at most ``max_concurrency`` in
 flight (the next starts as soon as one ends) and its duration ends after a ``GET /server_info`` (which
-bench_serving reads for the accept length).  Every concurrency uses the same seeded prompts; by default
+bench_serving reads for the accept length).  Before each concurrency the prefix cache is flushed, as
+bench_serving's ``--flush-cache`` does after its warm-up, so that no run times prefills cached by an
+earlier one (`BenchPlan.flush_cache`).  Every concurrency uses the same seeded prompts; by default
 concurrency ``c`` sends the first ``max(4, 2c)`` of them (enough to keep ``c`` requests in flight twice
 over), with ``num_prompts`` given it sends all of them every time.
 
@@ -51,6 +53,8 @@ class BenchPlan:
     api_key: str | None = None
     settle_s: float = 1.0
     ready_timeout_s: float = 60.0
+    flush_cache: bool = True  # empty the prefix cache before each concurrency (bench_serving --flush-cache)
+    flush_timeout_s: float = 60.0  # how long the server may take to go idle for it (bench_serving's default)
 
     def prompts_for(self, concurrency: int) -> tuple[Prompt, ...]:
         if self.num_prompts is not None:
@@ -112,16 +116,38 @@ def run_bench(plan: BenchPlan, progress: Progress | None = None,
         info = _server_info(first, plan)
         runs = []
         for concurrency in plan.concurrencies:
+            flushed, note = _flush_cache(first, plan) if plan.flush_cache else (None, "")
             time.sleep(plan.settle_s)
             if on_run is not None:
                 on_run("start", concurrency)
-            runs.append(_one_run(clients[:concurrency], plan, concurrency, progress))
+            run = _one_run(clients[:concurrency], plan, concurrency, progress)
+            run["cache_flushed"] = flushed
+            if note:
+                run["cache_note"] = note
+            runs.append(run)
             if on_run is not None:
                 on_run("end", concurrency)
         return {"runs": runs, "server_info": info}
     finally:
         for client in clients:
             client.close()
+
+
+def _flush_cache(client: Any, plan: BenchPlan) -> tuple[bool, str]:
+    """``POST /flush_cache?timeout=T``, as bench_serving's ``--flush-cache`` sends it after its warm-up.
+    Without it every concurrency after the first (and the first request of each, the warm-up's prompt)
+    would hit the prompts that an earlier run left in the radix cache, and its TTFT would time a cached
+    prefill.  A refusal (other clients' requests still running past T) is kept as the run's note; the run
+    goes on, on a warm cache."""
+    try:
+        response = client.post(f"{plan.base_url}/flush_cache", params={"timeout": plan.flush_timeout_s},
+                               headers=_headers(plan))
+    except Exception as exc:  # noqa: BLE001 - the bench still runs, and says the cache was warm
+        return False, f"prefix cache not flushed: {type(exc).__name__}: {exc}"
+    if response.status_code == 200:
+        return True, ""
+    reason = " ".join(response.text.split())[:200] or response.reason_phrase
+    return False, f"prefix cache not flushed (HTTP {response.status_code}: {reason})"
 
 
 def _server_info(client: Any, plan: BenchPlan) -> dict[str, Any]:
@@ -142,23 +168,41 @@ def _one_run(clients: Sequence[Any], plan: BenchPlan, concurrency: int,
     finished: queue.SimpleQueue[tuple[int, RequestOutput]] = queue.SimpleQueue()
     headers = _headers(plan)
 
+    # bench_serving creates all its tasks at once and each sends as soon as the loop runs it, so a wave of c
+    # requests leaves within a few milliseconds.  Starting a thread costs more than that: started one by
+    # one, the 32nd thread's request left tens of ms after the first, and the server prefilled the wave in
+    # two forwards.  So every slot builds its first request, waits at this line, and all go together.
+    start_line = threading.Barrier(len(slots) + 1, timeout=60.0)
+
+    def at_start_line() -> None:
+        try:
+            start_line.wait()
+        except threading.BrokenBarrierError:  # a slot that never came: the others go anyway
+            pass
+
     def slot(client: Any) -> None:
         # FCFS like bench_serving's semaphore: a slot that frees takes the next prompt in order.
+        first: Callable[[], None] | None = at_start_line
         while True:
             try:
                 index, prompt = todo.get_nowait()
             except queue.Empty:
+                if first is not None:
+                    first()
                 return
-            finished.put((index, send_request(client, plan.base_url, prompt, headers=headers)))
+            finished.put((index, send_request(client, plan.base_url, prompt, headers=headers,
+                                              before_clock=first)))
+            first = None
 
     if progress is not None:
         progress(concurrency, 0, len(prompts))
     outputs: list[RequestOutput] = [RequestOutput() for _ in prompts]
     threads = [threading.Thread(target=slot, args=(client,), name=f"bench-c{concurrency}-{i}", daemon=True)
                for i, client in enumerate(slots)]
-    started = time.perf_counter()
     for thread in threads:
         thread.start()
+    started = time.perf_counter()
+    at_start_line()
     for done in range(1, len(prompts) + 1):
         index, out = finished.get()
         outputs[index] = out

@@ -29,6 +29,7 @@ class BenchOptions:
     num_prompts: int | None = None
     concurrency: tuple[int, ...] = DEFAULT_CONCURRENCY
     seed: int = 1
+    flush_cache: bool = True  # empty the prefix cache before each concurrency
 
     def check(self) -> None:
         for name in ("input_len", "output_len"):
@@ -81,7 +82,7 @@ def bench_session(session: Any, options: BenchOptions, progress: Progress | None
     prompts = random_id_prompts(prompts_needed(options.concurrency, options.num_prompts), options.input_len,
                                 options.output_len, vocab_size_of(profile.server.model_path), options.seed)
     plan = BenchPlan(base, tuple(prompts), options.concurrency, options.num_prompts,
-                     api_key=_api_key(profile))
+                     api_key=_api_key(profile), flush_cache=options.flush_cache)
     started = time.time()
     outcome = run_bench(plan, progress, on_run)
     info = outcome["server_info"]
@@ -105,6 +106,7 @@ def bench_session(session: Any, options: BenchOptions, progress: Progress | None
             "concurrency": list(options.concurrency),
             "seed": options.seed,
             "dataset": "random-ids",
+            "flush_cache": options.flush_cache,
         },
     }
 

@@ -174,14 +174,26 @@ class Batcher:
         )
 
     def abort(self, rid: str) -> None:
-        """/abort_request or a client that went away: drop the request wherever it is."""
-        for req in [*self.waiting, *self.running, *([self.prefilling] if self.prefilling else [])]:
-            if req.rid == rid:
-                req.aborted = True
-        self.waiting = collections.deque(r for r in self.waiting if not r.aborted)
-        self.running = [r for r in self.running if not r.aborted]
-        if self.prefilling is not None and self.prefilling.aborted:
+        """/abort_request, or a streaming client that went away (scheduler.py:5675-5812, rids match by
+        prefix).  A queued request, or a prompt part-way through its chunked prefill, is answered at once
+        with finish_reason abort "Abort in waiting queue"; a running one finishes after one more decode
+        forward with the tokens it has ("Aborted"), so a client that still waits always gets its answer."""
+        queued = [r for r in self.waiting if r.rid.startswith(rid)]
+        if self.prefilling is not None and self.prefilling.rid.startswith(rid):
+            queued.append(self.prefilling)
             self.prefilling = None
+        self.waiting = collections.deque(r for r in self.waiting if not r.rid.startswith(rid))
+        for req in queued:
+            self._finish_aborted(req, {"type": "abort", "message": "Abort in waiting queue"})
+        self._emit(queued)
+        for req in self.running:
+            if req.rid.startswith(rid):
+                req.aborted = True
+
+    def _finish_aborted(self, req: Req, reason: dict[str, Any]) -> None:
+        req.steps.close()
+        text = self.backend.detokenize(req.output_ids) if req.output_ids else ""
+        req.final = {"text": text or "", "output_ids": list(req.output_ids), "meta_info": {"finish_reason": reason}}
 
     def flush_stats(self) -> None:
         """/flush_cache resets the decode-log counter (scheduler.py:5528), not the tic."""
@@ -272,6 +284,9 @@ class Batcher:
                     break
                 self._advance(req)
             emitted += len(req.output_ids) - before
+            if req.aborted and req.final is None:  # FINISH_ABORT() set as to_finish, taken after this forward
+                self._finish_aborted(req, {"type": "abort", "message": "Aborted", "status_code": None,
+                                           "err_type": None})
             if self.spec is not None:
                 req.spec_verify_ct += 1
                 req.spec_correct_drafts += accepted - 1

@@ -21,7 +21,7 @@ import socket
 import socketserver
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import parse_qs, urlsplit
 
 from sessions.emulator.backend import RequestError
 from sessions.emulator.console import Console
@@ -217,7 +217,16 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _flush_cache(self) -> None:
         self._read_body()
-        status, text = self.server.manager.flush_cache()
+        raw = parse_qs(urlsplit(self.path).query).get("timeout", ["0"])[-1]
+        try:
+            timeout = float(raw)
+            problem = None if timeout >= 0 else "greater_than_equal"
+        except ValueError:
+            timeout, problem = 0.0, "float_parsing"
+        if problem:  # FastAPI's Query(0.0, ge=0.0) answers 422
+            self._json(422, {"detail": [{"type": problem, "loc": ["query", "timeout"], "input": raw}]})
+            return
+        status, text = self.server.manager.flush_cache(timeout)
         self._text(status, text)
 
     def _abort_request(self) -> None:

@@ -12,6 +12,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
 import time
@@ -311,19 +312,29 @@ class TokenizerManager:
         self.status = ServerStatus.UNHEALTHY
         return 503
 
-    def flush_cache(self) -> tuple[int, str]:
-        note = (
-            "Please check backend logs for more details. (When there are running or waiting requests, "
-            "the operation will not be performed.)\n"
-        )
-        if self.in_flight():
+    def flush_cache(self, timeout_s: float = 0.0) -> tuple[int, str]:
+        """``/flush_cache[?timeout=T]`` as in 0.5.23 (http_server.py:1025-1040, flush_wrapper.py): with no
+        timeout a busy server refuses at once; with one the flush waits up to T s for the server to go idle
+        (bench_serving's ``--flush-cache`` sends 60), then refuses with "Timed out waiting for idle state."."""
+        deadline = time.monotonic() + max(0.0, timeout_s)
+        while self.in_flight() and timeout_s > 0 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        pending = self.in_flight()
+        if pending:
+            if timeout_s > 0:
+                self.console.log("Deferred flush_cache timed out while waiting for idle state.", logging.WARNING)
+                return 400, "Timed out waiting for idle state."
             self.console.log(
                 f"Cache not flushed because there are pending requests. #queue-req: 0, "
-                f"#running-req: {len(self.in_flight())}"
+                f"#running-req: {len(pending)}",
+                logging.WARNING,
             )
-            return 400, "Cache not flushed. " + note
+            return 400, "Flush cache failed.\n"
         self.client.call("flush_cache")
-        return 200, "Cache flushed.\n" + note
+        return 200, (
+            "Cache flushed.\nPlease check backend logs for more details. (When there are running or waiting "
+            "requests, the operation will not be performed.)\n"
+        )
 
     # -- info -----------------------------------------------------------------------------------------
 
