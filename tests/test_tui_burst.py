@@ -258,3 +258,111 @@ def test_a_slash_typed_into_the_open_filter_is_a_character(home, make_emulator_p
             assert app.screen.query_one("#filter-input", Input).value == "/Load weight/"
 
     run(scenario)
+
+
+# -- type-ahead across screens: keys typed right after a key that opens (or closes) a screen land on it -------
+
+
+def _recording_app(home, notes: list[str]):
+    app = _app(home)
+    original = app.notify
+
+    def notify(message, *args, **kwargs):
+        notes.append(str(message))
+        return original(message, *args, **kwargs)
+
+    app.notify = notify  # type: ignore[method-assign]
+    return app
+
+
+def test_ctrl_p_then_a_word_in_one_burst_lands_in_the_palette_and_presses_nothing_below(
+        home, make_emulator_profile):
+    """ "launch" typed right after ctrl+p used to reach the dashboard first: its l pressed launch."""
+    from app.palette import SafeCommandPalette
+
+    make_emulator_profile("emu", tp=2)
+    notes: list[str] = []
+
+    async def scenario() -> None:
+        app = _recording_app(home, notes)
+        async with app.run_test(size=(80, 24)) as pilot:
+            await first_poll(pilot, app)
+            await burst(pilot, "ctrl+p", *"launch")
+            assert isinstance(app.screen, SafeCommandPalette)
+            assert app.screen.query_one(CommandInput).value == "launch"
+            assert not [n for n in notes if n.startswith("Launching")], notes
+            assert not list(home.sessions_dir.iterdir()) if home.sessions_dir.exists() else True
+
+    run(scenario)
+
+
+def test_e_then_a_new_path_and_ctrl_s_in_one_burst_edit_and_save_the_profile(
+        home, make_emulator_profile, make_model_dir):
+    """The editor builds its form after loading the profile; the keys typed meanwhile wait for its first
+    field (model path) instead of going to the dashboard (where a path's letters are its keys)."""
+    profile = make_emulator_profile("emu", tp=2)
+    new_model = make_model_dir("typed-ahead-model")
+    saved: list = []
+
+    async def scenario() -> None:
+        app = _app(home)
+        async with app.run_test(size=(80, 24), message_hook=saved.append) as pilot:
+            await first_poll(pilot, app)
+            await burst(pilot, "e", "end", *["backspace"] * (len(profile.server.model_path) + 8),
+                        *str(new_model), "ctrl+s")
+            assert isinstance(app.screen, ProfileEditorScreen)
+            assert app.screen.query_one("#model_path", Input).value == str(new_model)
+            await wait_until(pilot, lambda: any(isinstance(m, ProfileSaved) for m in saved), "the save")
+
+    run(scenario)
+    assert load_profile("emu", home).server.model_path == str(new_model)
+
+
+def test_x_n_then_a_spec_path_in_one_burst_lands_in_the_new_job_form(home, make_emulator_profile):
+    from app.screens.jobs import SpecPathModal
+
+    make_emulator_profile("emu", tp=2)
+
+    async def scenario() -> None:
+        app = _app(home)
+        async with app.run_test(size=(80, 24)) as pilot:
+            await first_poll(pilot, app)
+            await burst(pilot, "x", "n", "end", *["backspace"] * 60, *"/tmp/jobs/last.toml", "left",
+                        "backspace", "X")
+            assert isinstance(app.screen, SpecPathModal) and isinstance(app.screen_stack[-2], JobsScreen)
+            assert app.screen.query_one("#spec-path", Input).value == "/tmp/jobs/last.toXl"
+            dashboard = app.screen_stack[1]
+            # Esc closes the form, Esc the jobs screen; a key meant for a screen that a later key closes
+            # (the palette's "s") stays there; x then opens the jobs screen again from the dashboard.
+            await burst(pilot, "escape", "escape", "ctrl+p", "s", "escape", "x")
+            assert isinstance(app.screen, JobsScreen) and app.screen_stack[-2] is dashboard
+            assert len(app.screen_stack) == 3
+
+    run(scenario)
+
+
+def test_a_question_opened_by_a_burst_is_answered_by_the_next_key_of_the_burst(home, make_emulator_profile):
+    """e, a character, Esc (unsaved: "Discard?"), then y or n in one burst: the answer goes to the question,
+    not to the editor or the dashboard behind it."""
+    from widgets.confirm_modal import ConfirmModal
+
+    profile = make_emulator_profile("emu", tp=2)
+    before = profile.path.read_text()
+
+    async def scenario() -> None:
+        app = _app(home)
+        async with app.run_test(size=(80, 24)) as pilot:
+            await first_poll(pilot, app)
+            dashboard = app.screen
+            await burst(pilot, "e", "Z", "escape", "n")  # no: stay in the editor, the Z still typed
+            assert isinstance(app.screen, ProfileEditorScreen)
+            # The field's text is selected on focus, so Z replaced it, as it does when typed slowly.
+            assert app.screen.query_one("#model_path", Input).value == "Z"
+            await burst(pilot, "escape", "y")  # yes: discard, back on the dashboard
+            assert app.screen is dashboard and not any(isinstance(s, ConfirmModal) for s in app.screen_stack)
+            await burst(pilot, "e", "Z", "escape", "y", "e")  # and the e after the answer opens it again
+            assert isinstance(app.screen, ProfileEditorScreen) and app.screen_stack[-2] is dashboard
+            assert app.screen.query_one("#model_path", Input).value == profile.server.model_path
+
+    run(scenario)
+    assert profile.path.read_text() == before
