@@ -131,7 +131,7 @@ class TypeAheadApp(App[_R], Generic[_R]):
             event = _tracked(state.pending.popleft(), self._finished)
             state.in_flight = event
             state.flight_timer = asyncio.get_running_loop().call_later(
-                FLIGHT_LIMIT_S, lambda e=event: self.call_later(self._finished, e)
+                FLIGHT_LIMIT_S, self.call_later, self._finished, event
             )
             # Textual's own path for an input event: priority bindings, then forward to the focused widget.
             await super().on_event(event)
@@ -159,7 +159,7 @@ class TypeAheadApp(App[_R], Generic[_R]):
         if state.settle_timer is not None:
             state.settle_timer.cancel()
         state.settle_timer = asyncio.get_running_loop().call_later(
-            SETTLE_LIMIT_S, lambda: self.call_later(self._settled, screen)
+            SETTLE_LIMIT_S, self.call_later, self._settled, screen
         )
         # Every message the screen handles (ScreenResume first, then its focus, its form...) is a moment it
         # may have become ready; the check itself runs on the App, after what the screen queued there.

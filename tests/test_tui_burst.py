@@ -5,17 +5,21 @@ guard of every list; code-driven highlights do not echo as choices; saves keep t
 from __future__ import annotations
 
 import asyncio
+from typing import ClassVar
 
+from textual import events
 from textual.app import App, ComposeResult
 from textual.command import CommandInput
-from textual.widgets import Input, OptionList
+from textual.screen import Screen
+from textual.widgets import Input, OptionList, Static
 
 from app.screens.jobs import JobsScreen
 from app.screens.profile_editor import ProfileEditorScreen, ProfileSaved
 from app.tui import Eagle3App, exit_message, write_crash_file
+from app.typeahead import TypeAheadApp
 from sessions.gpus import EmulatedSource
 from sessions.profiles import load_profile, save_profile
-from tests._tui_support import burst, first_poll, run, wait_until
+from tests._tui_support import burst, first_poll, key_event, run, wait_until
 from widgets.inputs import InOrderInput
 from widgets.lists import PageSafeOptionList, ProfileList
 
@@ -366,3 +370,76 @@ def test_a_question_opened_by_a_burst_is_answered_by_the_next_key_of_the_burst(h
 
     run(scenario)
     assert profile.path.read_text() == before
+
+
+class _SlowForm(Screen):
+    """A screen whose input exists only after a while (as the editor's form after its profile loaded)."""
+
+    BINDINGS: ClassVar = [("escape", "app.pop_screen", "Back")]
+
+    def __init__(self, never_ready: bool = False) -> None:
+        super().__init__()
+        self.never_ready = never_ready
+        self.shown = False
+
+    def compose(self) -> ComposeResult:
+        yield Static("loading…")
+
+    def on_mount(self) -> None:
+        self.set_timer(0.05, self._show)
+
+    async def _show(self) -> None:
+        field = InOrderInput(id="late")
+        await self.mount(field)
+        self.set_focus(field)
+        self.shown = True
+
+    def ready_for_keys(self) -> bool:
+        return self.shown and not self.never_ready
+
+
+class _TypeAheadApp(TypeAheadApp[None]):
+    BINDINGS: ClassVar = [("ctrl+o", "open", "Open")]  # not priority: it bubbles up from the focused input first
+
+    def __init__(self, never_ready: bool = False) -> None:
+        super().__init__()
+        self.never_ready = never_ready
+
+    def compose(self) -> ComposeResult:
+        yield InOrderInput(id="below")
+
+    def action_open(self) -> None:
+        self.push_screen(_SlowForm(self.never_ready))
+
+
+def test_keys_and_a_paste_after_a_key_that_opens_a_screen_wait_for_its_late_input():
+    async def scenario() -> None:
+        app = _TypeAheadApp()
+        async with app.run_test() as pilot:
+            for event in (key_event("ctrl+o"), key_event("a"), events.Paste("/pasted"), key_event("b")):
+                event.set_sender(app)
+                app._driver.send_message(event)
+            await wait_until(pilot, lambda: isinstance(app.screen, _SlowForm) and not app.typeahead.busy,
+                             "the form took the keys")
+            assert app.screen.query_one("#late", Input).value == "a/pastedb"
+            assert app.query_one("#below", Input).value == ""
+            await burst(pilot, "escape", "ctrl+o", "c")  # closed, opened again: c in the new one
+            assert app.screen.query_one("#late", Input).value == "c"
+
+    run(scenario)
+
+
+def test_a_screen_that_never_says_ready_still_gets_the_keys_after_the_settle_limit(monkeypatch):
+    from app import typeahead
+
+    monkeypatch.setattr(typeahead, "SETTLE_LIMIT_S", 0.3)
+
+    async def scenario() -> None:
+        app = _TypeAheadApp(never_ready=True)
+        async with app.run_test() as pilot:
+            await burst(pilot, "ctrl+o", "x", "y")
+            await wait_until(pilot, lambda: isinstance(app.screen, _SlowForm) and app.screen.shown
+                             and app.screen.query_one("#late", Input).value == "xy", "the keys after the limit")
+            assert not app.typeahead.busy
+
+    run(scenario)
