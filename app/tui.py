@@ -110,6 +110,8 @@ class Eagle3App(TypeAheadApp[int]):
     TITLE = "eagle3-tui"
     BINDINGS = bindings(APP_KEYS)
     COMMANDS = TypeAheadApp.COMMANDS | {ActionsProvider}
+    # The dashboard's workers that may end in a y/N question: keys typed after l, r or c wait for them.
+    KEYS_WAIT_FOR_WORKERS = frozenset({"launch", "restart-diff", "capture-preview"})
 
     def __init__(
         self,

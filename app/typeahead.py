@@ -14,22 +14,26 @@ only when the one before is finished (a handler stopped it, or it bubbled back t
 bindings ran) and no screen change is settling; until then it waits, in order, in `TypeAhead.pending`.
 A screen change (push, pop, switch, modal, dismiss: everything that publishes `App.screen_change_signal`)
 settles once the new top screen has handled `ScreenResume`, the focus requests queued on the App until then
-have run, and the screen's ``ready_for_keys()`` (optional; the editor has one) says yes.  Limits keep a
-key that is never finished (its widget went away) or a screen that never settles from stopping input: the
-keys then go on, in order, to whatever has focus.
+have run, and the screen's ``ready_for_keys()`` (optional; the editor has one) says yes.  Keys also wait
+while a worker named in ``KEYS_WAIT_FOR_WORKERS`` runs: its outcome may be a question (``l`` on GPUs in use,
+``c``, ``r``), and "l y" typed ahead answers it, as it would typed slowly.  Limits keep a
+key that is never finished (its widget went away), a screen that never settles or a slow worker from
+stopping input: the keys then go on, in order, to whatever has focus.
 """
 
 from __future__ import annotations
 
 import asyncio
+import weakref
 from collections import deque
 from collections.abc import Callable
-from typing import Any, Generic, TypeVar
+from typing import Any, ClassVar, Generic, TypeVar
 
 from textual import events
 from textual._context import active_message_pump
 from textual.app import App
 from textual.screen import Screen
+from textual.worker import Worker
 
 FLIGHT_LIMIT_S = 1.0  # a key not finished by then (dropped by a widget being removed) lets the next one go
 SETTLE_LIMIT_S = 5.0  # a screen not ready by then gets the held keys anyway (it shows "loading…" meanwhile)
@@ -90,6 +94,10 @@ class TypeAhead:
         self.settling: Screen[Any] | None = None
         self.flight_timer: asyncio.TimerHandle | None = None
         self.settle_timer: asyncio.TimerHandle | None = None
+        self.awaited: Worker[Any] | None = None  # the worker whose outcome the keys wait for
+        self.awaited_since = 0.0
+        self.waiter: asyncio.Task[None] | None = None
+        self.waited_for: weakref.WeakSet[Worker[Any]] = weakref.WeakSet()
 
     @property
     def busy(self) -> bool:
@@ -103,6 +111,8 @@ _R = TypeVar("_R")
 class TypeAheadApp(App[_R], Generic[_R]):
     """An App whose keys and pastes take effect one after another, each on the screen and widget that the
     keys before it left in front (see the module docstring)."""
+
+    KEYS_WAIT_FOR_WORKERS: ClassVar[frozenset[str]] = frozenset()  # names of workers that may ask a question
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -127,7 +137,7 @@ class TypeAheadApp(App[_R], Generic[_R]):
 
     async def _dispatch_pending(self) -> None:
         state = self.typeahead
-        while state.pending and state.in_flight is None and state.settling is None:
+        while state.pending and state.in_flight is None and state.settling is None and not self._awaiting():
             event = _tracked(state.pending.popleft(), self._finished)
             state.in_flight = event
             state.flight_timer = asyncio.get_running_loop().call_later(
@@ -148,6 +158,33 @@ class TypeAheadApp(App[_R], Generic[_R]):
             state.flight_timer = None
         if state.pending:
             self.call_later(self._dispatch_pending)
+
+    def _awaiting(self) -> bool:
+        """True while a worker that may end in a question runs (and the limit has not passed)."""
+        state = self.typeahead
+        loop = asyncio.get_running_loop()
+        if state.awaited is not None:
+            if not state.awaited.is_finished and loop.time() - state.awaited_since < SETTLE_LIMIT_S:
+                return True
+            state.waited_for.add(state.awaited)  # finished, or past the limit: never held for again
+            state.awaited = None
+        names = self.KEYS_WAIT_FOR_WORKERS
+        worker = next((w for w in self.workers if w.name in names and not w.is_finished
+                       and w not in state.waited_for), None)
+        if worker is None or not isinstance(getattr(worker, "_task", None), asyncio.Future):
+            return False
+        state.awaited, state.awaited_since = worker, loop.time()
+        state.waiter = asyncio.create_task(self._await_worker(worker))
+        return True
+
+    async def _await_worker(self, worker: Worker[Any]) -> None:
+        # Its task, not Worker.wait(): that refuses a worker the loop has not started yet (still PENDING).
+        # asyncio.wait never raises what the task raised (the worker reports its own errors).
+        task = worker._task
+        if task is not None:  # _awaiting checked that it has one
+            await asyncio.wait({task}, timeout=SETTLE_LIMIT_S)
+        # Its question, if any, was pushed from its thread before it ended, so the screen change is known.
+        self.call_later(self._dispatch_pending)
 
     # -- screen changes ---------------------------------------------------------------------------------
 

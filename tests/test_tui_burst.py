@@ -443,3 +443,25 @@ def test_a_screen_that_never_says_ready_still_gets_the_keys_after_the_settle_lim
             assert not app.typeahead.busy
 
     run(scenario)
+
+
+def test_c_then_y_in_one_burst_answers_the_capture_question(home, make_emulator_profile):
+    """c asks only after a worker built both launch commands: the y typed right after it waits for that
+    question (the worker may end in one, `KEYS_WAIT_FOR_WORKERS`) instead of reaching the dashboard first."""
+    from app.screens.dashboard import CaptureToggled
+    from widgets.confirm_modal import ConfirmModal
+
+    make_emulator_profile("emu", tp=2)
+    posted: list = []
+
+    async def scenario() -> None:
+        app = _app(home)
+        async with app.run_test(size=(80, 24), message_hook=posted.append) as pilot:
+            await first_poll(pilot, app)
+            dashboard = app.screen
+            await burst(pilot, "c", "y")
+            await wait_until(pilot, lambda: any(isinstance(m, CaptureToggled) for m in posted), "toggled")
+            assert app.screen is dashboard and not any(isinstance(s, ConfirmModal) for s in app.screen_stack)
+
+    run(scenario)
+    assert load_profile("emu", home).capture.enabled
