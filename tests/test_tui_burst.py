@@ -465,3 +465,46 @@ def test_c_then_y_in_one_burst_answers_the_capture_question(home, make_emulator_
 
     run(scenario)
     assert load_profile("emu", home).capture.enabled
+
+
+def test_l_then_y_in_one_burst_answers_the_gpus_in_use_question(home, make_emulator_profile, launched):
+    """l on a profile whose GPUs another session holds asks y/N once the launch worker found them: the y
+    typed right after l waits for that question and launches anyway (a real second emulator session)."""
+    from _extract_support import wait_for
+
+    from widgets.confirm_modal import ConfirmModal
+
+    holder = launched.launch(make_emulator_profile("holder", tp=4, fault="hang-after-weights",
+                                                   watch={"stall_after_s": 600}))
+    wait_for(lambda: sum(1 for s in EmulatedSource(home).snapshot().samples if s.index < 4 and s.processes) == 4,
+             "emulated memory on GPUs 0-3", 90, interval_s=0.1)
+    launched.remember(holder)
+    make_emulator_profile("big", tp=8)
+    questions: list[str] = []
+
+    async def scenario() -> None:
+        app = _app(home)
+        async with app.run_test(size=(80, 24)) as pilot:
+            await first_poll(pilot, app)
+            await pilot.press("1", "home")
+            await wait_until(pilot, lambda: app.dashboard.selected_profile == "big", "big selected")
+            original = app.push_screen
+
+            def push_screen(screen, *args, **kwargs):
+                if isinstance(screen, ConfirmModal):
+                    questions.append(screen.question)
+                return original(screen, *args, **kwargs)
+
+            app.push_screen = push_screen  # type: ignore[method-assign]
+            await burst(pilot, "l", "y")
+            await wait_until(pilot, lambda: [p for p in home.sessions_dir.iterdir() if p.name.startswith("big-")],
+                             "the forced launch of big")
+            assert not isinstance(app.screen, ConfirmModal)
+
+    try:
+        run(scenario)
+    finally:
+        for folder in home.sessions_dir.iterdir():
+            if folder.name.startswith("big-"):
+                launched.track(folder.name)
+    assert questions == ["Launch big on GPUs in use?"]
