@@ -21,10 +21,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from textual.app import App
 from textual.command import DiscoveryHit, Hit, Hits, Provider
 
 from app.keymap import APP_KEYS, bindings, load_keymap
+from app.typeahead import TypeAheadApp
 
 if TYPE_CHECKING:
     from app.screens.dashboard import DashboardScreen
@@ -103,12 +103,15 @@ def _select_session(dashboard: DashboardScreen, session_id: str) -> Callable[[],
     return lambda: dashboard._select_session(session_id)
 
 
-class Eagle3App(App[int]):
-    """The eagle3-tui control panel."""
+class Eagle3App(TypeAheadApp[int]):
+    """The eagle3-tui control panel; keys typed ahead land on the screen the keys before them opened
+    (`app.typeahead`)."""
 
     TITLE = "eagle3-tui"
     BINDINGS = bindings(APP_KEYS)
-    COMMANDS = App.COMMANDS | {ActionsProvider}
+    COMMANDS = TypeAheadApp.COMMANDS | {ActionsProvider}
+    # The dashboard's workers that may end in a y/N question: keys typed after l, r or c wait for them.
+    KEYS_WAIT_FOR_WORKERS = frozenset({"launch", "restart-diff", "capture-preview"})
 
     def __init__(
         self,

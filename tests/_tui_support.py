@@ -151,7 +151,8 @@ def key_event(key: str) -> Any:
 async def burst(pilot: Any, *keys: str) -> None:
     """Send ``keys`` the way a paste or type-ahead over SSH arrives: all queued at once, with no pause
     between them (`Pilot.press` waits for the app to go idle after each key, which hides lost keys), then
-    wait until the app has handled them."""
+    wait until the app has handled them: Eagle3App hands out a burst one key at a time (app.typeahead), so
+    after the App has read them all, wait until none is left waiting or in hand."""
     app = pilot.app
     driver = app._driver
     for key in keys:
@@ -159,4 +160,6 @@ async def burst(pilot: Any, *keys: str) -> None:
         event.set_sender(app)
         driver.send_message(event)
     await pilot.pause()
+    await wait_until(pilot, lambda: not getattr(getattr(app, "typeahead", None), "busy", False),
+                     f"the app handled the burst {' '.join(keys)[:80]!r}")
     await pilot.pause()

@@ -5,17 +5,21 @@ guard of every list; code-driven highlights do not echo as choices; saves keep t
 from __future__ import annotations
 
 import asyncio
+from typing import ClassVar
 
+from textual import events
 from textual.app import App, ComposeResult
 from textual.command import CommandInput
-from textual.widgets import Input, OptionList
+from textual.screen import Screen
+from textual.widgets import Input, OptionList, Static
 
 from app.screens.jobs import JobsScreen
 from app.screens.profile_editor import ProfileEditorScreen, ProfileSaved
 from app.tui import Eagle3App, exit_message, write_crash_file
+from app.typeahead import TypeAheadApp
 from sessions.gpus import EmulatedSource
 from sessions.profiles import load_profile, save_profile
-from tests._tui_support import burst, first_poll, run, wait_until
+from tests._tui_support import burst, first_poll, key_event, run, wait_until
 from widgets.inputs import InOrderInput
 from widgets.lists import PageSafeOptionList, ProfileList
 
@@ -258,3 +262,249 @@ def test_a_slash_typed_into_the_open_filter_is_a_character(home, make_emulator_p
             assert app.screen.query_one("#filter-input", Input).value == "/Load weight/"
 
     run(scenario)
+
+
+# -- type-ahead across screens: keys typed right after a key that opens (or closes) a screen land on it -------
+
+
+def _recording_app(home, notes: list[str]):
+    app = _app(home)
+    original = app.notify
+
+    def notify(message, *args, **kwargs):
+        notes.append(str(message))
+        return original(message, *args, **kwargs)
+
+    app.notify = notify  # type: ignore[method-assign]
+    return app
+
+
+def test_ctrl_p_then_a_word_in_one_burst_lands_in_the_palette_and_presses_nothing_below(
+        home, make_emulator_profile):
+    """ "launch" typed right after ctrl+p used to reach the dashboard first: its l pressed launch."""
+    from app.palette import SafeCommandPalette
+
+    make_emulator_profile("emu", tp=2)
+    notes: list[str] = []
+
+    async def scenario() -> None:
+        app = _recording_app(home, notes)
+        async with app.run_test(size=(80, 24)) as pilot:
+            await first_poll(pilot, app)
+            await burst(pilot, "ctrl+p", *"launch")
+            assert isinstance(app.screen, SafeCommandPalette)
+            assert app.screen.query_one(CommandInput).value == "launch"
+            assert not [n for n in notes if n.startswith("Launching")], notes
+            assert not list(home.sessions_dir.iterdir()) if home.sessions_dir.exists() else True
+
+    run(scenario)
+
+
+def test_e_then_a_new_path_and_ctrl_s_in_one_burst_edit_and_save_the_profile(
+        home, make_emulator_profile, make_model_dir):
+    """The editor builds its form after loading the profile; the keys typed meanwhile wait for its first
+    field (model path) instead of going to the dashboard (where a path's letters are its keys)."""
+    profile = make_emulator_profile("emu", tp=2)
+    new_model = make_model_dir("typed-ahead-model")
+    saved: list = []
+
+    async def scenario() -> None:
+        app = _app(home)
+        async with app.run_test(size=(80, 24), message_hook=saved.append) as pilot:
+            await first_poll(pilot, app)
+            await burst(pilot, "e", "end", *["backspace"] * (len(profile.server.model_path) + 8),
+                        *str(new_model), "ctrl+s")
+            assert isinstance(app.screen, ProfileEditorScreen)
+            assert app.screen.query_one("#model_path", Input).value == str(new_model)
+            await wait_until(pilot, lambda: any(isinstance(m, ProfileSaved) for m in saved), "the save")
+
+    run(scenario)
+    assert load_profile("emu", home).server.model_path == str(new_model)
+
+
+def test_x_n_then_a_spec_path_in_one_burst_lands_in_the_new_job_form(home, make_emulator_profile):
+    from app.screens.jobs import SpecPathModal
+
+    make_emulator_profile("emu", tp=2)
+
+    async def scenario() -> None:
+        app = _app(home)
+        async with app.run_test(size=(80, 24)) as pilot:
+            await first_poll(pilot, app)
+            await burst(pilot, "x", "n", "end", *["backspace"] * 60, *"/tmp/jobs/last.toml", "left",
+                        "backspace", "X")
+            assert isinstance(app.screen, SpecPathModal) and isinstance(app.screen_stack[-2], JobsScreen)
+            assert app.screen.query_one("#spec-path", Input).value == "/tmp/jobs/last.toXl"
+            dashboard = app.screen_stack[1]
+            # Esc closes the form, Esc the jobs screen; a key meant for a screen that a later key closes
+            # (the palette's "s") stays there; x then opens the jobs screen again from the dashboard.
+            await burst(pilot, "escape", "escape", "ctrl+p", "s", "escape", "x")
+            assert isinstance(app.screen, JobsScreen) and app.screen_stack[-2] is dashboard
+            assert len(app.screen_stack) == 3
+
+    run(scenario)
+
+
+def test_a_question_opened_by_a_burst_is_answered_by_the_next_key_of_the_burst(home, make_emulator_profile):
+    """e, a character, Esc (unsaved: "Discard?"), then y or n in one burst: the answer goes to the question,
+    not to the editor or the dashboard behind it."""
+    from widgets.confirm_modal import ConfirmModal
+
+    profile = make_emulator_profile("emu", tp=2)
+    before = profile.path.read_text()
+
+    async def scenario() -> None:
+        app = _app(home)
+        async with app.run_test(size=(80, 24)) as pilot:
+            await first_poll(pilot, app)
+            dashboard = app.screen
+            await burst(pilot, "e", "Z", "escape", "n")  # no: stay in the editor, the Z still typed
+            assert isinstance(app.screen, ProfileEditorScreen)
+            # The field's text is selected on focus, so Z replaced it, as it does when typed slowly.
+            assert app.screen.query_one("#model_path", Input).value == "Z"
+            await burst(pilot, "escape", "y")  # yes: discard, back on the dashboard
+            assert app.screen is dashboard and not any(isinstance(s, ConfirmModal) for s in app.screen_stack)
+            await burst(pilot, "e", "Z", "escape", "y", "e")  # and the e after the answer opens it again
+            assert isinstance(app.screen, ProfileEditorScreen) and app.screen_stack[-2] is dashboard
+            assert app.screen.query_one("#model_path", Input).value == profile.server.model_path
+
+    run(scenario)
+    assert profile.path.read_text() == before
+
+
+class _SlowForm(Screen):
+    """A screen whose input exists only after a while (as the editor's form after its profile loaded)."""
+
+    BINDINGS: ClassVar = [("escape", "app.pop_screen", "Back")]
+
+    def __init__(self, never_ready: bool = False) -> None:
+        super().__init__()
+        self.never_ready = never_ready
+        self.shown = False
+
+    def compose(self) -> ComposeResult:
+        yield Static("loading…")
+
+    def on_mount(self) -> None:
+        self.set_timer(0.05, self._show)
+
+    async def _show(self) -> None:
+        field = InOrderInput(id="late")
+        await self.mount(field)
+        self.set_focus(field)
+        self.shown = True
+
+    def ready_for_keys(self) -> bool:
+        return self.shown and not self.never_ready
+
+
+class _TypeAheadApp(TypeAheadApp[None]):
+    BINDINGS: ClassVar = [("ctrl+o", "open", "Open")]  # not priority: it bubbles up from the focused input first
+
+    def __init__(self, never_ready: bool = False) -> None:
+        super().__init__()
+        self.never_ready = never_ready
+
+    def compose(self) -> ComposeResult:
+        yield InOrderInput(id="below")
+
+    def action_open(self) -> None:
+        self.push_screen(_SlowForm(self.never_ready))
+
+
+def test_keys_and_a_paste_after_a_key_that_opens_a_screen_wait_for_its_late_input():
+    async def scenario() -> None:
+        app = _TypeAheadApp()
+        async with app.run_test() as pilot:
+            for event in (key_event("ctrl+o"), key_event("a"), events.Paste("/pasted"), key_event("b")):
+                event.set_sender(app)
+                app._driver.send_message(event)
+            await wait_until(pilot, lambda: isinstance(app.screen, _SlowForm) and not app.typeahead.busy,
+                             "the form took the keys")
+            assert app.screen.query_one("#late", Input).value == "a/pastedb"
+            assert app.query_one("#below", Input).value == ""
+            await burst(pilot, "escape", "ctrl+o", "c")  # closed, opened again: c in the new one
+            assert app.screen.query_one("#late", Input).value == "c"
+
+    run(scenario)
+
+
+def test_a_screen_that_never_says_ready_still_gets_the_keys_after_the_settle_limit(monkeypatch):
+    from app import typeahead
+
+    monkeypatch.setattr(typeahead, "SETTLE_LIMIT_S", 0.3)
+
+    async def scenario() -> None:
+        app = _TypeAheadApp(never_ready=True)
+        async with app.run_test() as pilot:
+            await burst(pilot, "ctrl+o", "x", "y")
+            await wait_until(pilot, lambda: isinstance(app.screen, _SlowForm) and app.screen.shown
+                             and app.screen.query_one("#late", Input).value == "xy", "the keys after the limit")
+            assert not app.typeahead.busy
+
+    run(scenario)
+
+
+def test_c_then_y_in_one_burst_answers_the_capture_question(home, make_emulator_profile):
+    """c asks only after a worker built both launch commands: the y typed right after it waits for that
+    question (the worker may end in one, `KEYS_WAIT_FOR_WORKERS`) instead of reaching the dashboard first."""
+    from app.screens.dashboard import CaptureToggled
+    from widgets.confirm_modal import ConfirmModal
+
+    make_emulator_profile("emu", tp=2)
+    posted: list = []
+
+    async def scenario() -> None:
+        app = _app(home)
+        async with app.run_test(size=(80, 24), message_hook=posted.append) as pilot:
+            await first_poll(pilot, app)
+            dashboard = app.screen
+            await burst(pilot, "c", "y")
+            await wait_until(pilot, lambda: any(isinstance(m, CaptureToggled) for m in posted), "toggled")
+            assert app.screen is dashboard and not any(isinstance(s, ConfirmModal) for s in app.screen_stack)
+
+    run(scenario)
+    assert load_profile("emu", home).capture.enabled
+
+
+def test_l_then_y_in_one_burst_answers_the_gpus_in_use_question(home, make_emulator_profile, launched):
+    """l on a profile whose GPUs another session holds asks y/N once the launch worker found them: the y
+    typed right after l waits for that question and launches anyway (a real second emulator session)."""
+    from _extract_support import wait_for
+
+    from widgets.confirm_modal import ConfirmModal
+
+    holder = launched.launch(make_emulator_profile("holder", tp=4, fault="hang-after-weights",
+                                                   watch={"stall_after_s": 600}))
+    wait_for(lambda: sum(1 for s in EmulatedSource(home).snapshot().samples if s.index < 4 and s.processes) == 4,
+             "emulated memory on GPUs 0-3", 90, interval_s=0.1)
+    launched.remember(holder)
+    make_emulator_profile("big", tp=8)
+    questions: list[str] = []
+
+    async def scenario() -> None:
+        app = _app(home)
+        async with app.run_test(size=(80, 24)) as pilot:
+            await first_poll(pilot, app)
+            await pilot.press("1", "home")
+            await wait_until(pilot, lambda: app.dashboard.selected_profile == "big", "big selected")
+            original = app.push_screen
+
+            def push_screen(screen, *args, **kwargs):
+                if isinstance(screen, ConfirmModal):
+                    questions.append(screen.question)
+                return original(screen, *args, **kwargs)
+
+            app.push_screen = push_screen  # type: ignore[method-assign]
+            await burst(pilot, "l", "y")
+            await wait_until(pilot, lambda: [p for p in home.sessions_dir.iterdir() if p.name.startswith("big-")],
+                             "the forced launch of big")
+            assert not isinstance(app.screen, ConfirmModal)
+
+    try:
+        run(scenario)
+    finally:
+        for folder in home.sessions_dir.iterdir():
+            if folder.name.startswith("big-"):
+                launched.track(folder.name)
+    assert questions == ["Launch big on GPUs in use?"]

@@ -184,8 +184,14 @@ class ProfileEditorScreen(DismissOnce, Screen[str | None]):
         self.last_check: EditorCheck | None = None
         self.saved_name: str | None = None
         self.load_error: str | None = None
+        self._form_shown = False  # the form has its focus (or will never come): keys typed ahead may land
         self._debounce: Timer | None = None
         self._check_seq = 0
+
+    def ready_for_keys(self) -> bool:
+        """Keys typed right after ``e`` wait (app.typeahead) until the form is built and its first field
+        has focus, then land there instead of on the "loading…" screen."""
+        return self._form_shown or self.load_error is not None
 
     # -- layout ---------------------------------------------------------------------------------------------
 
@@ -326,7 +332,8 @@ class ProfileEditorScreen(DismissOnce, Screen[str | None]):
         fields = self.query("#model_path")
         if not fields:
             return  # the editor was closed before its form was drawn
-        fields.first(Input).focus()
+        self.set_focus(fields.first(Input))  # now, not later: keys held for this field go out next
+        self._form_shown = True
         self._validate_now()
 
     def _row(self, label: str, widget: Any) -> list[Any]:
