@@ -56,7 +56,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args, extra = parser.parse_known_args(argv)
+    # argparse gives a trailing ``nargs="*"`` positional only the words before the first option, so
+    # `bench history --compare PROFILE` would leave PROFILE over: such words go where they belong.
+    rest = getattr(args, "rest", None)
+    if extra and (not isinstance(rest, list) or any(word.startswith("-") for word in extra)):
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    if extra and isinstance(rest, list):
+        rest.extend(extra)
     if args.demo:
         os.environ["EAGLE3_TUI_DEMO"] = "1"
     try:

@@ -46,6 +46,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--no-flush-cache", dest="flush_cache", action="store_false",
                    help="keep the server's prefix cache between runs (default: flush it before each "
                    "concurrency, as bench_serving --flush-cache does, so no run times a cached prefill)")
+    p.add_argument("--compare", action="store_true",
+                   help="with 'history': list the kept A/B compare reports instead (PROFILE: as A or B)")
     p.add_argument("--json", action="store_true", help="print one JSON object on stdout")
     p.set_defaults(func=_bench)
 
@@ -176,6 +178,8 @@ def _history(args: argparse.Namespace) -> int:
     if len(args.rest) > 1:
         raise CliError(f"bench history takes at most one PROFILE, got {' '.join(args.rest)}", EXIT_BAD_INPUT)
     profile = args.rest[0] if args.rest else None
+    if args.compare:
+        return _history_compares(profile, args.json)
     rows, problems = load_history(resolve_home(), profile)
     for problem in problems:
         print(f"eagle3-tui: {problem}", file=sys.stderr)
@@ -196,6 +200,47 @@ def _history(args: argparse.Namespace) -> int:
     widths = [max(len(row[i]) for row in table) for i in range(len(table[0]))]
     print("\n".join("  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in table))
     print("* best single-stream tok/s", file=sys.stderr)
+    compares = _compares_of(profile)
+    if compares:
+        print(f"{len(compares)} A/B compare report(s): eagle3-tui bench history --compare"
+              + (f" {profile}" if profile else ""), file=sys.stderr)
+    return 0
+
+
+def _compares_of(profile: str | None) -> list[dict]:
+    from sessions.bench.store import load_compares
+    from sessions.home import resolve_home
+
+    reports, problems = load_compares(resolve_home())
+    for problem in problems:
+        print(f"eagle3-tui: {problem}", file=sys.stderr)
+    return [r for r in reports if profile is None
+            or profile in ((r.get("a") or {}).get("profile"), (r.get("b") or {}).get("profile"))]
+
+
+def _history_compares(profile: str | None, as_json: bool) -> int:
+    """The kept `bench compare` reports, oldest first: A, B, B's speedup per concurrency and the verdict."""
+    import json
+    import time
+
+    reports = _compares_of(profile)
+    if as_json:
+        print(json.dumps([{
+            "id": r.get("id"), "time": r.get("time"), "a": (r.get("a") or {}).get("profile"),
+            "b": (r.get("b") or {}).get("profile"),
+            "speedup": {str(run.get("max_concurrency")): run.get("speedup") for run in r["runs"]},
+            "verdict": r.get("verdict")} for r in reports], indent=2))
+        return 0
+    if not reports:
+        print("no compare reports" + (f" with profile {profile}" if profile else ""), file=sys.stderr)
+        return 0
+    for r in reports:
+        when = time.strftime("%Y-%m-%d %H:%M", time.localtime(r.get("time") or 0))
+        speedups = ", ".join(f"c={run.get('max_concurrency')} {_num(run.get('speedup'), '.2f')}x"
+                             for run in r["runs"])
+        print(f"{r.get('id')}  {when}  A={(r.get('a') or {}).get('profile')}  "
+              f"B={(r.get('b') or {}).get('profile')}  speedup {speedups or '-'}")
+        print(f"    {r.get('verdict') or ''}")
     return 0
 
 

@@ -137,9 +137,32 @@ def test_spec_serving_keeps_the_targets_tokens_and_reports_like_sglang(tmp_path,
         state = _ok(http_json("GET", spec.url("/server_info")))["internal_states"][0]
         assert 1.0 < state["avg_spec_accept_length"] <= 4.0
         assert "avg_spec_accept_length" not in _ok(http_json("GET", plain.url("/server_info")))["internal_states"][0]
+        # the bench pools the accept rate over its own requests' final responses (no log or /metrics needed)
+        from sessions.bench.prompts import random_id_prompts
+        from sessions.bench.runner import BenchPlan, run_bench
+
+        prompts = tuple(random_id_prompts(3, 8, 30, vocab_size=512, seed=5))
+        for emu, speculates in ((spec, True), (plain, False)):
+            run = run_bench(BenchPlan(emu.url("").rstrip("/"), prompts, (1,), num_prompts=3, settle_s=0.05))
+            rate = run["runs"][0]["accept_rate"]
+            assert (rate is not None and 0.0 < rate < 1.0) if speculates else rate is None, (speculates, rate)
     finally:
         spec.kill()
         plain.kill()
+
+
+def test_the_runs_accept_rate_pools_accepted_over_proposed_drafts():
+    from sessions.bench.client import RequestOutput
+    from sessions.bench.metrics import calculate_metrics
+
+    outputs = [RequestOutput(True, 4, 10, ttft=0.1, latency=0.5, itl=[0.04] * 9, correct_drafts=6,
+                             proposed_drafts=12),
+               RequestOutput(True, 4, 10, ttft=0.1, latency=0.5, itl=[0.04] * 9, correct_drafts=0,
+                             proposed_drafts=24),
+               RequestOutput(False, 4, 0, correct_drafts=30, proposed_drafts=30, error="Bad Request: x")]
+    assert calculate_metrics(outputs, [4, 4, 4], 1.0, 2)["accept_rate"] == pytest.approx(6 / 36)
+    plain = [RequestOutput(True, 4, 10, ttft=0.1, latency=0.5, itl=[0.04] * 9)]
+    assert calculate_metrics(plain, [4], 1.0, 1)["accept_rate"] is None
 
 
 # -- bench compare -----------------------------------------------------------------------------------------
@@ -201,6 +224,21 @@ def test_compare_launches_benches_and_stops_both_and_says_why(accept, make_emula
     assert problems == [] and [c["id"] for c in compares] == [Path(report["saved_to"]).stem]
     rows, _ = load_history(home)
     assert sorted(r.profile for r in rows) == ["eagle", "plain"]  # both sides kept as bench results
+
+    def history(*argv: str) -> subprocess.CompletedProcess:
+        out = subprocess.run([sys.executable, "-m", "app", "bench", "history", *argv], env=cli_env,
+                             capture_output=True, text=True, timeout=60, check=False)
+        assert out.returncode == 0, out.stderr
+        return out
+
+    listed = json.loads(history("--compare", "--json").stdout)
+    assert [(c["id"], c["a"], c["b"], c["verdict"]) for c in listed] == [
+        (Path(report["saved_to"]).stem, "plain", "eagle", report["verdict"])]
+    assert listed[0]["speedup"] == {"1": runs[0]["speedup"], "2": runs[1]["speedup"]}
+    text = history("--compare", "eagle").stdout
+    assert "A=plain  B=eagle  speedup c=1 " in text and report["verdict"] in text
+    assert "1 A/B compare report(s): eagle3-tui bench history --compare" in history().stderr
+    assert "no compare reports with profile other" in history("--compare", "other").stderr
 
 
 def test_compare_refuses_bad_input_by_name(cli_env, home):

@@ -30,6 +30,9 @@ class RequestOutput:
     start: float = 0.0  # perf_counter when the request was sent
     error: str = ""
     accept_length: float | None = None
+    # the final response's spec_num_correct_drafts / spec_num_proposed_drafts (speculative decoding only)
+    correct_drafts: int | None = None
+    proposed_drafts: int | None = None
 
 
 def payload(prompt: Prompt, output_len: int | None = None) -> dict[str, Any]:
@@ -89,6 +92,9 @@ def send_request(client: Any, base_url: str, prompt: Prompt, output_len: int | N
                 meta = data.get("meta_info") or {}
                 if meta.get("spec_accept_length") is not None:
                     out.accept_length = float(meta["spec_accept_length"])
+                if meta.get("spec_num_proposed_drafts") is not None:
+                    out.correct_drafts = int(meta.get("spec_num_correct_drafts") or 0)
+                    out.proposed_drafts = int(meta["spec_num_proposed_drafts"])
                 if meta.get("prompt_tokens") is not None:
                     out.prompt_len = int(meta["prompt_tokens"])
                 if data.get("text"):

@@ -170,7 +170,8 @@ def bench_side(side: _Side, options: BenchOptions, progress: Progress | None,
         if figures:
             run.update(figures)
         elif run.get("accept_length") is not None:
-            run["accept_source"] = "/server_info avg_spec_accept_length"
+            run["accept_source"] = "/server_info avg_spec_accept_length" + (
+                "; rate from the responses' spec_* meta_info" if run.get("accept_rate") is not None else "")
     return result
 
 

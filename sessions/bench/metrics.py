@@ -80,6 +80,10 @@ def calculate_metrics(outputs: Sequence[RequestOutput], dataset_prompt_lens: Seq
     result |= _stats("itl", itls)
     result["concurrency"] = sum(e2es) / dur
     result["accept_length"] = statistics.fmean(accept) if accept else None
+    # accepted over proposed drafts, pooled over the run's own requests (what the Decode lines' accept
+    # rate is over their interval), from each final response's spec_* meta_info
+    proposed = sum(o.proposed_drafts or 0 for o in ok)
+    result["accept_rate"] = sum(o.correct_drafts or 0 for o in ok) / proposed if proposed else None
     result["max_output_tokens_per_s"] = float(max(buckets.values())) if buckets else 0.0
     errors = [o.error for o in outputs if not o.success and o.error]
     if errors:
