@@ -8,6 +8,7 @@ import subprocess
 import sys
 
 import pytest
+from textual.widgets import DataTable
 
 from app.screens.bench import BenchScreen
 from app.tui import Eagle3App
@@ -45,8 +46,14 @@ def test_b_on_the_tiny_llama_demo_shows_a_result_table_and_the_history(demo_home
             await pilot.press("b")
             screen = await wait_until(pilot, lambda: isinstance(app.screen, BenchScreen) and app.screen,
                                       "the bench screen opens", 10)
+            results = screen.query_one("#results", DataTable)
+            await wait_until(pilot, lambda: results.row_count >= 1 or not screen.running,
+                             "the first concurrency's row", 240)
+            # shown while the next concurrency runs (each run waits a second to settle, then takes longer)
+            assert results.row_count == 1 and screen.running and screen.last_result is None
             await wait_until(pilot, lambda: screen.last_result is not None or not screen.running,
                              "the bench finishes", 240)
+            assert results.row_count == 2
             assert screen.last_result is not None, screen_text(app)
             text = screen_text(app)
             assert "OUT tok/s" in text and "TTFT med" in text and "ITL med" in text

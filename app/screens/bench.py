@@ -100,6 +100,7 @@ class BenchScreen(Screen):
         if self.running or self.session_id is None:
             return
         self.running = True
+        self.query_one("#results", DataTable).clear()  # rows come in one per concurrency as each ends
         self.query_one("#progress", ProgressBar).add_class("-running")
         self.query_one("#run-status", Static).update(f"Benchmarking {self.session_id}: warm-up ...")
         self._bench(self.session_id)
@@ -118,7 +119,8 @@ class BenchScreen(Screen):
             session = ServerSession.load(session_id, self.home)
             options = self.default_options or BenchOptions()
             result = bench_session(session, options, progress,
-                                   bench_argv=["eagle3-tui", "bench", session_id])
+                                   bench_argv=["eagle3-tui", "bench", session_id],
+                                   on_result=lambda run: self.app.call_from_thread(self._run_done, run))
             path = save_result(self.home, result)
         except (BenchError, OSError, ValueError) as exc:
             self.app.call_from_thread(self._failed, str(exc))
@@ -133,6 +135,11 @@ class BenchScreen(Screen):
         bar.update(total=total, progress=done)
         self.query_one("#run-status", Static).update(
             f"Benchmarking {self.session_id}: concurrency {concurrency}, {done}/{total} requests")
+
+    def _run_done(self, run: dict[str, Any]) -> None:
+        """One concurrency finished: its row appears now (the single stream's tok/s after the first run)."""
+        if self.running:
+            self.query_one("#results", DataTable).add_row(*run_rows([run])[0])
 
     def _failed(self, message: str) -> None:
         self.running = False
@@ -247,6 +254,7 @@ class BenchScreen(Screen):
         if self.running:
             return
         self.running = True
+        self.query_one("#results", DataTable).clear()  # rows come in one per concurrency as each ends
         self.query_one("#progress", ProgressBar).add_class("-running")
         self.query_one("#run-status", Static).update(f"Comparing {a} (A) with {b} (B) ...")
         self._compare(a, b)

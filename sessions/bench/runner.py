@@ -102,8 +102,8 @@ def _clients(count: int) -> list[Any]:
         for _ in range(count)]
 
 
-def run_bench(plan: BenchPlan, progress: Progress | None = None,
-              on_run: RunHook | None = None) -> dict[str, Any]:
+def run_bench(plan: BenchPlan, progress: Progress | None = None, on_run: RunHook | None = None,
+              on_result: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
     """The runs (one metrics dict per concurrency) and the server's ``/server_info`` facts."""
     clients = _clients(max(plan.concurrencies))
     try:
@@ -127,6 +127,8 @@ def run_bench(plan: BenchPlan, progress: Progress | None = None,
             runs.append(run)
             if on_run is not None:
                 on_run("end", concurrency)
+            if on_result is not None:  # each concurrency's figures as soon as they are known
+                on_result(run)
         return {"runs": runs, "server_info": info}
     finally:
         for client in clients:

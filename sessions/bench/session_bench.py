@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -70,7 +71,8 @@ _SPEC_KEYS = ("speculative_algorithm", "speculative_num_steps", "speculative_eag
 
 
 def bench_session(session: Any, options: BenchOptions, progress: Progress | None = None,
-                  bench_argv: list[str] | None = None, on_run: RunHook | None = None) -> dict[str, Any]:
+                  bench_argv: list[str] | None = None, on_run: RunHook | None = None,
+                  on_result: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
     """Bench a ready session (a `ServerSession`); BenchError when it cannot."""
     options.check()
     status = session.status()
@@ -84,7 +86,7 @@ def bench_session(session: Any, options: BenchOptions, progress: Progress | None
     plan = BenchPlan(base, tuple(prompts), options.concurrency, options.num_prompts,
                      api_key=_api_key(profile), flush_cache=options.flush_cache)
     started = time.time()
-    outcome = run_bench(plan, progress, on_run)
+    outcome = run_bench(plan, progress, on_run, on_result)
     info = outcome["server_info"]
     command = (read_json(session.session_dir / "command.json") or {}).get("argv") or []
     speculative = {k.removeprefix("speculative_"): info.get(k) for k in _SPEC_KEYS if info.get(k) is not None}
