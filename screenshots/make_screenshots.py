@@ -5,7 +5,7 @@ profiles, on free ports), and is driven with keys the way a user would: launch t
 watch it start and become ready, filter the log, go full-screen, open help, edit the profile, ask for a
 restart (the flag diff), then launch the profile that hangs after weights and wait until it is stalled;
 diagnose, capture and jobs are shot when those parts are present.  Each screen is saved at 80x24 and
-200x50.  PNGs are made with cairosvg when it is installed.
+200x50.  PNGs are made with cairosvg when it is installed, else with librsvg's ``rsvg-convert``.
 
     python screenshots/make_screenshots.py [--out screenshots] [--sizes 80x24,200x50]
 """
@@ -52,16 +52,23 @@ def svg_for_png(svg: str) -> str:
 
 
 def to_png(svg_path: Path, columns: int) -> Path | None:
+    """The PNG beside ``svg_path``: with cairosvg when installed, else with librsvg's ``rsvg-convert``."""
+    png_path = svg_path.with_suffix(".png")
+    width = min(2000, columns * 10)
+    svg = svg_for_png(svg_path.read_text())
     try:
         import cairosvg
     except ImportError:
-        return None
-    png_path = svg_path.with_suffix(".png")
-    cairosvg.svg2png(
-        bytestring=svg_for_png(svg_path.read_text()).encode(),
-        write_to=str(png_path),
-        output_width=min(2000, columns * 10),
-    )
+        import shutil
+        import subprocess
+
+        rsvg = shutil.which("rsvg-convert")
+        if rsvg is None:
+            return None
+        subprocess.run([rsvg, "--width", str(width), "--format", "png", "--output", str(png_path)],
+                       input=svg.encode(), check=True, timeout=120)
+        return png_path
+    cairosvg.svg2png(bytestring=svg.encode(), write_to=str(png_path), output_width=width)
     return png_path
 
 
@@ -120,6 +127,7 @@ def _status(app):
 async def scenario(out: Path, sizes: list[tuple[int, int]]) -> list[Path]:
     from textual.widgets import Input
 
+    from app.screens.bench import BenchScreen
     from app.screens.profile_editor import ProfileEditorScreen
     from app.tui import Eagle3App
     from sessions.demo import (
@@ -164,6 +172,13 @@ async def scenario(out: Path, sizes: list[tuple[int, int]]) -> list[Path]:
         await shot.wait(lambda: (s := _status(app)) and s.state == "ready", "the healthy session is ready")
         await shot.polls(2)
         await shot.shoot("dashboard-ready")
+
+        await pilot.press("b")  # the one-key bench of the ready Kimi session (modelled at 90 tok/s)
+        bench = await shot.wait(lambda: isinstance(app.screen, BenchScreen) and app.screen, "the bench screen")
+        await shot.wait(lambda: bench.last_result is not None or not bench.running, "the bench done", 300)
+        await shot.shoot("bench")
+        await pilot.press("escape")
+        await shot.wait(lambda: app.screen is app.dashboard, "back on the dashboard")
 
         await pilot.press("slash")
         await pilot.press(*"Load weight end")
