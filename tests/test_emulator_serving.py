@@ -191,6 +191,8 @@ def test_abort_request_answers_the_waiting_client_queued_or_running(tmp_path, mo
             status, reply = queued.result(timeout=30)
             assert status == 200 and reply["meta_info"]["finish_reason"] == {
                 "type": "abort", "message": "Abort in waiting queue"}
+            assert list(reply["meta_info"]) == ["id", "finish_reason", "weight_version", "e2e_latency",
+                                                "completion_tokens"]  # no prompt_tokens
             assert reply["meta_info"]["completion_tokens"] == 0 and not running.done()
             assert http_json("POST", emu.url("/abort_request"), {"rid": "job-running"})[0] == 200
             status, reply = running.result(timeout=30)

@@ -185,6 +185,8 @@ class Batcher:
         self.waiting = collections.deque(r for r in self.waiting if not r.rid.startswith(rid))
         for req in queued:
             self._finish_aborted(req, {"type": "abort", "message": "Abort in waiting queue"})
+            assert req.final is not None
+            req.final["before_output"] = True  # its final object is built apart (tokenizer_manager.py:3596)
         self._emit(queued)
         for req in self.running:
             if req.rid.startswith(rid):
@@ -365,6 +367,12 @@ class Batcher:
             "cached_tokens": req.cached,
             "cached_tokens_details": None,
         }
+        if finished and final.get("before_output"):
+            # aborted before any output: only id, finish_reason, weight_version (then the main process's
+            # e2e_latency and completion_tokens), no prompt_tokens (tokenizer_manager.py:3596-3634)
+            meta = {key: values[key] for key in ("id", "finish_reason", "weight_version")}
+            return {"ids": [], "all_ids": [], "text": final.get("text", ""), "meta": meta, "final": True,
+                    "before_output": True}
         meta = {key: values[key] for key in _META_ORDER}
         if finished and "hidden_states" in final_meta:
             meta["hidden_states"] = final_meta["hidden_states"]

@@ -173,13 +173,15 @@ class RequestStream:
             response["text"] = chunk["text"]
         response["output_ids"] = list(self.output_ids)
         response["meta_info"] = meta
-        if not self._sent_any:
+        if not self._sent_any and not chunk.get("before_output"):
             meta["response_sent_to_client_ts"] = time.time()
             self._sent_any = True
         if chunk["final"]:
             self.finished = True
             e2e = now - self.started
             meta["e2e_latency"] = e2e
+            if chunk.get("before_output"):
+                meta["completion_tokens"] = 0
             meta.update(chunk.get("spec") or {})  # speculative decoding's keys come after e2e_latency
             if metrics is not None:
                 decode_s = now - (self._first_token_at or now)
