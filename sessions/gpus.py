@@ -332,12 +332,21 @@ class EmulatedSource:
                 yield reading
 
 
+def _running(pid: int) -> bool:
+    """The process exists and is not a zombie: a killed emulator's main process stays a zombie until its
+    parent reaps it, and its last file would otherwise still hold the GPUs (and refuse the next launch)."""
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
 def _parse_emulated(data: Any) -> tuple[float, list[GpuSample]] | None:
     """One emulator file -> (updated_at, samples), or None when malformed or its process is gone."""
     if not isinstance(data, dict):
         return None
     pid = data.get("pid")
-    if not isinstance(pid, int) or not psutil.pid_exists(pid):
+    if not isinstance(pid, int) or not _running(pid):
         return None
     samples = []
     for gpu in data.get("gpus") or ():

@@ -33,6 +33,8 @@ def test_b_on_the_tiny_llama_demo_shows_a_result_table_and_the_history(demo_home
     save_profile(load_profile(CAPTURE_PROFILE, demo_home).with_changes(emulator={"time_scale": 0.004}))
     launched.home = demo_home
 
+    seen: dict[str, str] = {}
+
     async def scenario() -> None:
         app = Eagle3App(demo_home, demo=True, refresh_s=0.2)
         async with app.run_test(size=(140, 45)) as pilot:
@@ -43,6 +45,7 @@ def test_b_on_the_tiny_llama_demo_shows_a_result_table_and_the_history(demo_home
                 pilot, lambda: (s := app.dashboard.last_snapshot.status) and s.state == "ready" and s,
                 "the tiny-llama session is ready", 120)
             launched.track(status.session_id)
+            seen["session"] = status.session_id
             await pilot.press("b")
             screen = await wait_until(pilot, lambda: isinstance(app.screen, BenchScreen) and app.screen,
                                       "the bench screen opens", 10)
@@ -76,6 +79,35 @@ def test_b_on_the_tiny_llama_demo_shows_a_result_table_and_the_history(demo_home
     assert out.returncode == 0, out.stderr
     listed = json.loads(out.stdout)
     assert listed[0]["profile"] == CAPTURE_PROFILE and listed[0]["best"] is True
+    # the CLI on the same session: the TUI's runs flushed the cache before each concurrency, this one not
+    assert all(r["cache_flushed"] is True for r in runs_seen(demo_home))
+    small = ["--concurrency", "1", "--num-prompts", "1", "--input-len", "8", "--output-len", "4"]
+    out = subprocess.run([sys.executable, "-m", "app", "--demo", "bench", seen["session"], "--no-flush-cache",
+                          "--json", *small], env=cli_env, capture_output=True, text=True, timeout=120, check=False)
+    assert out.returncode == 0, out.stderr
+    kept = json.loads(out.stdout)
+    assert kept["request"]["flush_cache"] is False and kept["runs"][0]["cache_flushed"] is None
+    out = subprocess.run([sys.executable, "-m", "app", "--demo", "bench", seen["session"], *small], env=cli_env,
+                         capture_output=True, text=True, timeout=120, check=False)
+    assert out.returncode == 0 and out.stdout.splitlines()[0].split()[:3] == ["CONC", "DONE", "OUT"], out.stdout
+
+
+def runs_seen(home) -> list[dict]:
+    from sessions.bench.store import bench_dir
+
+    return [run for path in bench_dir(home).glob("*.json") for run in json.loads(path.read_text())["runs"]]
+
+
+def test_the_run_table_says_when_a_runs_cache_was_not_flushed():
+    from app.cli_bench import runs_table
+
+    run = {"max_concurrency": 8, "completed": 16, "output_throughput": 500.0, "input_throughput": 1000.0,
+           "request_throughput": 4.0, "median_ttft_ms": 70.0, "p99_ttft_ms": 80.0, "median_tpot_ms": 14.0,
+           "median_itl_ms": 14.0, "p99_itl_ms": 17.0, "median_e2e_latency_ms": 970.0,
+           "cache_note": "prefix cache not flushed (HTTP 400: Timed out waiting for idle state.)"}
+    lines = runs_table([run, dict(run, max_concurrency=32, cache_note=None)]).splitlines()
+    assert lines[0].split()[0] == "CONC" and lines[1].split()[:3] == ["8", "16", "500.0"]
+    assert lines[-1] == "concurrency 8: prefix cache not flushed (HTTP 400: Timed out waiting for idle state.)"
 
 
 def test_flag_changes_name_what_differs():

@@ -122,3 +122,33 @@ def test_already_running_is_checked_before_the_gpus(tp4_holding_gpus_0_to_3, hom
 
     with pytest.raises(AlreadyRunning):
         ServerSession.launch(load_profile(home.profiles_dir / "holder.toml"), home)
+
+
+def test_a_killed_emulators_last_file_holds_no_gpu_while_its_process_is_a_zombie(home):
+    """kill -9 leaves the emulator's main process a zombie until its parent reaps it, and its last
+    `emulated_gpus.json` behind: neither the panel nor the launch check may count that memory (a relaunch
+    onto the same GPU was refused as busy in a clean-clone run)."""
+    import json
+    import os
+    import signal
+
+    import psutil
+
+    from sessions.gpus import EmulatedSource
+
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        session_dir = home.sessions_dir / "killed-session"
+        session_dir.mkdir(parents=True)
+        reading = {"updated_at": time.time(), "pid": child.pid, "gpus": [
+            {"index": 0, "name": "NVIDIA H200", "memory_used_bytes": 140_000 * MIB,
+             "memory_total_bytes": 143_771 * MIB, "processes": [{"pid": child.pid, "used_bytes": 140_000 * MIB}]}]}
+        (session_dir / "emulated_gpus.json").write_text(json.dumps(reading))
+        assert [s.memory_used_bytes for s in EmulatedSource(home).snapshot().samples] == [140_000 * MIB]
+        os.kill(child.pid, signal.SIGKILL)
+        wait_for(lambda: psutil.Process(child.pid).status() == psutil.STATUS_ZOMBIE, "a zombie", 10)
+        snap = EmulatedSource(home).snapshot()
+        assert snap.samples == () and "no emulator session is running" in (snap.message or "")
+    finally:
+        child.kill()
+        child.wait(10)
