@@ -9,10 +9,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from textual import events
+from textual import events, work
 from textual.app import ComposeResult
 from textual.command import CommandInput, CommandList, CommandPalette, SearchIcon
 from textual.containers import Horizontal, Vertical
+from textual.css.query import NoMatches
 from textual.widgets import Button, LoadingIndicator
 
 from widgets.inputs import run_own_binding
@@ -37,7 +38,19 @@ class PageSafeCommandList(CommandList, can_focus=False):
 
 
 class SafeCommandPalette(CommandPalette):
-    """Textual's command palette with `InOrderCommandInput` and `PageSafeCommandList`."""
+    """Textual's command palette with `InOrderCommandInput` and `PageSafeCommandList`, whose search worker
+    survives the palette closing under it."""
+
+    @work(exclusive=True, group=CommandPalette._GATHER_COMMANDS_GROUP)
+    async def _gather_commands(self, search_value: str) -> None:
+        # A search that starts while the palette is being dismissed (a key typed into it, then Esc, in one
+        # burst) finds its list already removed; Textual's worker then raises NoMatches and the app exits.
+        gather = CommandPalette._gather_commands.__wrapped__  # type: ignore[attr-defined]  # Textual's own search
+        try:
+            await gather(self, search_value)
+        except NoMatches:
+            if self.is_attached and self.query(CommandList):
+                raise  # a missing widget of a palette still open is a real error
 
     def compose(self) -> ComposeResult:
         with Vertical(id="--container"):

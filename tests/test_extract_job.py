@@ -193,15 +193,18 @@ def test_server_killed_mid_run_pauses_the_job_and_a_restarted_server_lets_it_fin
         os.killpg(os.getpgid(pid), signal.SIGKILL)  # the whole server, at once, mid-request
         paused = wait_state(job_id, home, ("paused", "failed"), 60)
         assert paused.state == "paused" and "server unreachable" in paused.reason
-        recorded = len(manifest(out))
         from sessions import probes
 
         wait_for(lambda: not probes.process_alive(pid, create_time), "the old server gone", 30)
         # Nothing is recorded while the server is gone.  Proof that the job went on being paused rather
-        # than a pause in the test: a stand-in on the port answers 503, and the job's second /ready probe
-        # shows it read the first answer and still waits; meanwhile it sent no /generate.
+        # than a pause in the test: a stand-in on the port answers 503, and the job's /ready probes show
+        # it read the answers and still waits; meanwhile it sent no /generate.  The count is taken after
+        # its second probe: a request whose whole answer came before the kill (concurrency 4) may still be
+        # recorded after the first failure paused the job, and that sample is complete.
         with DownServerStandIn(port) as down:
             wait_for(lambda: len(down.requests) >= 2, "two /ready probes of the paused job", 60)
+            recorded = len(manifest(out))
+            wait_for(lambda: len(down.requests) >= 4, "two more /ready probes", 60)
         assert all(r.startswith("GET /ready") for r in down.requests), down.requests
         assert len(manifest(out)) == recorded and recorded < rows
         assert job_status(job_id, home).state == "paused"

@@ -9,7 +9,7 @@ from typing import ClassVar
 
 from textual import events
 from textual.app import App, ComposeResult
-from textual.command import CommandInput
+from textual.command import CommandInput, CommandList
 from textual.screen import Screen
 from textual.widgets import Input, OptionList, Static
 
@@ -296,6 +296,29 @@ def test_ctrl_p_then_a_word_in_one_burst_lands_in_the_palette_and_presses_nothin
             assert app.screen.query_one(CommandInput).value == "launch"
             assert not [n for n in notes if n.startswith("Launching")], notes
             assert not list(home.sessions_dir.iterdir()) if home.sessions_dir.exists() else True
+
+    run(scenario)
+
+
+def test_a_palette_search_that_starts_as_the_palette_closes_does_not_kill_the_app(home, make_emulator_profile):
+    """A key typed into the palette starts its search worker; when Esc in the same burst has already
+    removed the list, Textual's search raised NoMatches and the app exited (found by the fuzz test)."""
+    from app.palette import SafeCommandPalette
+
+    make_emulator_profile("emu", tp=2)
+
+    async def scenario() -> None:
+        app = _app(home)
+        async with app.run_test(size=(80, 24)) as pilot:
+            await first_poll(pilot, app)
+            await pilot.press("ctrl+p")
+            palette = await wait_until(pilot, lambda: isinstance(app.screen, SafeCommandPalette) and app.screen,
+                                       "the palette", 10)
+            await palette.query_one(CommandList).remove()  # as the palette's dismissal does
+            await palette._gather_commands("stop").wait()
+            await pilot.press("escape")
+            await wait_until(pilot, lambda: app.screen is app.dashboard, "back on the dashboard", 10)
+            assert app.is_running
 
     run(scenario)
 
