@@ -157,7 +157,10 @@ class TypeAheadApp(App[_R], Generic[_R]):
             state.flight_timer.cancel()
             state.flight_timer = None
         if state.pending:
-            self.call_later(self._dispatch_pending)
+            # After every message queued so far: a key's action may have deferred its effect (Widget.focus()
+            # queues the focus change on the App), and the next key must find it done ("4 / abc": the log
+            # pane's focus, queued by 4, landed after "a" and took "bc" away from the filter).
+            self.call_after_refresh(self._dispatch_pending)
 
     def _awaiting(self) -> bool:
         """True while a worker that may end in a question runs (and the limit has not passed)."""
@@ -220,7 +223,7 @@ class TypeAheadApp(App[_R], Generic[_R]):
             state.settle_timer.cancel()
             state.settle_timer = None
         if state.pending:
-            self.call_later(self._dispatch_pending)
+            self.call_after_refresh(self._dispatch_pending)
 
 
 def _ready_for_keys(screen: Screen[Any]) -> bool:

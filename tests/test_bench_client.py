@@ -223,3 +223,28 @@ def test_a_waves_requests_leave_together_however_slowly_threads_start(monkeypatc
     run = runner._one_run([_RecordingClient(sent) for _ in range(32)], plan, 32, None)
     assert run["completed"] == 32 and len(sent) == 32
     assert max(sent) - min(sent) < 0.05, f"the wave left over {1000 * (max(sent) - min(sent)):.0f} ms"
+
+
+def test_an_error_chunk_after_the_200_headers_is_a_failed_request_not_a_result():
+    """SGLang answers a refusal it finds after its headers (a prompt over the context length, a server
+    shutting down) as one ``data: {"error": ...}`` chunk; bench_serving would count it as a success with
+    the requested length, 0 ms TTFT and a huge input throughput, and it would be kept as the best run."""
+    from sessions.bench.metrics import calculate_metrics, run_notes
+    from sessions.bench.store import best_row, row_of
+
+    class ErrorChunkClient(_RecordingClient):
+        def send(self, request: Any, stream: bool = False) -> Any:
+            lines = ['data: {"error":{"message":"The server is shutting down.","code":503}}', "data: [DONE]"]
+            return type("Response", (), {"status_code": 200, "iter_lines": lambda _self: iter(lines),
+                                         "close": lambda _self: None})()
+
+    prompt = random_id_prompts(1, 8, 100, vocab_size=64, seed=1)[0]
+    out = send_request(ErrorChunkClient([]), "http://127.0.0.1:9", prompt)
+    assert not out.success and out.error == "error chunk: The server is shutting down."
+    run = calculate_metrics([out], [prompt.prompt_len], 1.0, 1) | {"max_concurrency": 1}
+    assert (run["completed"], run["failed"], run["input_throughput"], run["output_throughput"]) == (0, 1, 0, 0)
+    assert run_notes([run]) == [("concurrency 1: 1 of 1 requests failed, e.g. error chunk: The server is "
+                                 "shutting down.")]
+    good = {"profile": "p", "runs": [{"max_concurrency": 1, "output_throughput": 90.0, "failed": 0}]}
+    bad = {"profile": "p", "runs": [{"max_concurrency": 1, "output_throughput": 900.0, "failed": 1}]}
+    assert best_row([row_of(bad, "bad"), row_of(good, "good")]).id == "good"

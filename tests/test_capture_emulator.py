@@ -194,3 +194,19 @@ def test_capture_launch_through_server_session_dumps_the_models_hidden_states(
     assert_bf16_close(last, want_last)
     shown = capture_status(profile)
     assert shown.file_count == 3 and shown.points == (2, 4, 5) and shown.draft_ids == (1, 3, 4)
+
+
+def test_the_model_backend_refuses_prompts_over_the_context_length_with_sglangs_texts(demo_model):
+    """tokenizer_manager.py:1333-1378: a prompt as long as the context, or one whose max_new_tokens would
+    not fit, is refused at once (an over-long prompt used to be prefilled for minutes)."""
+    from sessions.emulator.backend import RequestError
+    from sessions.emulator.model_backend import ModelBackend
+
+    backend = ModelBackend(demo_model, ["--context-length", "64"], environ={}, device="cpu")
+    with pytest.raises(RequestError, match=r"^The input \(64 tokens\) is longer than the model's context "
+                                           r"length \(64 tokens\)\.$"):
+        backend.generate_steps({"input_ids": [5] * 64, "sampling_params": {"max_new_tokens": 1}})
+    with pytest.raises(RequestError, match=r"^Requested token count exceeds the model's maximum context length "
+                                           r"of 64 tokens\. You requested a total of 70 tokens: 60 tokens"):
+        backend.generate_steps({"input_ids": [5] * 60, "sampling_params": {"max_new_tokens": 10}})
+    backend.generate_steps({"input_ids": [5] * 30, "sampling_params": {"max_new_tokens": 10}})

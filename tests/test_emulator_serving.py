@@ -132,7 +132,9 @@ def test_metrics_follow_bench_servings_definitions():
                RequestOutput(True, 10, 1, ttft=0.2, latency=0.2, itl=[], start=100.0),
                RequestOutput(False, 10, 0, error="Bad Request: x")]
     m = calculate_metrics(outputs, [10, 10, 10], duration_s=2.0, max_concurrency=2)
-    assert (m["completed"], m["total_output_tokens"], m["total_input_tokens"]) == (2, 6, 30)
+    # the failed request's prompt is not input the server took (serving.py:1159-1168)
+    assert (m["completed"], m["total_output_tokens"], m["total_input_tokens"]) == (2, 6, 20)
+    assert m["input_throughput"] == 10.0 and m["failed"] == 1
     assert m["output_throughput"] == 3.0 and m["request_throughput"] == 1.0
     assert m["median_tpot_ms"] == pytest.approx(100.0)  # only the request with more than one token
     assert m["median_itl_ms"] == pytest.approx(100.0) and m["median_ttft_ms"] == pytest.approx(150.0)
@@ -172,9 +174,9 @@ def test_streaming_client_that_goes_away_is_aborted(served):
 
 
 def test_abort_request_answers_the_waiting_client_queued_or_running(tmp_path, models):  # noqa: F811
-    """/abort_request (scheduler.py:5675-5812): rids match by prefix; a queued request is answered at once
-    with "Abort in waiting queue" and no tokens, a running one after one more forward with what it has;
-    either way the client that waits gets a 200 whose finish_reason is abort, never a hang."""
+    """/abort_request (scheduler.py:5675-5812): the rid of a request in flight, or abort_all; a queued
+    request is answered at once with "Abort in waiting queue" and no tokens, a running one after one more
+    forward with what it has; either way the waiting client gets a 200 whose finish_reason is abort."""
     from concurrent.futures import ThreadPoolExecutor
 
     emu = Emulator(tmp_path / "run", models["small"], "--max-running-requests", "1",
@@ -187,14 +189,18 @@ def test_abort_request_answers_the_waiting_client_queued_or_running(tmp_path, mo
             emu.wait_for("Prefill batch, #new-seq: 1, #new-token: 3,")
             queued = pool.submit(http_json, "POST", emu.url("/generate"), dict(body, rid="job-queued"))
             emu.wait_for(re.compile(r"Decode batch, #running-req: 1, .*#queue-req: 1"))
+            # a rid not in flight is ignored by the tokenizer manager, a prefix too (tokenizer_manager.py)
             assert http_json("POST", emu.url("/abort_request"), {"rid": "job-q"})[0] == 200
+            time.sleep(0.3)
+            assert not queued.done()
+            assert http_json("POST", emu.url("/abort_request"), {"rid": "job-queued"})[0] == 200
             status, reply = queued.result(timeout=30)
             assert status == 200 and reply["meta_info"]["finish_reason"] == {
                 "type": "abort", "message": "Abort in waiting queue"}
             assert list(reply["meta_info"]) == ["id", "finish_reason", "weight_version", "e2e_latency",
                                                 "completion_tokens"]  # no prompt_tokens
             assert reply["meta_info"]["completion_tokens"] == 0 and not running.done()
-            assert http_json("POST", emu.url("/abort_request"), {"rid": "job-running"})[0] == 200
+            assert http_json("POST", emu.url("/abort_request"), {"abort_all": True})[0] == 200
             status, reply = running.result(timeout=30)
             assert status == 200 and reply["meta_info"]["finish_reason"]["message"] == "Aborted"
             assert 0 < reply["meta_info"]["completion_tokens"] < 3000

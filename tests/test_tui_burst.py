@@ -251,6 +251,23 @@ def test_slash_then_text_in_one_burst_lands_in_the_filter(home, make_emulator_pr
     run(scenario)
 
 
+def test_a_key_whose_action_defers_its_focus_does_not_take_the_next_keys(home, make_emulator_profile):
+    """4 focuses the log pane through Widget.focus(), which queues the change on the App; "/ abc" typed
+    right after opened the filter, "a" landed, then the queued focus moved to the log and "b" opened the
+    bench screen (found by an adversarial tester in tmux)."""
+    make_emulator_profile("emu", tp=2)
+
+    async def scenario() -> None:
+        app = _app(home)
+        async with app.run_test(size=(80, 24)) as pilot:
+            await first_poll(pilot, app)
+            await burst(pilot, "4", "slash", "a", "b", "c")
+            assert app.screen is app.dashboard, app.screen
+            assert app.dashboard.query_one("#filter-input", Input).value == "abc"
+
+    run(scenario)
+
+
 def test_a_slash_typed_into_the_open_filter_is_a_character(home, make_emulator_profile):
     make_emulator_profile("emu", tp=2)
 

@@ -89,6 +89,14 @@ def send_request(client: Any, base_url: str, prompt: Prompt, output_len: int | N
                 if line == "[DONE]":
                     continue
                 data = json.loads(line)
+                if isinstance(data, dict) and data.get("error") is not None:
+                    # SGLang streams a refusal after its 200 headers as one error chunk (a prompt over the
+                    # context length, a server shutting down).  bench_serving counts such a request as a
+                    # success with the requested length; that is a record of a run that never happened.
+                    error = data["error"]
+                    message = error.get("message") if isinstance(error, dict) else error
+                    out.error = f"error chunk: {message}"
+                    return out
                 meta = data.get("meta_info") or {}
                 if meta.get("spec_accept_length") is not None:
                     out.accept_length = float(meta["spec_accept_length"])

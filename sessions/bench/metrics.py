@@ -48,7 +48,8 @@ def calculate_metrics(outputs: Sequence[RequestOutput], dataset_prompt_lens: Seq
                       max_concurrency: int) -> dict[str, Any]:
     ok = [o for o in outputs if o.success]
     total_output = sum(o.output_len for o in ok)
-    total_input = sum(dataset_prompt_lens)
+    # the prompts of successful requests only (serving.py:1159-1168): a failed one put no load on the server
+    total_input = sum(n for o, n in zip(outputs, dataset_prompt_lens, strict=True) if o.success)
     ttfts = [o.ttft for o in ok]
     tpots = [(o.latency - o.ttft) / (o.output_len - 1) for o in ok if o.output_len > 1]
     itls = [gap for o in ok for gap in o.itl]
@@ -108,5 +109,14 @@ def run_rows(runs: Sequence[dict[str, Any]]) -> list[tuple[str, ...]]:
 
 
 def run_notes(runs: Sequence[dict[str, Any]]) -> list[str]:
-    """What the reader must know about a run's figures (a prefix cache that could not be flushed)."""
-    return [f"concurrency {r['max_concurrency']}: {r['cache_note']}" for r in runs if r.get("cache_note")]
+    """What the reader must know about a run's figures: failed requests (with the first error), a prefix
+    cache that could not be flushed."""
+    notes = []
+    for r in runs:
+        if r.get("failed"):
+            first = (r.get("errors") or ["?"])[0]
+            notes.append(f"concurrency {r['max_concurrency']}: {r['failed']} of {r['failed'] + r['completed']} "
+                         f"requests failed, e.g. {first}")
+        if r.get("cache_note"):
+            notes.append(f"concurrency {r['max_concurrency']}: {r['cache_note']}")
+    return notes

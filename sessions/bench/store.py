@@ -96,6 +96,11 @@ class HistoryRow:
     profile_toml: str | None
     result: dict[str, Any]
 
+    @property
+    def failed(self) -> int:
+        """Requests of this result that failed: such a result is listed, never ranked best."""
+        return sum(int(r.get("failed") or 0) for r in self.result.get("runs") or [] if isinstance(r, dict))
+
     def to_json(self) -> dict[str, Any]:
         return {
             "id": self.id,
@@ -107,6 +112,7 @@ class HistoryRow:
             "top_concurrency": self.top_concurrency,
             "top_output_throughput": self.top_throughput,
             "command": list(self.command),
+            "failed_requests": self.failed,
         }
 
 
@@ -160,7 +166,8 @@ def load_history(home: Home, profile: str | None = None) -> tuple[list[HistoryRo
 
 def best_row(rows: list[HistoryRow]) -> HistoryRow | None:
     """The best result: highest single-stream tok/s, ties broken by throughput at the top concurrency."""
-    scored = [r for r in rows if r.single_stream_tok_s is not None or r.top_throughput is not None]
+    scored = [r for r in rows if (r.single_stream_tok_s is not None or r.top_throughput is not None)
+              and not r.failed]
     if not scored:
         return None
     return max(scored, key=lambda r: (r.single_stream_tok_s or 0.0, r.top_throughput or 0.0))

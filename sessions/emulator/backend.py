@@ -45,6 +45,20 @@ def drain(steps: Generator[int, None, _T]) -> _T:
             return stop.value
 
 
+def check_context_length(input_tokens: int, max_new_tokens: int | None, context_len: int) -> None:
+    """SGLang's two length checks, with its texts (tokenizer_manager.py:1333-1378, no auto-truncate): the
+    prompt must be shorter than the context, and prompt + max_new_tokens must fit in it."""
+    if input_tokens >= context_len:
+        raise RequestError(f"The input ({input_tokens} tokens) is longer than the model's context length "
+                           f"({context_len} tokens).")
+    if max_new_tokens is not None and input_tokens + max_new_tokens > context_len:
+        raise RequestError(
+            f"Requested token count exceeds the model's maximum context length of {context_len} tokens. "
+            f"You requested a total of {input_tokens + max_new_tokens} tokens: {input_tokens} tokens from the "
+            f"input messages and {max_new_tokens} tokens for the completion. Please reduce the number of "
+            "tokens in the input messages or the completion to fit within the limit.")
+
+
 class RequestError(ValueError):
     """A request SGLang would refuse; ``status`` is the HTTP status to answer with."""
 
@@ -170,13 +184,7 @@ class FixedBackend:
             input_ids = self.encode(str(request.get("text") or ""))
         if not input_ids:
             raise RequestError("The input_ids is empty.")
-        if len(input_ids) + max_new > self.context_len:
-            raise RequestError(
-                f"Requested token count exceeds the model's maximum context length of {self.context_len} "
-                f"tokens. You requested a total of {len(input_ids) + max_new} tokens: "
-                f"{len(input_ids)} tokens "
-                f"from the input messages and {max_new} tokens for the completion."
-            )
+        check_context_length(len(input_ids), max_new, self.context_len)
         want_hidden = bool(request.get("return_hidden_states"))
         if want_hidden and self.hidden_states_mode is None:
             raise RequestError(  # tokenizer_manager.py:1394-1410

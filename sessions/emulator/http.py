@@ -236,7 +236,9 @@ class _Handler(BaseHTTPRequestHandler):
         except json.JSONDecodeError:
             body = {}
         rid = body.get("rid") if isinstance(body, dict) else None
-        if isinstance(rid, str) and rid:
+        if isinstance(body, dict) and body.get("abort_all") is True:
+            self.server.manager.abort("", abort_all=True)
+        elif isinstance(rid, str) and rid:
             self.server.manager.abort(rid)
         self._empty(200)
 

@@ -42,7 +42,7 @@ from typing import Any, cast
 
 from sessions.capture.layers import LayerConvention, LayerRule, rule_for
 from sessions.capture.plugin.eagle3_capture.spec import CaptureSpec, capture_active_line
-from sessions.emulator.backend import RequestError
+from sessions.emulator.backend import RequestError, check_context_length
 
 DEFAULT_CHUNKED_PREFILL_SIZE = 8192  # SGLang picks a size per GPU when the flag is absent
 EMULATOR_VERSION = "emulator"
@@ -77,6 +77,7 @@ _FLAG_NAMES = {
     "skip_tokenizer_init": False,
     "pp_size": 1,
     "aux_hidden_state_capture": None,  # set by a resolved args dict (speculative_algorithm is then None)
+    "context_length": None,
 }
 
 
@@ -91,6 +92,7 @@ def _flags_from_argv(argv: Sequence[str]) -> dict[str, Any]:
     parser.add_argument("--return-hidden-states-mode", choices=["last", "full"])
     parser.add_argument("--skip-tokenizer-init", action="store_true")
     parser.add_argument("--pp-size", "--pipeline-parallel-size", type=int, default=1)
+    parser.add_argument("--context-length", type=int)
     known, _ = parser.parse_known_args(list(argv))
     return vars(known)
 
@@ -213,6 +215,10 @@ class ModelBackend:
 
         self.model_dir = Path(model_dir)
         self.config = capture_config(self.model_dir, server_flags)
+        from sessions.emulator.model_config import load_model_config
+
+        context = _normalize_flags(server_flags)["context_length"]  # --context-length, else the model's
+        self.context_len = int(context or load_model_config(str(self.model_dir)).context_len)
         self.spec = CaptureSpec.from_environ(environ)
         if device is None:
             device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -364,6 +370,7 @@ class ModelBackend:
             raise ModelBackendError(_HIDDEN_EXCEEDS.format(mode=self.config.hidden_states_mode))
         params = request.get("sampling_params") or {}
         _check_max_new(params)
+        check_context_length(len(prompts[0]), params.get("max_new_tokens"), self.context_len)
         self.last_prompt_len, self.last_cached = len(prompts[0]), 0
         return self._steps_one(rid, prompts[0], params, bool(hidden))
 

@@ -278,9 +278,13 @@ class TokenizerManager:
         with self._lock:
             self._in_flight.pop(rid, None)
 
-    def abort(self, rid: str) -> None:
-        """/abort_request, or a streaming client that went away."""
-        self.client.call("abort_request", rid, reply_from=(0,), timeout_s=10.0)
+    def abort(self, rid: str, abort_all: bool = False) -> None:
+        """/abort_request, or a streaming client that went away.  As ``TokenizerManager.abort_request``
+        (tokenizer_manager.py:2241-2253): a rid that is not in flight is ignored here, one that is goes to
+        the scheduler (which matches by prefix); ``abort_all`` aborts every request."""
+        if not abort_all and rid not in self.in_flight():
+            return
+        self.client.call("abort_request", "" if abort_all else rid, reply_from=(0,), timeout_s=10.0)
 
     def health(self) -> int:
         """The /health status code (sglang-facts §2): 503 unless Up; by default a 1-token generation."""
