@@ -105,7 +105,9 @@ def _clients(count: int) -> list[Any]:
 def run_bench(plan: BenchPlan, progress: Progress | None = None, on_run: RunHook | None = None,
               on_result: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
     """The runs (one metrics dict per concurrency) and the server's ``/server_info`` facts."""
-    clients = _clients(max(plan.concurrencies))
+    # one client per request that can be in flight: never more than the prompts a run sends
+    in_flight = max(min(c, len(plan.prompts_for(c))) for c in plan.concurrencies)
+    clients = _clients(max(1, in_flight))
     try:
         first = clients[0]
         _wait_ready(first, plan)
