@@ -83,15 +83,13 @@ def _bench(args: argparse.Namespace) -> int:
     else:
         print(runs_table(result["runs"]))
         print(f"kept as {path}", file=sys.stderr)
-    failed = [r for r in result["runs"] if r.get("failed")]
-    if failed:
-        from sessions.bench.metrics import run_notes
+    from sessions.bench.metrics import failure_notes
 
-        for note in run_notes(failed):
-            if "failed" in note:
-                print(f"eagle3-tui: {note}", file=sys.stderr)
-        return EXIT_FAILED  # figures of a run with failed requests are not the server's
-    return 0
+    failures = failure_notes(result["runs"])
+    if args.json:  # the table's footer names them otherwise
+        for note in failures:
+            print(f"eagle3-tui: {note}", file=sys.stderr)
+    return EXIT_FAILED if failures else 0  # figures of a run with failed requests are not the server's
 
 
 def _options(args: argparse.Namespace) -> BenchOptions:

@@ -32,6 +32,14 @@ HISTORY_COLUMNS = ("", "profile", "date", "flags vs best", "1-stream tok/s", "TT
                    "top tok/s")
 
 
+def _failure_text(exc: Exception) -> str:
+    """A bench's refusal as the screen says it: the message of an expected failure (a BenchError, a file
+    or value problem), the type too for anything else."""
+    from sessions.bench.runner import BenchError
+
+    return str(exc) if isinstance(exc, (BenchError, OSError, ValueError)) else f"{type(exc).__name__}: {exc}"
+
+
 class BenchScreen(Screen):
     """See the module docstring."""
 
@@ -107,7 +115,6 @@ class BenchScreen(Screen):
 
     @work(thread=True, exclusive=True, group="bench")
     def _bench(self, session_id: str) -> None:
-        from sessions.bench.runner import BenchError
         from sessions.bench.session_bench import BenchOptions, bench_session
         from sessions.bench.store import save_result
         from sessions.server import ServerSession
@@ -122,11 +129,8 @@ class BenchScreen(Screen):
                                    bench_argv=["eagle3-tui", "bench", session_id],
                                    on_result=lambda run: self.app.call_from_thread(self._run_done, run))
             path = save_result(self.home, result)
-        except (BenchError, OSError, ValueError) as exc:
-            self.app.call_from_thread(self._failed, str(exc))
-            return
         except Exception as exc:  # noqa: BLE001 - shown on the screen, the TUI keeps running
-            self.app.call_from_thread(self._failed, f"{type(exc).__name__}: {exc}")
+            self.app.call_from_thread(self._failed, _failure_text(exc))
             return
         self.app.call_from_thread(self._done, result, str(path))
 
@@ -262,7 +266,6 @@ class BenchScreen(Screen):
     @work(thread=True, exclusive=True, group="bench")
     def _compare(self, a: str, b: str) -> None:
         from sessions.bench.compare import run_compare
-        from sessions.bench.runner import BenchError
         from sessions.bench.session_bench import BenchOptions
 
         def say(note: str) -> None:
@@ -274,11 +277,8 @@ class BenchScreen(Screen):
         try:
             report = run_compare(a, b, self.default_options or BenchOptions(), self.home, say, progress,
                                  argv=["eagle3-tui", "bench", "compare", a, b])
-        except (BenchError, OSError, ValueError) as exc:
-            self.app.call_from_thread(self._failed, str(exc))
-            return
         except Exception as exc:  # noqa: BLE001 - shown on the screen, the TUI keeps running
-            self.app.call_from_thread(self._failed, f"{type(exc).__name__}: {exc}")
+            self.app.call_from_thread(self._failed, _failure_text(exc))
             return
         self.app.call_from_thread(self._compared, report)
 

@@ -108,15 +108,14 @@ def run_rows(runs: Sequence[dict[str, Any]]) -> list[tuple[str, ...]]:
     ]
 
 
+def failure_notes(runs: Sequence[dict[str, Any]]) -> list[str]:
+    """One line per run with failed requests, with the first error: such figures are not the server's."""
+    return [f"concurrency {r['max_concurrency']}: {r['failed']} of {r['failed'] + r['completed']} requests "
+            f"failed, e.g. {(r.get('errors') or ['?'])[0]}" for r in runs if r.get("failed")]
+
+
 def run_notes(runs: Sequence[dict[str, Any]]) -> list[str]:
-    """What the reader must know about a run's figures: failed requests (with the first error), a prefix
-    cache that could not be flushed."""
-    notes = []
-    for r in runs:
-        if r.get("failed"):
-            first = (r.get("errors") or ["?"])[0]
-            notes.append(f"concurrency {r['max_concurrency']}: {r['failed']} of {r['failed'] + r['completed']} "
-                         f"requests failed, e.g. {first}")
-        if r.get("cache_note"):
-            notes.append(f"concurrency {r['max_concurrency']}: {r['cache_note']}")
-    return notes
+    """What the reader must know about the runs' figures: failed requests, and a prefix cache that could
+    not be flushed."""
+    return failure_notes(runs) + [f"concurrency {r['max_concurrency']}: {r['cache_note']}"
+                                  for r in runs if r.get("cache_note")]

@@ -45,6 +45,14 @@ def drain(steps: Generator[int, None, _T]) -> _T:
             return stop.value
 
 
+class RequestError(ValueError):
+    """A request SGLang would refuse; ``status`` is the HTTP status to answer with."""
+
+    def __init__(self, message: str, status: int = 400) -> None:
+        super().__init__(message)
+        self.status = status
+
+
 def check_context_length(input_tokens: int, max_new_tokens: int | None, context_len: int) -> None:
     """SGLang's two length checks, with its texts (tokenizer_manager.py:1333-1378, no auto-truncate): the
     prompt must be shorter than the context, and prompt + max_new_tokens must fit in it."""
@@ -57,14 +65,6 @@ def check_context_length(input_tokens: int, max_new_tokens: int | None, context_
             f"You requested a total of {input_tokens + max_new_tokens} tokens: {input_tokens} tokens from the "
             f"input messages and {max_new_tokens} tokens for the completion. Please reduce the number of "
             "tokens in the input messages or the completion to fit within the limit.")
-
-
-class RequestError(ValueError):
-    """A request SGLang would refuse; ``status`` is the HTTP status to answer with."""
-
-    def __init__(self, message: str, status: int = 400) -> None:
-        super().__init__(message)
-        self.status = status
 
 
 class PrefixCache:

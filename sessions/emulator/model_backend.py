@@ -43,6 +43,7 @@ from typing import Any, cast
 from sessions.capture.layers import LayerConvention, LayerRule, rule_for
 from sessions.capture.plugin.eagle3_capture.spec import CaptureSpec, capture_active_line
 from sessions.emulator.backend import RequestError, check_context_length
+from sessions.emulator.model_config import load_model_config
 
 DEFAULT_CHUNKED_PREFILL_SIZE = 8192  # SGLang picks a size per GPU when the flag is absent
 EMULATOR_VERSION = "emulator"
@@ -215,8 +216,6 @@ class ModelBackend:
 
         self.model_dir = Path(model_dir)
         self.config = capture_config(self.model_dir, server_flags)
-        from sessions.emulator.model_config import load_model_config
-
         context = _normalize_flags(server_flags)["context_length"]  # --context-length, else the model's
         self.context_len = int(context or load_model_config(str(self.model_dir)).context_len)
         self.spec = CaptureSpec.from_environ(environ)
