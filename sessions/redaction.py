@@ -16,68 +16,123 @@ from typing import Any
 
 REDACTED = "***"
 
-# A name is secret when one of its words (split on _, -, ., camelCase) is a secret word, or when two
-# adjacent words form one ("api key").  Words, not substrings: `num_tokens`, `max_new_tokens` and
-# `tokenizer_path` are not secrets, `HF_TOKEN` and `WANDB_API_KEY` are.
+# --- the catalogue of secret names ---------------------------------------------------------------------
+# A name is split into words (on _, -, ., camelCase); a word's trailing digits are a numbered variant
+# (TOKEN2, PASSWORD2) and a word of digits only (HF_TOKEN_1) is dropped, so both count as the word itself.
+# Words, not substrings: `num_tokens`, `max_new_tokens`, `tokenizer_path`, `enable_forward_pass_metrics` and
+# `PWD` (the shell's working directory) are not secrets; `HF_TOKEN`, `WANDB_API_KEY` and `MYSQL_PWD` are.
+#
+# Secret wherever it stands in the name:
 _SECRET_WORDS = frozenset(
-    {"token", "secret", "password", "passwd", "pwd", "apikey", "credential", "credentials", "auth",
-     "authorization", "cookie", "passphrase", "privatekey", "accesskey"}
+    {"secret", "secrets", "password", "passwd", "passphrase", "passcode", "apikey", "apitoken", "credential",
+     "credentials", "auth", "authorization", "cookie", "privatekey", "accesskey", "secretkey", "accesstoken",
+     "authtoken", "sessiontoken", "refreshtoken", "clientsecret"}
 )
-_SECRET_PAIRS = frozenset({("api", "key"), ("access", "key"), ("private", "key"), ("session", "key"),
-                           ("secret", "key"), ("admin", "key")})
-# "token" names a credential as the last word of a name (HF_TOKEN, access_token, --token), not before
-# another word (speculative_token_map, ds_heavy_token_num, token_usage) nor after a word that makes it a
-# position, a count or a kind of token (bucket_time_to_first_token, kt_max_deferred_experts_per_token,
-# eos_token: SGLang server_args fields).
+_SECRET_SUFFIXES = ("password", "passwd", "secret")  # dbpassword, rootPassword (one word), clientsecret
+# Secret as the last word after another one (`*_KEY`, `*_PAT`, DB_PASS, MYSQL_PWD), never alone: a bare
+# KEY, PAT or PWD is a setting, a name or the working directory.  "pass" before another word is a count
+# of passes (SGLang's enable_forward_pass_metrics), so it is secret as the last word only, alone too.
+_LAST_WORD_SECRETS = frozenset({"key", "pat", "pwd", "pw", "pass", "keys"})
+_LAST_WORD_ALONE = frozenset({"pass"})
+# `*_KEY` that name no credential: an index, an order, a cache slot, a public key (SGLang's
+# SGLANG_LOG_DECODE_GRAPH_KEY is a switch).
+_KEY_NOT_SECRET_AFTER = frozenset(
+    {"sort", "cache", "primary", "foreign", "hot", "dict", "lookup", "partition", "shard", "routing", "group",
+     "column", "field", "map", "hash", "graph", "public", "idempotency", "object", "index", "dedup", "join",
+     "row", "metric", "label", "config", "file", "path"}
+)
+_SECRET_PAIRS = frozenset({("api", "key"), ("api", "keys"), ("access", "key"), ("private", "key"),
+                           ("session", "key"), ("secret", "key"), ("admin", "key"), ("api", "token"),
+                           ("client", "secret"), ("signing", "key"), ("encryption", "key")})
+# "token" names a credential as the last word of a name (HF_TOKEN, access_token, --token, TOKEN2,
+# HF_TOKEN_1), not before another word (speculative_token_map, ds_heavy_token_num, token_usage) nor after
+# a word that makes it a position, a count or a kind of token (bucket_time_to_first_token,
+# kt_max_deferred_experts_per_token, eos_token: SGLang server_args fields).
 _TOKEN_NOT_SECRET_AFTER = frozenset(
     {"per", "first", "last", "next", "new", "cached", "num", "max", "min", "total", "input", "output",
      "eos", "bos", "pad", "unk", "sep", "cls", "mask", "special", "image", "video", "audio", "start", "end"}
 )
 _WORD_SPLIT = re.compile(r"[^A-Za-z0-9]+|(?<=[a-z0-9])(?=[A-Z])")
+_TRAILING_DIGITS = re.compile(r"(?<=[a-z])\d+$")
 # Flags whose next argv element is a secret (SGLang has --api-key and --admin-api-key).
 SECRET_FLAGS = frozenset({"--api-key", "--admin-api-key", "--hf-token", "--token"})
 
-_SECRET_VALUE_PATTERN_LIST = [
-    re.compile(r"\bhf_[A-Za-z0-9]{20,}\b"),  # Hugging Face tokens
-    re.compile(r"\bsk-[A-Za-z0-9_\-]{16,}\b"),  # OpenAI-style keys
-    re.compile(r"\bgh[pousr]_[A-Za-z0-9]{20,}\b"),  # GitHub tokens
-    re.compile(r"\bxox[abpr]-[A-Za-z0-9\-]{10,}\b"),  # Slack tokens
-    re.compile(r"\bAKIA[0-9A-Z]{16}\b"),  # AWS access key ids
-]
+# --- the catalogue of value shapes ---------------------------------------------------------------------
+# Each is a credential on its own, whatever name it is under (``FOO=hf_...``, a line of a log).
+SECRET_SHAPES: dict[str, str] = {
+    "jwt": r"\beyJ[A-Za-z0-9_\-]{4,}\.eyJ[A-Za-z0-9_\-]{4,}\.[A-Za-z0-9_\-]*",  # header.payload.signature
+    "hugging face": r"\bhf_[A-Za-z0-9]{20,}\b",
+    "openai / anthropic": r"\bsk-[A-Za-z0-9_\-]{16,}",  # sk-..., sk-proj-..., sk-ant-api03-...
+    "github": r"\bgh[pousr]_[A-Za-z0-9]{20,}\b",
+    "github fine-grained": r"\bgithub_pat_[A-Za-z0-9_]{20,}",
+    "gitlab": r"\bgl(?:pat|dt|rt|ptt|cbt|oas|soat|ffct|imt|agent)-[A-Za-z0-9_\-]{20,}",
+    "slack": r"\bxox[abpres]-[A-Za-z0-9\-]{10,}",
+    "aws access key id": r"\b(?:AKIA|ASIA|AGPA|AIDA|AROA|AIPA|ANPA|ANVA|ABIA|ACCA)[0-9A-Z]{16}\b",
+    "private key block": r"-----BEGIN [A-Z ]*PRIVATE KEY-----(?:[\s\S]*?-----END [A-Z ]*PRIVATE KEY-----|.*)",
+}
 # One pass over the text for every credential shape (a log line at 100 lines/s is redacted as it is shown).
-_SECRET_VALUE = re.compile("|".join(f"(?:{p.pattern})" for p in _SECRET_VALUE_PATTERN_LIST))
-_BEARER = re.compile(r"(?i)(bearer\s+)[A-Za-z0-9._\-~+/]{8,}=*")
-_URL_PASSWORD = re.compile(r"(://[^/\s:@]+:)[^@\s/]+(@)")
-# ``name=value``, ``'name': 'value'``, ``name: value``; a quoted value is taken whole (spaces and all).
-# A leading ``#`` belongs to the name (SGLang's counts, see is_secret_name).
+_SECRET_VALUE = re.compile("|".join(f"(?:{p})" for p in SECRET_SHAPES.values()))
+# ``Bearer <credential>``: the whole credential.  ``Basic <base64>``: when the base64 decodes to
+# ``user:password`` (so "Basic checks passed" stays).  Both keep the scheme word, as curl's -v does.
+_BEARER = re.compile(r"(?i)\b(bearer\s+)[A-Za-z0-9._\-~+/]{8,}=*")
+_BASIC = re.compile(r"(?i)\b(basic\s+)([A-Za-z0-9+/]{6,}={0,2})(?![A-Za-z0-9+/=])")
+# ``scheme://user:password@host``: the password runs to the last ``@`` before the host (a password may hold
+# ``@`` or ``/``), never past a space, a quote, ``?`` or ``#``.
+_URL_PASSWORD = re.compile(r"(://[^/\s:@'\"<>]*:)([^\s?#'\"<>]+)(@[^\s/?#@'\"<>]+)")
+# An auth scheme before a credential (``Authorization: Basic <b64>``): the credential is the value.
+_SCHEME = r"(?:(?i:basic|bearer|token|digest|negotiate|ntlm|apikey|key|otp)\s+)?"
+# A quoted value is taken whole, backslash escapes included (``"pa\"ss"``: TOML, JSON, repr).
+_QUOTED = r"'(?:[^'\\\n]|\\.)*'|\"(?:[^\"\\\n]|\\.)*\""
+# ``name=value``, ``'name': 'value'``, ``name: value``.  A leading ``#`` belongs to the name (SGLang's counts,
+# see is_secret_name).
 _ASSIGNMENT = re.compile(
     r"(?P<name>#?\b[A-Za-z_][A-Za-z0-9_\-]*)(?P<nq>['\"]?)(?P<sep>\s*[=:]\s*|\s+)"
-    r"(?P<value>'[^'\n]*'|\"[^\"\n]*\"|[^\s'\",(){}\[\]=]+)"
+    rf"(?P<scheme>{_SCHEME})(?P<value>{_QUOTED}|[^\s'\",(){{}}\[\]=]+)"
+)
+# A secret flag and its value in free text: ``--api-key V`` (a log's command line) and ``"--api-key", "V"``
+# (a TOML or JSON argv list).  ``--api-key=V`` is an assignment.
+_FLAG_VALUE = re.compile(
+    r"(?P<flag>(?<![\w-])--?[A-Za-z][A-Za-z0-9_\-]*)(?P<mid>\s+|['\"]\s*,\s*|['\"]\s+)"
+    rf"(?P<value>{_QUOTED}|(?!-)[^\s'\",\]\)]+)"
 )
 # Only text holding one of these (lowercased) can hold a secret name; the rest skips the assignment scan.
-_NAME_HINTS = ("token", "secret", "pass", "pwd", "credential", "auth", "cookie", "key")
+_NAME_HINTS = ("token", "secret", "pass", "pw", "credential", "auth", "cookie", "key", "pat")
+
+
+def _name_words(name: str) -> list[str]:
+    words = []
+    for word in _WORD_SPLIT.split(name):
+        if word and not word.isdigit():
+            words.append(_TRAILING_DIGITS.sub("", word.lower()))
+    return words
 
 
 @functools.lru_cache(maxsize=4096)  # log lines repeat the same few names every second
 def is_secret_name(name: str) -> bool:
-    """True when an env var / flag / key name looks like it holds a secret.
+    """True when an env var / flag / key name looks like it holds a secret (see the catalogue above).
 
     A name written ``#name`` is a count (SGLang's ``#new-token: 12``, ``#cached-token: 0``), never a secret.
     """
     if name.startswith("#"):
         return False
-    words = [w.lower() for w in _WORD_SPLIT.split(name) if w]
+    words = _name_words(name)
+    last = len(words) - 1
     for i, word in enumerate(words):
         if word == "token":
-            if i == len(words) - 1 and (i == 0 or words[i - 1] not in _TOKEN_NOT_SECRET_AFTER):
+            if i == last and (i == 0 or words[i - 1] not in _TOKEN_NOT_SECRET_AFTER):
                 return True
-        elif word in _SECRET_WORDS:
+        elif word in _SECRET_WORDS or word.endswith(_SECRET_SUFFIXES):
             return True
+        elif i == last and word in _LAST_WORD_SECRETS and (i > 0 or word in _LAST_WORD_ALONE):
+            if not (word in ("key", "keys") and words[i - 1] in _KEY_NOT_SECRET_AFTER):
+                return True
     return any(pair in _SECRET_PAIRS for pair in itertools.pairwise(words))
 
 
-def redact_env(env: Mapping[str, str]) -> dict[str, str]:
-    return {k: (REDACTED if is_secret_name(k) and v else v) for k, v in env.items()}
+def redact_env(env: Mapping[str, str], known_secrets: Iterable[str] = ()) -> dict[str, str]:
+    """Secret-named values become ``***``; every other value is redacted by value and by shape."""
+    known = tuple(known_secrets)
+    return {k: (REDACTED if is_secret_name(k) and v else redact_text(v, known)) for k, v in env.items()}
 
 
 def redact_argv(argv: Iterable[str]) -> list[str]:
@@ -99,9 +154,48 @@ def redact_argv(argv: Iterable[str]) -> list[str]:
     return out
 
 
+def _basic_credential(m: re.Match[str]) -> str:
+    """``Basic <b64>`` -> ``Basic ***`` when the base64 is a ``user:password`` pair."""
+    import base64
+    import binascii
+
+    encoded = m.group(2)
+    try:
+        decoded = base64.b64decode(encoded + "=" * (-len(encoded) % 4), validate=True)
+    except (binascii.Error, ValueError):
+        return m.group(0)
+    return m.group(1) + REDACTED if b":" in decoded else m.group(0)
+
+
+def _flag_value(m: re.Match[str]) -> str:
+    flag = m.group("flag")
+    if not (flag in SECRET_FLAGS or is_secret_name(flag.lstrip("-"))) or m.group("value") in ("None", "''", '""'):
+        return m.group(0)
+    return m.group("flag") + m.group("mid") + _hidden(m.group("value"))
+
+
+def _hidden(value: str) -> str:
+    """``***`` in the quotes ``value`` had."""
+    quote = value[0] if value[:1] in ("'", '"') else ""
+    return f"{quote}{REDACTED}{quote}"
+
+
+def _assignment(m: re.Match[str]) -> str:
+    value, scheme = m.group("value"), m.group("scheme")
+    if m.group("sep").strip() not in ("=", ":") or not is_secret_name(m.group("name")):
+        return m.group(0)
+    if value in ("None", "''", '""') and not scheme:
+        return m.group(0)  # no secret set (ServerArgs(api_key=None)): nothing to hide
+    head = f"{m.group('name')}{m.group('nq')}{m.group('sep')}"
+    if scheme and "auth" not in m.group("name").lower():
+        return head + REDACTED  # "password: token abc": the first word is part of the secret, not a scheme
+    return head + scheme + _hidden(value)
+
+
 def redact_text(text: str, known_secrets: Iterable[str] = ()) -> str:
     """Redact known secret values (and their JSON/TOML/shell-escaped forms), then credential-shaped
-    substrings and secret-named assignments, from free text."""
+    substrings (`SECRET_SHAPES`, Bearer/Basic credentials, URL passwords), then the values of secret-named
+    flags and assignments, from free text."""
     known = _known_pattern(tuple(known_secrets) if not isinstance(known_secrets, tuple) else known_secrets)
     if known is not None:
         text = known.sub(REDACTED, text)
@@ -109,20 +203,14 @@ def redact_text(text: str, known_secrets: Iterable[str] = ()) -> str:
     low = text.lower()
     if "bearer" in low:
         text = _BEARER.sub(lambda m: m.group(1) + REDACTED, text)
+    if "basic" in low:
+        text = _BASIC.sub(_basic_credential, text)
     if "://" in text:
-        text = _URL_PASSWORD.sub(lambda m: m.group(1) + REDACTED + m.group(2), text)
+        text = _URL_PASSWORD.sub(lambda m: m.group(1) + REDACTED + m.group(3), text)
     if not any(hint in low for hint in _NAME_HINTS):
         return text
-
-    def _assignment(m: re.Match[str]) -> str:
-        value = m.group("value")
-        if m.group("sep").strip() not in ("=", ":") or not is_secret_name(m.group("name")):
-            return m.group(0)
-        if value in ("None", "''", '""'):
-            return m.group(0)  # no secret set (ServerArgs(api_key=None)): nothing to hide
-        quote = value[0] if value[0] in "'\"" else ""
-        return f"{m.group('name')}{m.group('nq')}{m.group('sep')}{quote}{REDACTED}{quote}"
-
+    if "-" in text:
+        text = _FLAG_VALUE.sub(_flag_value, text)
     return _ASSIGNMENT.sub(_assignment, text)
 
 
@@ -231,6 +319,67 @@ def read_secrets_file(session_dir: Path) -> list[str]:
     return [v for v in values if isinstance(v, str)]
 
 
+# --- records: nested JSON ---------------------------------------------------------------------------------
+# Deeper than this, a record is not walked: what cannot be looked at is hidden whole (never a RecursionError).
+RECORD_MAX_DEPTH = 64
+
+
+def record_secrets(obj: Any) -> list[str]:
+    """The exact secret values a JSON-like record carries: values under secret-named keys, values after
+    secret flags in its string lists (an argv), and credential-shaped strings.  `redact_record` hides them
+    wherever else they appear in the record (a profile's TOML text, a command's shell text)."""
+    found: list[str] = []
+    stack: list[tuple[Any, int]] = [(obj, 0)]
+    while stack:
+        value, depth = stack.pop()
+        if depth > RECORD_MAX_DEPTH:
+            continue
+        if isinstance(value, Mapping):
+            for key, item in value.items():
+                if isinstance(key, str) and is_secret_name(key) and isinstance(item, (str, int, float)) \
+                        and not isinstance(item, bool):
+                    found.append(str(item))
+                stack.append((item, depth + 1))
+        elif isinstance(value, (list, tuple)):
+            if value and all(isinstance(v, str) for v in value):
+                found += collect_secrets(value)
+            else:
+                stack.extend((item, depth + 1) for item in value)
+        elif isinstance(value, str):
+            found.extend(m.group(0) for m in _SECRET_VALUE.finditer(value))
+    return [v for v in dict.fromkeys(found) if len(v) >= MIN_SECRET_CHARS]
+
+
+def redact_record(obj: Any, known_secrets: Iterable[str] = ()) -> Any:
+    """A redacted copy of a JSON-like record (bench and compare results, history, start facts), by key and by
+    value: a secret-named key's value becomes ``***`` (every leaf, when it is a container), a string list
+    is redacted as an argv, and every string (keys too) by `redact_text` with the record's own secrets
+    (`record_secrets`) and ``known_secrets``.  Numbers, bools and None stay; ``obj`` is not changed."""
+    known = tuple(dict.fromkeys([*known_secrets, *record_secrets(obj)]))
+    return _redact_value(obj, known, 0, hide=False)
+
+
+def _redact_value(value: Any, known: tuple[str, ...], depth: int, hide: bool) -> Any:
+    if depth > RECORD_MAX_DEPTH:
+        return REDACTED
+    if isinstance(value, str):
+        return REDACTED if hide and value else redact_text(value, known)
+    if isinstance(value, Mapping):
+        out: dict[Any, Any] = {}
+        for key, item in value.items():
+            secret = hide or (isinstance(key, str) and is_secret_name(key))
+            shown_key = redact_text(key, known) if isinstance(key, str) else key
+            out[shown_key] = _redact_value(item, known, depth + 1, secret)
+        return out
+    if isinstance(value, (list, tuple)):
+        if not hide and value and all(isinstance(v, str) for v in value):
+            return [redact_text(v, known) for v in redact_argv(value)]
+        return [_redact_value(item, known, depth + 1, hide) for item in value]
+    if hide and isinstance(value, (int, float)) and not isinstance(value, bool):
+        return REDACTED
+    return value
+
+
 class Redactor:
     """Hides one session's secrets: its known values (every escaped form) first, then shapes and names.
 
@@ -261,10 +410,5 @@ class Redactor:
         return redact_text(text, self.known)
 
     def json(self, value: Any) -> Any:
-        if isinstance(value, str):
-            return self.text(value)
-        if isinstance(value, dict):
-            return {(self.text(k) if isinstance(k, str) else k): self.json(v) for k, v in value.items()}
-        if isinstance(value, (list, tuple)):
-            return [self.json(v) for v in value]
-        return value
+        """`redact_record` with this session's known values."""
+        return redact_record(value, self.known)
