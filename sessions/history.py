@@ -21,6 +21,7 @@ from typing import Any
 from sessions import start_facts
 from sessions.home import Home, atomic_write_text, ensure_private_dir
 from sessions.phases import StartupPhase, StartupSummary
+from sessions.redaction import redact_record
 
 RECORD_VERSION = 1
 MAX_RECORDS = 200  # per profile; the oldest go first
@@ -296,7 +297,8 @@ def record_start(
         phases=_phase_marks(summary, phase_entered_at, t0),
         started_at=t0,
         recorded_at=time.time(),
-        facts=dict(facts) if facts else None,
+        # Kept redacted only, whoever gathered them (a second pass is a no-op on redacted facts).
+        facts=redact_record(dict(facts)) if facts else None,
     )
     path = history_path(home, profile_name)
     with _locked(path):

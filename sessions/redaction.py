@@ -121,11 +121,9 @@ def is_secret_name(name: str) -> bool:
         if word == "token":
             if i == last and (i == 0 or words[i - 1] not in _TOKEN_NOT_SECRET_AFTER):
                 return True
-        elif word in _SECRET_WORDS or word.endswith(_SECRET_SUFFIXES):
+        elif word in _SECRET_WORDS or word.endswith(_SECRET_SUFFIXES) or (i == last and word in _LAST_WORD_SECRETS and (i > 0 or word in _LAST_WORD_ALONE)
+              and not (word in ("key", "keys") and words[i - 1] in _KEY_NOT_SECRET_AFTER)):
             return True
-        elif i == last and word in _LAST_WORD_SECRETS and (i > 0 or word in _LAST_WORD_ALONE):
-            if not (word in ("key", "keys") and words[i - 1] in _KEY_NOT_SECRET_AFTER):
-                return True
     return any(pair in _SECRET_PAIRS for pair in itertools.pairwise(words))
 
 

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from sessions.home import atomic_write_json, read_json
-from sessions.redaction import REDACTED, is_secret_name, redact_argv, redact_text, secret_values
+from sessions.redaction import redact_argv, redact_env, redact_text, secret_values
 
 if TYPE_CHECKING:
     from sessions.profiles import LaunchProfile
@@ -137,12 +137,8 @@ def collect(profile: LaunchProfile, argv: Sequence[str], env_changes: Mapping[st
     base = dict(os.environ if base_env is None else base_env)
     full_env = base | dict(env_changes)
     known = secret_values(full_env)
-    env = {}
-    for name in sorted(full_env):
-        if name in _OUR_ENV or not (name in env_changes or _RELEVANT_ENV.search(name)):
-            continue
-        value = full_env[name]
-        env[name] = REDACTED if (is_secret_name(name) and value) else redact_text(value, known)
+    env = redact_env({name: full_env[name] for name in sorted(full_env)
+                      if name not in _OUR_ENV and (name in env_changes or _RELEVANT_ENV.search(name))}, known)
     cvd = full_env.get("CUDA_VISIBLE_DEVICES")
     server = profile.server
     driver: str | None

@@ -139,6 +139,29 @@ def test_facts_at_launch_are_redacted_and_hash_the_config(make_emulator_profile,
     assert facts["gpu_driver"] and facts["emulator"]["fault"] == "none"
 
 
+
+def test_start_facts_hide_every_catalogued_secret_but_never_the_launch_dir(make_emulator_profile, home):
+    """Issue 22 item 13: PWD is no secret (the launch dir stayed ``***`` in start facts and in "changes
+    since the last good start"), and OPENAI_KEY, DB_PASS, PASSWORD2, TOKEN2, HF_TOKEN_1, GH_PAT were raw."""
+    secrets = {"OPENAI_KEY": "openai-raw-1", "DB_PASS": "dbpass-raw-1", "PASSWORD2": "password2-raw",
+               "TOKEN2": "token2-raw-1", "HF_TOKEN_1": "hftoken1-raw", "GH_PAT": "ghpat-raw-12"}
+    from sessions.profiles import build_command
+
+    def facts_for(pwd: str) -> dict:
+        profile = make_emulator_profile("pwd", tp=1, env={**secrets, "PWD": pwd, "OLDPWD": "/srv"})
+        command = build_command(profile)
+        return start_facts.collect(profile, command.argv, command.env_changes, base_env={"PATH": "/bin"})
+
+    good, bad = facts_for("/srv/launch-a"), facts_for("/srv/launch-b")
+    assert good["env"]["PWD"] == "/srv/launch-a" and good["env"]["OLDPWD"] == "/srv"
+    assert all(good["env"][name] == "***" for name in secrets)
+    changes = [(c.what, c.before, c.after) for c in diff(good, bad) if c.what != "--port"]  # a free port each
+    assert changes == [("env PWD", "/srv/launch-a", "/srv/launch-b")]
+    record_start(home, "pwd", "s-good", None, {"launching": 1.0}, "ready", started_at=1.0, facts=good)
+    text = (home.state_root / "history").read_text() if (home.state_root / "history").is_file() else ""
+    kept = json.dumps([r.to_json() for r in load_history(home, "pwd")]) + text
+    assert "/srv/launch-a" in kept and not any(v in kept for v in secrets.values())
+
 def _wait(session, wanted: set[str], phase: str | None = None):
     deadline = time.monotonic() + GUARD_S
     while True:

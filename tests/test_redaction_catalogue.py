@@ -12,8 +12,8 @@ import pytest
 import tomli_w
 
 from sessions.redaction import (
-    REDACTED,
     RECORD_MAX_DEPTH,
+    REDACTED,
     is_secret_name,
     redact_argv,
     redact_env,
@@ -212,3 +212,17 @@ def test_no_module_outside_the_redaction_module_builds_a_secret_pattern() -> Non
 def test_the_tree_check_sees_a_planted_private_secret_regex(tmp_path: Path) -> None:
     planted = ast.parse('import re\n_MINE = re.compile(r"(?i)(api[_-]?key|token)=\\S+")\n')
     assert any(_SECRET_PATTERN_HINT.search(p) for _, p in _regex_literals(planted))
+
+
+def test_profile_command_hides_the_catalogued_names_and_keeps_pwd(make_emulator_profile) -> None:
+    """`profile command` (and the launch's command.json, built from the same redacted argv and env)."""
+    from sessions.profiles import build_command
+
+    secrets = {"OPENAI_KEY": "openai-raw-1", "ANTHROPIC_KEY": "anthropic-raw", "WANDB_KEY": "wandb-raw-12",
+               "DB_PASS": "dbpass-raw-1", "PASSWORD2": "password2-raw", "TOKEN2": "token2-raw-1",
+               "HF_TOKEN_1": "hftoken1-raw", "GH_PAT": "ghpat-raw-12"}
+    profile = make_emulator_profile("names", tp=1, env={**secrets, "PWD": "/srv/launch-a"},
+                                    extra_args=["--api-key", "apikey-raw-12"])
+    text = build_command(profile).shell_text(redacted=True)
+    assert not [v for v in [*secrets.values(), "apikey-raw-12"] if v in text], text
+    assert "PWD=/srv/launch-a" in text and all(f"{name}='{REDACTED}'" in text for name in secrets)

@@ -16,7 +16,7 @@ from sessions.diagnosis.model import GpuProcessReport, GpuReport, HintView
 from sessions.diagnosis.predicates import RuntimeEvidence
 from sessions.logs import LogFileError, read_tail
 from sessions.phases import StartupSummary
-from sessions.redaction import REDACTED, SECRET_FLAGS, Redactor, is_secret_name, redact_text
+from sessions.redaction import Redactor, collect_secrets, redact_env, redact_text
 
 
 class _Redactor:
@@ -31,19 +31,11 @@ class _Redactor:
         return redact_text(text, self.known)
 
     def env(self, env: Mapping[str, str]) -> dict[str, str]:
-        return {k: (REDACTED if is_secret_name(k) and v else self.text(v)) for k, v in env.items()}
+        return redact_env(env, self.known)
 
 
 def _secret_argv_values(argv: Sequence[str]) -> list[str]:
-    values = []
-    for i, arg in enumerate(argv):
-        if arg.startswith("--") and "=" in arg:
-            flag, _, value = arg.partition("=")
-            if flag in SECRET_FLAGS or is_secret_name(flag):
-                values.append(value)
-        elif (arg in SECRET_FLAGS or (arg.startswith("--") and is_secret_name(arg))) and i + 1 < len(argv):
-            values.append(argv[i + 1])
-    return values
+    return collect_secrets(argv)
 
 
 def _process_environ(pid: int | None) -> dict[str, str]:
