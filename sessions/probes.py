@@ -14,11 +14,9 @@ it returns a value that says so, as nvitop does for NVML.  Three rules come from
 from __future__ import annotations
 
 import errno
-import functools
 import os
 import re
 import socket
-import ssl
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -240,44 +238,21 @@ def describe_port_user(host: str, port: int) -> str:
 
 
 def http_get_json(url: str, timeout_s: float = 1.0) -> HttpResult:
-    """GET ``url`` with a hard client timeout; never raises.
+    """GET ``url`` within ``timeout_s`` in all (connect, headers and body) and `JSON_MAX_BYTES`; never raises.
 
-    ``json`` is the decoded body when it is JSON, else None.  Proxies from the environment are ignored
-    (``trust_env=False``): an ``http_proxy`` meant for the internet must not intercept a probe of a local
-    server (the hang catalogue's proxy-intercepts-warmup case).
+    Read by `sessions.server_answers` (the one bounded reader for server answers): no proxy from the
+    environment (an ``http_proxy`` meant for the internet must not intercept a probe of a local server: the
+    hang catalogue's proxy-intercepts-warmup case), no redirect.  ``json`` is the decoded body when it is
+    JSON within the reader's rules (finite numbers, bounded depth), else None; ``error`` is None whenever
+    a whole answer came, whatever its body.  Use `server_answers.get_json` for a typed answer.
     """
-    import httpx
+    from sessions import server_answers
 
-    timeout = httpx.Timeout(timeout_s, connect=min(timeout_s, 1.0))
-    try:
-        with httpx.Client(
-            timeout=timeout, trust_env=False, follow_redirects=False, verify=_ssl_context()
-        ) as client:
-            response = client.get(url)
-    except httpx.TimeoutException:
-        return HttpResult(None, None, f"timed out after {timeout_s:g}s")
-    except httpx.HTTPError as exc:
-        return HttpResult(None, None, _http_error_text(exc))
-    except Exception as exc:  # noqa: BLE001 - a probe reports, it does not crash its caller
-        return HttpResult(None, None, f"{type(exc).__name__}: {exc}")
-    try:
-        body = response.json()
-    except ValueError:
-        body = None
-    return HttpResult(response.status_code, body, None)
-
-
-@functools.cache
-def _ssl_context() -> ssl.SSLContext:
-    # httpx builds (and loads the CA bundle into) a new context per client: ~80 ms, every poll.
-    return ssl.create_default_context()
-
-
-def _http_error_text(exc: Exception) -> str:
-    text = str(exc) or type(exc).__name__
-    if "refused" in text.lower():
-        return "connection refused"
-    return text
+    answer = server_answers.fetch(url, deadline_s=timeout_s, max_bytes=server_answers.JSON_MAX_BYTES)
+    if answer.error is not None:
+        return HttpResult(answer.status, None, answer.error)
+    body, _ = server_answers.parse_json(answer.body, expect=None) if answer.body.strip() else (None, None)
+    return HttpResult(answer.status, body, None)
 
 
 # --- processes -------------------------------------------------------------------------------------------

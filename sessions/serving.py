@@ -25,7 +25,7 @@ from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from sessions.logs.lines import RANK_TOKEN_RE, clean
 
@@ -160,6 +160,9 @@ class ServingSnapshot:
     ranks: tuple[dict[str, Any], ...] = ()
     history: tuple[float, ...] = ()
     source: str = "log"  # "log" or "metrics"
+    # Figures the server sent that are no figures (NaN, +Inf, negative or fractional counts): each is
+    # None above ("n/a") and named here with its reason.
+    unavailable: tuple[tuple[str, str], ...] = ()
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -178,6 +181,8 @@ class ServingSnapshot:
         if len(self.ranks) > 1 or (self.ranks and self.ranks[0].get("dp_rank") is not None):
             out["ranks"] = [dict(r) for r in self.ranks]
         out["history"] = [round(v, 2) for v in self.history]
+        if self.unavailable:
+            out["unavailable"] = dict(self.unavailable)
         return out
 
 
@@ -298,62 +303,110 @@ _GAUGES = {
 }
 
 
-def parse_metrics(text: str) -> dict[str, float]:
-    """SGLang's ``/metrics`` text -> {gen_throughput, running_reqs, queue_reqs, token_usage, accept_*}.
+# figure -> (smallest value, whole number): a count of requests is a whole number >= 0.
+_GAUGE_RULES = {"running_reqs": (0.0, True), "queue_reqs": (0.0, True), "gen_throughput": (0.0, False),
+                "token_usage": (0.0, False), "accept_length": (0.0, False), "accept_rate": (0.0, False)}
 
-    Gauges of several DP ranks are summed (throughput, requests) or averaged (usage, accept figures)."""
+
+class MetricsReading(NamedTuple):
+    """One ``/metrics`` read: the usable figures, the figures that were sent but are no figures (with the
+    reason), and ``error`` when no usable answer came (its reason; then both are empty)."""
+
+    values: dict[str, float]
+    unavailable: dict[str, str]
+    error: str | None = None
+
+
+def read_metrics(text: str) -> MetricsReading:
+    """SGLang's ``/metrics`` text -> the gauges {gen_throughput, running_reqs, queue_reqs, token_usage,
+    accept_*}, each checked by `server_answers.finite_number` (``NaN``, ``+Inf``, a negative or fractional
+    count is "n/a" with its reason, never a figure).
+
+    Gauges of several DP ranks are summed (throughput, requests) or averaged (usage, accept figures); one
+    bad rank makes the figure unavailable (a sum without it would be wrong)."""
+    from sessions.server_answers import finite_number
+
     sums: dict[str, list[float]] = {}
+    unavailable: dict[str, str] = {}
     for raw in text.splitlines():
         if not raw.startswith("sglang:"):
             continue
         match = _SAMPLE_RE.match(raw)
         if match is None or match.group("name") not in _GAUGES:
             continue
-        try:
-            value = float(match.group("value"))
-        except ValueError:
+        key = _GAUGES[match.group("name")]
+        minimum, integer = _GAUGE_RULES[key]
+        figure = finite_number(match.group("value"), match.group("name"), minimum=minimum, integer=integer)
+        if figure.value is None:
+            unavailable.setdefault(key, figure.reason or "not a number")
             continue
-        sums.setdefault(_GAUGES[match.group("name")], []).append(value)
+        sums.setdefault(key, []).append(figure.value)
     out: dict[str, float] = {}
     for key, values in sums.items():
+        if key in unavailable:
+            continue
         if key in ("token_usage", "accept_length", "accept_rate"):
             out[key] = sum(values) / len(values)
         else:
             out[key] = sum(values)
-    return out
+    return MetricsReading(out, unavailable)
 
 
-def with_metrics(snapshot: ServingSnapshot | None, metrics: dict[str, float], at: float) -> ServingSnapshot:
-    """The log's figures updated by a fresh ``/metrics`` read (it also goes to 0 when the server idles)."""
+def parse_metrics(text: str) -> dict[str, float]:
+    """The usable figures of `read_metrics`."""
+    return read_metrics(text).values
+
+
+def with_metrics(snapshot: ServingSnapshot | None, metrics: dict[str, float], at: float,
+                 unavailable: dict[str, str] | None = None) -> ServingSnapshot:
+    """The log's figures updated by a fresh ``/metrics`` read (it also goes to 0 when the server idles).
+    A figure in ``unavailable`` is None ("n/a"), with its reason kept on the snapshot."""
     base = snapshot or ServingSnapshot(None, None, None, None, None, None)
+    bad = unavailable or {}
     spec = metrics.get("accept_length", 0.0) > 0
+
+    def pick(key: str, old: Any) -> Any:
+        if key in bad:
+            return None
+        value = metrics.get(key)
+        if value is None:
+            return old
+        return int(value) if key in ("running_reqs", "queue_reqs") else value
+
     return ServingSnapshot(
-        gen_throughput=metrics.get("gen_throughput", base.gen_throughput),
-        running_reqs=int(metrics["running_reqs"]) if "running_reqs" in metrics else base.running_reqs,
-        queue_reqs=int(metrics["queue_reqs"]) if "queue_reqs" in metrics else base.queue_reqs,
-        token_usage=metrics.get("token_usage", base.token_usage),
+        gen_throughput=pick("gen_throughput", base.gen_throughput),
+        running_reqs=pick("running_reqs", base.running_reqs),
+        queue_reqs=pick("queue_reqs", base.queue_reqs),
+        token_usage=pick("token_usage", base.token_usage),
         input_throughput=base.input_throughput,
         updated_at=at,
-        accept_length=metrics.get("accept_length") if spec else base.accept_length,
-        accept_rate=metrics.get("accept_rate") if spec else base.accept_rate,
+        accept_length=pick("accept_length", None) if spec or "accept_length" in bad else base.accept_length,
+        accept_rate=pick("accept_rate", None) if spec or "accept_rate" in bad else base.accept_rate,
         ranks=base.ranks,
         history=base.history,
         source="metrics",
+        unavailable=tuple(sorted(bad.items())),
     )
 
 
-def fetch_metrics(base_url: str, timeout_s: float = 1.0) -> dict[str, float] | None:
-    """GET ``<base>/metrics`` (no proxies) -> `parse_metrics`; None when it does not answer 200."""
-    import httpx
+def fetch_metrics_reading(base_url: str, timeout_s: float = 1.0) -> MetricsReading:
+    """GET ``<base>/metrics`` through the bounded reader (`sessions.server_answers`: a total deadline of
+    ``timeout_s``, `METRICS_MAX_BYTES`, no proxies) -> `read_metrics`; never raises."""
+    from sessions import server_answers
 
-    try:
-        with httpx.Client(timeout=timeout_s, trust_env=False) as client:
-            response = client.get(f"{base_url}/metrics")
-    except httpx.HTTPError:
-        return None
-    if response.status_code != 200:
-        return None
-    return parse_metrics(response.text)
+    answer = server_answers.fetch(f"{base_url}/metrics", deadline_s=timeout_s,
+                                  max_bytes=server_answers.METRICS_MAX_BYTES)
+    if answer.error is not None:
+        return MetricsReading({}, {}, f"/metrics: {answer.error}")
+    if answer.status != 200:
+        return MetricsReading({}, {}, f"/metrics answered {answer.status}")
+    return read_metrics(answer.text())
+
+
+def fetch_metrics(base_url: str, timeout_s: float = 1.0) -> dict[str, float] | None:
+    """The usable figures of ``<base>/metrics``; None when it gave no usable answer."""
+    reading = fetch_metrics_reading(base_url, timeout_s)
+    return None if reading.error is not None else reading.values
 
 
 class SessionServing:
@@ -364,8 +417,9 @@ class SessionServing:
 
     def __init__(self) -> None:
         self.tracker = ServingTracker()
-        self._metrics: dict[str, float] | None = None
+        self._metrics: MetricsReading | None = None
         self._metrics_at = 0.0
+        self._metrics_read_at = 0.0
 
     def reset(self) -> None:
         self.tracker = ServingTracker()
@@ -377,13 +431,13 @@ class SessionServing:
         now = time.time()
         if metrics_url is not None and now - self._metrics_at >= self.METRICS_EVERY_S:
             self._metrics_at = now
-            fetched = fetch_metrics(metrics_url)
-            if fetched is not None:
+            fetched = fetch_metrics_reading(metrics_url)
+            if fetched.error is None:
                 self._metrics = fetched
                 self._metrics_read_at = now
         snap = self.tracker.snapshot()
         if metrics_url is not None and self._metrics is not None:
-            return with_metrics(snap, self._metrics, self._metrics_read_at)
+            return with_metrics(snap, self._metrics.values, self._metrics_read_at, self._metrics.unavailable)
         return snap
 
 

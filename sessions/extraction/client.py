@@ -130,6 +130,7 @@ def classify_response(status: int, body: Any, expected_tokens: int) -> dict[str,
 
 
 _MAX_HEAD_BYTES = 64 << 10
+PROBE_DEADLINE_S = 5.0  # one /ready probe while the server is down, in all
 _MAX_BODY_BYTES = 256 << 20
 
 
@@ -352,7 +353,6 @@ class ExtractionClient:
             path = (url.path.rstrip("/") or "") + "/generate"
             self._all_http: list[Any] = [GenerateConnection(url.hostname or "", url.port or 80, path)
                                          for _ in range(concurrency)]
-            tls: Any = True
         else:
             timeout = httpx.Timeout(request_timeout_s, connect=min(10.0, request_timeout_s))
             limits = httpx.Limits(max_connections=1, max_keepalive_connections=1)
@@ -361,7 +361,6 @@ class ExtractionClient:
                               for _ in range(concurrency)]
         for http in self._all_http:
             self._slots.put_nowait(http)
-        self._probe_http = httpx.AsyncClient(timeout=5.0, verify=tls)
         self._rng = random.Random()
 
     async def aclose(self) -> None:
@@ -372,7 +371,6 @@ class ExtractionClient:
                 http.close()
             else:
                 await http.aclose()
-        await self._probe_http.aclose()
 
     # -- one request -------------------------------------------------------------------------------------
     async def post_generate(self, rid: str, input_ids: Sequence[int]) -> dict[str, Any]:
@@ -424,13 +422,15 @@ class ExtractionClient:
 
     async def probe_ready(self) -> bool:
         """Whether the server serves again: ``/ready`` is 200 (``/model_info`` where ``/ready`` is missing)."""
-        try:
-            response = await self._probe_http.get(f"{self.base_url}/ready")
-            if response.status_code == 404:
-                response = await self._probe_http.get(f"{self.base_url}/model_info")
-            return response.status_code == 200
-        except httpx.HTTPError:
-            return False
+        from sessions.server_answers import JSON_MAX_BYTES, fetch
+
+        # The one bounded reader (a total deadline and a size cap), off the event loop.
+        answer = await asyncio.to_thread(fetch, f"{self.base_url}/ready", deadline_s=PROBE_DEADLINE_S,
+                                         max_bytes=JSON_MAX_BYTES)
+        if answer.status == 404:
+            answer = await asyncio.to_thread(fetch, f"{self.base_url}/model_info", deadline_s=PROBE_DEADLINE_S,
+                                             max_bytes=JSON_MAX_BYTES)
+        return answer.status == 200 and answer.error is None
 
     # -- the server-down pause -------------------------------------------------------------------------
     def _mark_down(self, reason: str) -> None:

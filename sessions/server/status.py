@@ -209,7 +209,10 @@ class SessionReader(SessionRecord):
 
     def _ask_model_info(self, base: str) -> None:
         if self._model_info is None:
-            info = probes.http_get_json(f"{base}/model_info", HTTP_PROBE_TIMEOUT_S)
+            from sessions.server_answers import get_json
+
+            # Typed and bounded: only an object (finite numbers, bounded depth) is kept in state.json.
+            info = get_json(f"{base}/model_info", deadline_s=HTTP_PROBE_TIMEOUT_S, expect=dict)
             if info.status == 200 and isinstance(info.json, dict):
                 self._model_info = info.json
 
