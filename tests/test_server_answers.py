@@ -249,3 +249,62 @@ def test_finite_number_table() -> None:
     for raw in [float("nan"), float("inf"), "NaN", "+Inf", "-1", "1.5", True, None, [1], {"a": 1}, "x"]:
         figure = server_answers.finite_number(raw, "n", minimum=0, integer=True)
         assert figure.value is None and figure.reason and figure.reason.startswith("n is ")
+
+
+# --- one reader for the whole tree ---------------------------------------------------------------------------
+import ast  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+_ANSWER_PATHS = ("/metrics", "/server_info", "/get_server_info", "/model_info", "/get_model_info", "/ready")
+_HTTP_CLIENTS = {"httpx", "urllib.request", "http.client", "requests", "aiohttp"}
+# Modules that still read one of these answers with their own client, each with who moves it over.
+_NOT_YET = {
+    "sessions/bench/runner.py": "bench: its /server_info read inside the duration (server_answers.get_json)",
+}
+
+
+def _imports(tree: ast.AST) -> set[str]:
+    names: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            names.add(node.module)
+    return names
+
+
+def _names_an_answer(node: ast.AST) -> bool:
+    parts = node.values if isinstance(node, ast.JoinedStr) else [node]
+    return any(isinstance(v, ast.Constant) and isinstance(v.value, str) and any(
+        v.value.rstrip("/").endswith(p) or (p + "?") in v.value for p in _ANSWER_PATHS) for v in parts)
+
+
+def _client_call_to_an_answer(node: ast.AST) -> bool:
+    """``<client>.get(f"{base}/metrics")`` and the like: an HTTP client's own request for an answer."""
+    return (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+            and node.func.attr in {"get", "post", "stream", "request", "urlopen", "build_request"}
+            and any(_names_an_answer(arg) for arg in node.args[:2]))
+
+
+def test_every_server_answer_is_read_by_the_one_reader() -> None:
+    """A module that names one of SGLang's answer endpoints and opens its own HTTP client bypasses the
+    deadline, the cap and the type checks of `sessions.server_answers`."""
+    offenders = []
+    for folder in ("sessions", "app", "widgets", "benches"):
+        for path in sorted((ROOT / folder).rglob("*.py")):
+            rel = path.relative_to(ROOT).as_posix()
+            if rel == "sessions/server_answers.py" or rel.startswith("sessions/emulator/") or rel in _NOT_YET:
+                continue  # the emulator serves these answers; it reads none
+            tree = ast.parse(path.read_text(), rel)
+            if not (_imports(tree) & _HTTP_CLIENTS):
+                continue  # no client of its own: whatever it names, it reads through a reader
+            named = {f"line {node.lineno}" for node in ast.walk(tree) if _client_call_to_an_answer(node)}
+            if named:
+                offenders.append(f"{rel}: {sorted(named)}")
+    assert not offenders, "read these answers with sessions.server_answers: " + "; ".join(offenders)
+
+
+def test_the_tree_check_sees_a_planted_client_read() -> None:
+    planted = ast.parse('import httpx\ndef f(c, base):\n    return c.get(f"{base}/metrics").text\n')
+    assert any(_client_call_to_an_answer(n) for n in ast.walk(planted))
