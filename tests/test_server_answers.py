@@ -6,12 +6,14 @@ ends fails the test instead of hanging the suite; nothing asserts how long a rea
 """
 from __future__ import annotations
 
+import ast
 import http.server
 import socket
 import threading
 import tracemalloc
 from collections.abc import Callable, Iterator
-from typing import Any
+from pathlib import Path
+from typing import Any, ClassVar
 
 import pytest
 
@@ -140,7 +142,7 @@ def test_a_flood_is_cut_at_the_cap_and_never_held(raw_server, claim: int | None)
 
 
 class _Handler(http.server.BaseHTTPRequestHandler):
-    routes: dict[str, tuple[int, str, bytes]] = {}
+    routes: ClassVar[dict[str, tuple[int, str, bytes]]] = {}
 
     def do_GET(self) -> None:
         code, ctype, body = self.routes.get(self.path, (404, "application/json", b'{"detail": "Not Found"}'))
@@ -252,8 +254,6 @@ def test_finite_number_table() -> None:
 
 
 # --- one reader for the whole tree ---------------------------------------------------------------------------
-import ast  # noqa: E402
-from pathlib import Path  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 _ANSWER_PATHS = ("/metrics", "/server_info", "/get_server_info", "/model_info", "/get_model_info", "/ready")
