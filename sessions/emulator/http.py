@@ -27,7 +27,19 @@ from sessions.emulator.backend import RequestError
 from sessions.emulator.console import Console
 from sessions.emulator.tokenizer_manager import ContractError, TokenizerManager, split_generate_request
 
-_MAX_BODY_BYTES = 512 << 20
+# Request bodies past this are refused with 413 (Content-Length at once, a chunked body as soon as it passes
+# it), never read into memory.  uvicorn sets no such limit; a stand-in that any local process can reach
+# must not be made to hold an unbounded body.  A /generate of one 128k-token prompt is about 1 MB of JSON.
+MAX_BODY_BYTES = 64 << 20
+_MAX_CHUNK_LINE = 1024
+
+
+class BodyTooLarge(Exception):
+    """A request body over the server's cap (answered 413)."""
+
+
+class BadBody(Exception):
+    """A request body whose framing is broken (a chunk size that is not hex; answered 400)."""
 # path -> the methods SGLang's FastAPI app accepts there
 _ROUTES = {
     "/health": ("GET", "HEAD"),
@@ -50,6 +62,7 @@ class EmulatorHTTPServer(ThreadingHTTPServer):
     daemon_threads = True
     allow_reuse_address = True  # uvicorn sets SO_REUSEADDR too
     request_queue_size = 128
+    max_body_bytes = MAX_BODY_BYTES
 
     def __init__(self, host: str, port: int, manager: TokenizerManager, console: Console) -> None:
         self.address_family = socket.AF_INET6 if ":" in host else socket.AF_INET
@@ -122,19 +135,33 @@ class _Handler(BaseHTTPRequestHandler):
         self._send(status, b"", "text/plain; charset=utf-8")
 
     def _read_body(self) -> bytes:
+        """The request body, at most ``server.max_body_bytes`` (`BodyTooLarge` past it, chunked or not)."""
+        cap = self.server.max_body_bytes
         if self.headers.get("transfer-encoding", "").lower() == "chunked":
-            parts = []
+            parts, size = [], 0
             while True:
-                size = int(self.rfile.readline().split(b";")[0].strip() or b"0", 16)
-                if size == 0:
-                    self.rfile.readline()
+                line = self.rfile.readline(_MAX_CHUNK_LINE)
+                try:
+                    length = int(line.split(b";")[0].strip() or b"0", 16)
+                except ValueError:
+                    raise BadBody(f"bad chunk size line {line[:40]!r}") from None
+                if length < 0:
+                    raise BadBody(f"bad chunk size line {line[:40]!r}")
+                if length == 0:
+                    self.rfile.readline(_MAX_CHUNK_LINE)
                     break
-                parts.append(self.rfile.read(size))
-                self.rfile.readline()
+                size += length
+                if size > cap:
+                    raise BodyTooLarge(f"request body over {cap} bytes (chunked)")
+                parts.append(self.rfile.read(length))
+                self.rfile.readline(_MAX_CHUNK_LINE)
             return b"".join(parts)
-        length = int(self.headers.get("content-length") or 0)
-        if length > _MAX_BODY_BYTES:
-            raise ContractError(f"request body too large ({length} bytes)")
+        try:
+            length = int(self.headers.get("content-length") or 0)
+        except ValueError:
+            raise BadBody(f"bad content-length {self.headers.get('content-length')!r}") from None
+        if length > cap:
+            raise BodyTooLarge(f"request body of {length} bytes is over {cap} bytes")
         return self.rfile.read(length) if length > 0 else b""
 
     def _authorized(self, path: str) -> bool:
@@ -171,6 +198,12 @@ class _Handler(BaseHTTPRequestHandler):
                 self._json(401, {"error": "Unauthorized"})
                 return
             getattr(self, "_" + path.strip("/").replace("/", "_"))()
+        except BodyTooLarge as exc:
+            # The rest of the body is never read: answer and close (uvicorn closes after an error it raised).
+            self._send(413, json.dumps({"detail": f"Request Entity Too Large: {exc}"}).encode(), "application/json",
+                       close=True)
+        except BadBody as exc:
+            self._send(400, json.dumps({"detail": f"Bad Request: {exc}"}).encode(), "application/json", close=True)
         except (BrokenPipeError, ConnectionResetError):
             self.close_connection = True
         except Exception as exc:  # noqa: BLE001 - one bad request must not print a traceback into the log

@@ -133,6 +133,30 @@ def _model_problems(profile: LaunchProfile) -> list[Problem]:
     return []
 
 
+# Names of this machine that the resolver answers from /etc/hosts, not from DNS.
+_LOCAL_NAMES = frozenset({"localhost", "localhost.localdomain", "ip6-localhost", "ip6-loopback"})
+
+
+def _is_ip_literal(host: str) -> bool:
+    import ipaddress
+
+    try:
+        ipaddress.ip_address(host.split("%", 1)[0])  # fe80::1%eth0: a scoped IPv6 address
+    except ValueError:
+        return False
+    return True
+
+
+def is_local_name(host: str) -> bool:
+    """True for an IP literal and for this machine's own names (``localhost``, its host name): the only
+    hosts validation may bind or connect to.  Any other name would be a DNS query the user did not ask
+    for (typing in the profile editor validates on every key)."""
+    import socket
+
+    name = host.strip("[]").rstrip(".").lower()
+    return _is_ip_literal(name) or name in _LOCAL_NAMES or name == socket.gethostname().lower()
+
+
 def _host_problems(profile: LaunchProfile, check_port: bool) -> list[Problem]:
     import errno
     import socket
@@ -143,6 +167,11 @@ def _host_problems(profile: LaunchProfile, check_port: bool) -> list[Problem]:
     if host in ("0.0.0.0", "::"):
         problems.append(Problem("server.host", f"{s.host} listens on every interface: anyone who can reach this "
                                 "machine can use the server (use 127.0.0.1 unless you mean it)", severity="warning"))
+    if not is_local_name(host):
+        # Never resolved here (no DNS traffic from validation); the port check needs an address too.
+        return problems + [Problem("server.host", f"{s.host!r} is a host name, not an address of this machine: it "
+                                   "is not looked up here (no DNS from validation), so it and the port are not "
+                                   "checked; give an IP address such as 127.0.0.1", severity="warning")]
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     probe = socket.socket(family, socket.SOCK_STREAM)
     try:
