@@ -279,7 +279,10 @@ def write_crash_file(home: Home, error: BaseException) -> Path | None:
     try:
         folder = ensure_private_dir(home.state_root / "crashes")
         path = folder / f"tui-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}.txt"
-        text = "".join(traceback.format_exception(type(error), error, error.__traceback__))
+        from sessions.redaction import redact_text
+
+        # An exception's message may quote a command line or a URL: the crash file is kept redacted too.
+        text = redact_text("".join(traceback.format_exception(type(error), error, error.__traceback__)))
         atomic_write_text(path, f"eagle3-tui crashed at {time.strftime('%Y-%m-%d %H:%M:%S')}\n\n{text}")
     except Exception:  # noqa: BLE001 - the crash report must never raise a second error
         return None

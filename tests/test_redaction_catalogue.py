@@ -226,3 +226,25 @@ def test_profile_command_hides_the_catalogued_names_and_keeps_pwd(make_emulator_
     text = build_command(profile).shell_text(redacted=True)
     assert not [v for v in [*secrets.values(), "apikey-raw-12"] if v in text], text
     assert "PWD=/srv/launch-a" in text and all(f"{name}='{REDACTED}'" in text for name in secrets)
+
+
+def test_a_crash_file_keeps_a_redacted_traceback(home) -> None:
+    from app.tui import write_crash_file
+
+    try:
+        raise RuntimeError("launch failed: --api-key sk-live-abcdefghijklmnop via https://u:Pw-Secret-9@h/x")
+    except RuntimeError as exc:
+        path = write_crash_file(home, exc)
+    assert path is not None
+    text = path.read_text()
+    assert "RuntimeError: launch failed" in text and "sk-live" not in text and "Pw-Secret-9" not in text
+
+
+def test_a_job_log_line_is_redacted(capsys) -> None:
+    from sessions.extraction.run_report import RunReport
+
+    report = RunReport()
+    report.job_id = "j"
+    report.log("connecting via http://user:Pw-Secret-9@127.0.0.1:30000 with Bearer abcdefgh12345678")
+    out = capsys.readouterr().out
+    assert "[j] connecting via http://user:***@127.0.0.1:30000" in out and "abcdefgh12345678" not in out

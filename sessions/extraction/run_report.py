@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 from sessions.extraction.model_dims import draft_layer_ids
 from sessions.extraction.progress import PROGRESS_FILE
 from sessions.home import atomic_write_json
+from sessions.redaction import redact_text
 
 if TYPE_CHECKING:  # type-only: the runner imports these (collector and rendering lazily) at run time
     from sessions.extraction.backpressure import CaptureSpaceGate
@@ -56,7 +57,8 @@ class RunReport:
     renderer: ChatRenderer
 
     def log(self, message: str) -> None:
-        print(f"{time.strftime('%Y-%m-%d %H:%M:%S')} [{self.job_id}] {message}", flush=True)
+        # job.log is read by `extract status` and the TUI: a URL's password or a key never reaches it.
+        print(f"{time.strftime('%Y-%m-%d %H:%M:%S')} [{self.job_id}] {redact_text(message)}", flush=True)
 
     @property
     def done(self) -> int:
@@ -100,7 +102,7 @@ class RunReport:
             if state == "running" else None,
             "output_dir": str(spec.output_dir) if spec else "",
             "dataset": str(spec.dataset) if spec else "",
-            "server_url": spec.server_url if spec else None,
+            "server_url": redact_text(spec.server_url) if spec and spec.server_url else None,
             "started_at": self.started_at,
             "updated_at": time.time(),
             "finished_at": time.time() if self.state in ("done", "failed", "cancelled") else None,
@@ -153,7 +155,8 @@ class RunReport:
                         "hidden_state": "bfloat16 [1, T, H] post-norm final",
                         "aux_hidden_state": "bfloat16 [1, T, K*H] ascending capture points"},
             "sglang_version": (shape.sglang_version if shape else None) or previous.get("sglang_version"),
-            "server_url": spec.server_url,
+            # dataset.json is 0644 next to the data: a password in the URL stays in job.json (0600) only.
+            "server_url": redact_text(spec.server_url) if spec.server_url else None,
             "session": spec.session,
             "rid_prefix": spec.rid_prefix,
             "dataset": {**(self.meta.get("dataset") or {}), "format": spec.dataset_format},
