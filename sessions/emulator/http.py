@@ -10,6 +10,8 @@ generation), ``GET /ready``, ``GET /model_info`` (``/get_model_info``: deprecate
 ``GET|POST /flush_cache``, ``POST /abort_request``, ``POST /freeze_gc``, ``GET /metrics`` (with
 ``--enable-metrics``).  ``/generate`` with ``"stream": true`` answers in SGLang's SSE framing, one chunk per
 scheduler forward.
+Request bodies over `MAX_BODY_BYTES` (64 MiB; chunked ones too) are answered 413 and never read (uvicorn has no
+such cap: this one keeps a stand-in that any local process can reach from being made to hold any size).
 """
 
 from __future__ import annotations
