@@ -74,7 +74,7 @@ SHAPES = [
     ("curl -u x -H 'Authorization: Bearer abcDEF123456.xyz'", "abcDEF123456", "Authorization: Bearer "),
     ("header Basic dXNlcjpodW50ZXIy sent", "dXNlcjpodW50ZXIy", " sent"),
     ("Authorization: Token abcdef0123456789", "abcdef0123456789", "Authorization: Token "),
-    ("db postgres://admin:p@ss/w0rd@db.internal:5432/x", "p@ss", "@db.internal:5432/x"),
+    ("db postgres://admin:p@ss/w0rd@db.internal:5432/x", "w0rd", "@db.internal:5432/x"),
     ("git https://oauth2:s3cr3tv4lue@gitlab.example/x.git", "s3cr3tv4lue", "https://oauth2:"),
     ("redis redis://:hunter2hunter2@cache:6379/0", "hunter2", "@cache:6379/0"),
     ("python -m sglang.launch_server --api-key MyServerKey-Zq81x --port 30000", "MyServerKey", "--port 30000"),
