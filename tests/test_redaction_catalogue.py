@@ -69,6 +69,7 @@ SHAPES = [
     ("gh ghp_AbCdEfGhIjKlMnOpQrStUvWxYz012345 end", "ghp_", "gh "),
     ("gh github_pat_11ABCDEFG0123456789_abcdefghijklmnopqrstuvwxyzABCDEFGHIJ end", "github_pat_", "gh "),
     ("gl glpat-Ab12Cd34Ef56Gh78Ij90 end", "glpat-", "gl "),
+    ("slack xoxb-1234567890-abcdefghij end", "xoxb-", "slack "),
     ("aws AKIAIOSFODNN7EXAMPLE and ASIAIOSFODNN7EXAMPLE end", "IOSFODNN7", "aws "),
     ("Authorization: Basic dXNlcjpodW50ZXIy", "dXNlcjpodW50ZXIy", "Authorization: Basic "),
     ("curl -u x -H 'Authorization: Bearer abcDEF123456.xyz'", "abcDEF123456", "Authorization: Bearer "),
@@ -106,6 +107,18 @@ def test_secret_shapes_are_hidden_whole(text: str, secret: str, kept: str) -> No
 @pytest.mark.parametrize("text", NOT_SECRET_TEXTS)
 def test_look_alikes_are_not_hidden(text: str) -> None:
     assert redact_text(text) == text
+
+
+def test_every_shape_in_the_catalogue_is_caught_by_its_example() -> None:
+    """Each catalogued shape has a row above (the one-pass pattern only tries positions where a shape may
+    begin: a shape whose first characters were declared wrong would never match)."""
+    from sessions.redaction import SECRET_SHAPES
+
+    examples = [text for text, _, _ in SHAPES]
+    for name, (_, pattern) in SECRET_SHAPES.items():
+        hits = [t for t in examples if re.search(pattern, t)]
+        assert hits, f"no example for the {name} shape"
+        assert all(REDACTED in redact_text(t) for t in hits), name
 
 
 def test_an_argv_hides_flag_values_and_shapes_everywhere() -> None:
