@@ -25,7 +25,11 @@ API_KEY = "MyServerKey-Zq81x"
 ADMIN_KEY = "Adm1n-K3y-77qQ"
 DB_PASSWORD = 'pa"ss\\wo\nrd-Zz9'
 HF_TOKEN = "hf_" + "Ab3dE6gH9jK2mN5pQ8sT1vW4y"
-SECRETS = {"api key": API_KEY, "admin key": ADMIN_KEY, "db password": DB_PASSWORD, "hf token": HF_TOKEN}
+# Names of issue 22's catalogue that were shown raw in command.json and `profile command`.
+CATALOGUED = {"OPENAI_KEY": "Op3nAI-raw-value", "GH_PAT": "GhPat-raw-value-9", "TOKEN2": "T0ken2-raw-value",
+              "HF_TOKEN_1": "HfTok1-raw-value", "DB_PASS": "DbPass-raw-value"}
+SECRETS = {"api key": API_KEY, "admin key": ADMIN_KEY, "db password": DB_PASSWORD, "hf token": HF_TOKEN,
+           **{name.lower(): value for name, value in CATALOGUED.items()}}
 
 
 def forms(value: str) -> dict[str, str]:
@@ -50,7 +54,7 @@ def test_every_artifact_hides_every_planted_secret(home, cli_env, make_emulator_
     profile = make_emulator_profile(
         "secrets", tp=2,
         extra_args=["--api-key", API_KEY, f"--admin-api-key={ADMIN_KEY}"],
-        env={"DB_PASSWORD": DB_PASSWORD, "FOO": HF_TOKEN},
+        env={"DB_PASSWORD": DB_PASSWORD, "FOO": HF_TOKEN, **CATALOGUED, "PWD": "/srv/launch-dir-7"},
     )
     session = launched.launch(profile)
     wait_for(lambda: session.status().state == "ready", "session ready", 180)
@@ -75,8 +79,12 @@ def test_every_artifact_hides_every_planted_secret(home, cli_env, make_emulator_
     assert any(n.endswith("profile.toml") for n in members) and any("stacks/" in n for n in members)
     for name, text in members.items():
         artifacts[f"bundle {name}"] = text
-    for name in ("command.json", "state.json"):
-        artifacts[name] = (session.session_dir / name).read_text()
+    for name in ("command.json", "state.json", "start_facts.json"):
+        if (session.session_dir / name).exists():
+            artifacts[name] = (session.session_dir / name).read_text()
+    command = json.loads(artifacts["command.json"])
+    assert command["env_changes"]["PWD"] == "/srv/launch-dir-7"  # the launch dir is no secret
+    assert all(command["env_changes"][name] == "***" for name in CATALOGUED)
 
     diag = json.loads(artifacts[f"diagnose {session.session_id} --json"])
     main = diag["processes"][0]
