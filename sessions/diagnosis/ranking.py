@@ -4,7 +4,8 @@ Every matched hint gets a rank from what made its cause match (`sessions.hints.K
 `.observed`) and from what changed since the baseline (`sessions.baseline`):
 
 1. ``changed``   a setting the cause needs or names (its triggers, its ``implicates``) differs from the
-                 baseline: the likeliest suspect, first;
+                 baseline: the likeliest suspect, first (a cause that fired on that setting before the
+                 causes that only name it);
 2. ``observed``  matched on something this session did (a log line, a stack, a child, a check on them);
 3. ``setting``   matched on a setting alone, with no baseline to judge it by;
 4. ``unchanged`` matched on a setting alone that the good start had too: it did not fail because of it,
@@ -66,11 +67,11 @@ def rank_hints(hints: Sequence[HintView], changes: Sequence[start_facts.Change] 
         causes = {}
     facts = baseline.record.facts if baseline is not None else None
     judged = changes is not None and bool(facts)
-    ranked: list[HintView] = []
+    ranked: list[tuple[int, int, HintView]] = []  # (rank, 0 when its own triggers changed, hint)
     for hint in hints:
         cause = causes.get(hint.id)
         if cause is None:  # not from the catalogue (the catalogue's own error): what this session shows
-            ranked.append(replace(hint, rank="observed", evidence=True))
+            ranked.append((RANKS.index("observed"), 1, replace(hint, rank="observed", evidence=True)))
             continue
         triggers = cause.triggers
         changed = [c for c in changes or () if _names_change(c, (*triggers, *cause.implicates))]
@@ -89,9 +90,10 @@ def rank_hints(hints: Sequence[HintView], changes: Sequence[start_facts.Change] 
                    f"{', '.join(values)}, so that is not what changed")
         else:
             rank = "setting"
-        ranked.append(replace(hint, rank=rank, why=why, evidence=rank != "generic"))
-    order = {r: i for i, r in enumerate(RANKS)}
-    return sorted(ranked, key=lambda h: order[h.rank])
+        own = 0 if any(_names_change(c, triggers) for c in changed) else 1
+        ranked.append((RANKS.index(rank), own, replace(hint, rank=rank, why=why, evidence=rank != "generic")))
+    # stable: catalogue order within a rank; a hint that fired on the changed setting before those naming it
+    return [hint for _, _, hint in sorted(ranked, key=lambda item: item[:2])]
 
 
 def evidence_first(hints: Sequence[HintView]) -> list[HintView]:
