@@ -16,7 +16,6 @@ import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -245,7 +244,7 @@ def test_every_setting_only_cause_is_demoted_when_unchanged_and_first_when_chang
         ranks = {h.id: h for h in unchanged}
         assert ranks[cause.id].rank == "unchanged", cause.id
         assert ranks[cause.id].why and "the good start of p at" in ranks[cause.id].why, cause.id
-        assert [h.id for h in unchanged][0] == observed.id, cause.id
+        assert unchanged[0].id == observed.id, cause.id
         assert all(ranks[g.id].rank == "generic" for g in generic)
         assert [h.id for h in unchanged][-len(generic):] == [g.id for g in generic]
 
