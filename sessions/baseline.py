@@ -85,14 +85,16 @@ class BaselineChoice:
     def when(self) -> str:
         return start_time_text(self.record.started_at or self.record.recorded_at)
 
-    def describe(self) -> str:
-        """"good start of kimi-k25-tp8 at 22:10, same model, TP/PP/DP and SGLang version" and the like."""
-        where = f"good start of {self.record.profile} at {self.when} ({self.record.session_id})"
+    def describe(self, with_id: bool = True) -> str:
+        """"good start of kimi-k25-tp8 at 22:10, same model, TP/PP/DP and SGLang version (<session id>)"."""
+        where = f"good start of {self.record.profile} at {self.when}"
         if self.how == "profile":
-            return f"the last {where}"
-        if self.how == "same-shape":
-            return f"{where}, {SAME_SHAPE} (no good start of this profile)"
-        return f"{where}, picked by hand" + (f", {SAME_SHAPE}" if self.same_shape else "")
+            text = f"the last {where} (this profile)"
+        elif self.how == "same-shape":
+            text = f"{where}, {SAME_SHAPE}"
+        else:
+            text = f"{where}, picked by hand" + (f", {SAME_SHAPE}" if self.same_shape else "")
+        return text + (f" ({self.record.session_id})" if with_id else "")
 
     def to_json(self) -> dict[str, Any]:
         return {"session_id": self.record.session_id, "profile": self.record.profile, "how": self.how,

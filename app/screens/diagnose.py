@@ -320,7 +320,8 @@ class DiagnoseScreen(Screen):
         if d.error:
             verdict.append(f"\nfirst error (line {d.error_line}): {d.error}", style="red")
         self.query_one("#verdict", Static).update(verdict)
-        compare = Text(d.baseline_line, style="bold" if d.baseline_choice is not None else "dim")
+        # Without the session id (the picker and the report show it): the top hint stays on an 80x24 screen.
+        compare = Text(d.baseline_text(with_id=False), style="bold" if d.baseline_choice is not None else "dim")
         compare.append("  (p picks another)", style="dim")
         compare.append(f"\n{d.compare}", style="italic")
         self.query_one("#compare", Static).update(compare)

@@ -94,7 +94,10 @@ def diagnose(
     ``baseline`` is the session id (or unique prefix) of a good start to compare with instead of the one
     `sessions.baseline.choose_baseline` picks; a bad one raises `sessions.baseline.BaselineError` first.
     """
-    facts = start_facts.read(Path(getattr(session, "session_dir", "") or "."))
+    try:
+        facts = start_facts.read(Path(getattr(session, "session_dir", "") or "."))
+    except OSError:  # (SpecialFileError: a FIFO in its place): this start's settings are unknown
+        facts = None
     chosen = baselines.chosen_baseline(session.home, baseline, facts) if baseline else None
     start = time.monotonic()
     taken_at = time.time()

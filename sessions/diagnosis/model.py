@@ -160,10 +160,13 @@ class Diagnosis:
 
     @property
     def baseline_line(self) -> str:
-        """"baseline: good start of kimi-k25-tp8 at 22:10 (...), same model, TP/PP/DP and SGLang version"."""
+        """"baseline: good start of kimi-k25-tp8 at 22:10, same model, TP/PP/DP and SGLang version (id)"."""
+        return self.baseline_text(with_id=True)
+
+    def baseline_text(self, with_id: bool = True) -> str:
         if self.baseline_choice is None:
             return "baseline: none (no good start of this profile or of the same model, TP/PP/DP and version)"
-        return f"baseline: {self.baseline_choice.describe()}"
+        return f"baseline: {self.baseline_choice.describe(with_id)}"
 
     @property
     def silence(self) -> str | None:
