@@ -347,3 +347,33 @@ def test_the_diagnosis_screen_at_80x24_shows_the_top_hint_first_and_picks_a_base
                 "the general advice unfolded")
 
     asyncio.run(scenario())
+
+
+@pytest.mark.timeout(300)
+def test_the_dashboard_saves_the_report_of_a_stall_it_sees_once(make_emulator_profile, launched, home):
+    from app.tui import Eagle3App
+    from sessions.gpus import EmulatedSource
+    from tests._tui_support import first_poll
+
+    session = launched.launch(make_emulator_profile("hang", tp=2, fault="hang-after-weights",
+                                                    watch={"stall_after_s": 3}))
+    assert _wait(session, {"stalled"}, "weights_loaded").state == "stalled"
+    launched.remember(session)
+
+    def reports() -> list[Path]:
+        return sorted(session.session_dir.glob("stall-diagnosis-*.txt"))
+
+    async def main() -> None:
+        app = Eagle3App(home, gpu_source=EmulatedSource(home), refresh_s=0.2)
+        async with app.run_test(size=(80, 24)) as pilot:
+            await first_poll(pilot, app)
+            await wait_until(pilot, reports, "the stall report saved by the dashboard", limit_s=240)
+            polls = app.dashboard.poll_count
+            await wait_until(pilot, lambda: app.dashboard.poll_count >= polls + 5, "five more polls")
+            await app.workers.wait_for_complete()
+            assert len(reports()) == 1, reports()
+            # (Textual keeps its toasts in App._notifications and has no public reader)
+            assert "Diagnosis of the stall saved" in "".join(str(n.message) for n in app._notifications)
+
+    asyncio.run(main())
+    assert "is stalled in phase weights_loaded" in reports()[0].read_text()
