@@ -257,7 +257,9 @@ def _baseline_json(baseline: history.Baseline | None, choice: BaselineChoice | N
         "line_count": baseline.line_count,
         "ready_line": baseline.ready_line,
         "ready_after_s": baseline.ready_after_s,
-        "phases": {m.phase: {"line": m.line, "at_s": m.at_s} for m in baseline.phases},
+        # ready seen over HTTP before the log said so has no line of its own: its line count, as the table
+        "phases": {m.phase: {"line": baseline.ready_line if m.phase == "ready" else m.line, "at_s": m.at_s}
+                   for m in baseline.phases},
     }
 
 
