@@ -32,6 +32,7 @@ from app.screens.dashboard_messages import (  # re-exported: listeners import th
     SessionLaunched,
     SessionStopped,
 )
+from app.stall_reports import StallReports
 from sessions.logs import MAIN_RANK, LogFilter
 from widgets.confirm_modal import ConfirmModal
 from widgets.gpu_panel import GpuPanel
@@ -126,7 +127,7 @@ class DashboardScreen(Screen):
         self._polled_for: str | None = None  # the selected session the running poll was asked about
         self._seen_problems: set[str] = set()
         self._last_states: dict[str, str] | None = None
-        self._stall_reports: set[str] = set()  # stalled sessions whose stall report this screen asked for
+        self._stall_reports = StallReports(self, feed.home)
         self._titles: dict[str, tuple[str, str | None]] = {}
         self._rendered_session: str | None = None  # the session the last drawn snapshot showed
 
@@ -290,33 +291,9 @@ class DashboardScreen(Screen):
             self._notify_problem(problem)
         self._notify_transitions(snapshot)
 
-    def _save_stall_reports(self, snapshot: DashboardSnapshot) -> None:
-        """Each stall saves its diagnosis report in the session folder (`save_stall_report`, in a worker:
-        py-spy takes seconds).  The report is written once per stall whoever asks, so another watcher (a
-        second TUI, `eagle3-tui status`/`wait`) asking too is harmless; this screen asks once per stall."""
-        stalled = {s.session_id for s in snapshot.sessions if s.state == "stalled"}
-        self._stall_reports &= stalled  # one that moved on may stall again: a new stall, asked for anew
-        for session_id in sorted(stalled - self._stall_reports):
-            self._stall_reports.add(session_id)
-            self.run_worker(partial(self._save_stall_report, session_id), name="stall-report",
-                            group="stall-report", thread=True, exit_on_error=False)
-
-    def _save_stall_report(self, session_id: str) -> None:
-        from sessions.diagnosis import save_stall_report
-        from sessions.server import ServerSession
-
-        try:  # its own session object: the poll worker reads the feed's one at the same time
-            path = save_stall_report(ServerSession.load(session_id, self.feed.home))
-        except Exception as exc:  # noqa: BLE001 - shown, the dashboard goes on
-            self.app.call_from_thread(self._report_failure, f"Stall report of {session_id} not saved", exc)
-            return
-        if path is not None:
-            self.app.call_from_thread(self.notify, f"Diagnosis of the stall saved: {path}", title="stalled",
-                                      severity="warning", timeout=15)
-
     def _notify_transitions(self, snapshot: DashboardSnapshot) -> None:
         """A toast when a session becomes ready, stalls or crashes (the user may be looking elsewhere)."""
-        self._save_stall_reports(snapshot)
+        self._stall_reports.seen(snapshot.sessions)  # each stall saves its report once (app/stall_reports.py)
         states = {s.session_id: s.state for s in snapshot.sessions}
         previous, self._last_states = self._last_states, states
         if previous is None:
