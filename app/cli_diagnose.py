@@ -1,4 +1,4 @@
-"""`eagle3-tui diagnose SESSION [--json] [--bundle PATH] [--no-stacks]` (DESIGN §4).
+"""`eagle3-tui diagnose SESSION [--json] [--bundle PATH] [--no-stacks] [--baseline SESSION2]` (DESIGN §4).
 
 The human report goes to stdout by default (it is the result); ``--json`` prints the diagnosis object
 instead.  ``--bundle PATH`` also writes the redacted tar.gz and names it on stderr.  Only argparse is
@@ -15,13 +15,19 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "diagnose",
         help="why is this server not ready? phase, silence, stacks of every rank, baseline, hints",
         description="Collect the phase, how long the log has been silent, the last lines, the process tree, "
-        "the port and /ready, GPU memory, py-spy stacks of every rank, the comparison with the last good "
-        "start of the same profile, and hints. Secrets are redacted.",
+        "the port and /ready, GPU memory, py-spy stacks of every rank, the comparison with a baseline (the "
+        "last good start of the same profile, else the last good start of any profile with the same model "
+        "config, TP/PP/DP and SGLang version), and hints ranked by what changed since it. Secrets are redacted.",
     )
     p.add_argument("session", metavar="SESSION", help="a session id or unique prefix")
     p.add_argument("--json", action="store_true", help="print the diagnosis as one JSON object")
     p.add_argument("--bundle", metavar="PATH", help="also write a redacted tar.gz bundle to PATH (file or folder)")
     p.add_argument("--no-stacks", action="store_true", help="do not run py-spy on the ranks")
+    p.add_argument(
+        "--baseline", metavar="SESSION2",
+        help="compare with this good start (a session id or unique prefix, any profile) instead of the one "
+        "picked automatically",
+    )
     p.add_argument(
         "--stack-timeout", type=float, default=10.0, metavar="S", help="seconds per py-spy dump (10)"
     )
@@ -48,8 +54,13 @@ def _diagnose(args: argparse.Namespace) -> int:
         session = find_session(args.session)
     except SessionError as exc:
         raise CliError(str(exc), exc.code) from None
+    from sessions.baseline import BaselineError
+
     try:
-        result = diagnose(session, with_stacks=not args.no_stacks, stack_timeout_s=args.stack_timeout)
+        result = diagnose(session, with_stacks=not args.no_stacks, stack_timeout_s=args.stack_timeout,
+                          baseline=args.baseline)
+    except BaselineError as exc:
+        raise CliError(str(exc), EXIT_BAD_INPUT) from None
     except Exception as exc:  # noqa: BLE001 - say what failed, with the session, never a traceback
         raise CliError(f"diagnose {session.session_id} failed: {type(exc).__name__}: {exc}") from None
     from sessions.redaction import Redactor

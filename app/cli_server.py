@@ -155,6 +155,7 @@ def _status(args: argparse.Namespace) -> int:
             read.append(session)
         except Exception as exc:  # noqa: BLE001 - one session's failure must not hide the others
             failures.append((session, f"status failed: {type(exc).__name__}: {exc}"))
+    _save_stall_reports(read, statuses)
     if args.json:
         from sessions.redaction import Redactor
 
@@ -172,6 +173,23 @@ def _status(args: argparse.Namespace) -> int:
     for session_id, problem in problems:
         print(f"{session_id}: {problem}", file=sys.stderr)
     return 0
+
+
+def _save_stall_reports(sessions, statuses) -> None:
+    """A stall this status noticed saves its diagnosis report in the session folder, once per stall
+    (whoever notices it first: this command, the TUI, `wait`); named on stderr when this call wrote it."""
+    from sessions.diagnosis import save_stall_report
+
+    for session, status in zip(sessions, statuses):
+        if status.state != "stalled":
+            continue
+        try:
+            path = save_stall_report(session, status)
+        except OSError as exc:
+            print(f"{session.session_id}: stall report not saved: {exc.strerror or exc}", file=sys.stderr)
+            continue
+        if path is not None:
+            print(f"{session.session_id} stalled: diagnosis saved to {path}", file=sys.stderr)
 
 
 def _gpu_snapshot():

@@ -21,6 +21,13 @@ Not a condition: ``implicates`` lists the flags (``--attention-backend``) and en
 since the last good start that one of these names (`sessions.start_facts.mark`), so "you swapped the
 attention backend" is shown next to the cause that blames attention backends.
 
+What made a cause match decides how much it says about this start (`KnownCause.triggers`,
+`KnownCause.observed`): the settings it needs (``argv_any``, ``argv_none``, ``env_any``, and ``implicates``
+when its ``check`` reads settings) are its *triggers*, compared with the baseline's; a log line, a stack, a
+child or a check on what the session did is *observed* evidence; ``phase_in``, ``state_in`` and the checks
+that only restate the phase (``startup_in_progress``) say nothing of this start.  A cause with neither
+triggers nor observed evidence is general advice.
+
 Files are validated when loaded: an unknown key, a wrong type, a bad regex, phase or state, an unknown
 predicate or a duplicate id is a `KnownCausesError` naming the file, the cause and the key.
 """
@@ -99,6 +106,24 @@ class KnownCause:
     present: frozenset[str] = frozenset()  # which condition keys the file gave
     implicates: tuple[str, ...] = ()  # flag / env patterns this cause is about (not a condition)
 
+    @property
+    def triggers(self) -> tuple[str, ...]:
+        """The settings (flag names, env var patterns) this cause needs to match: ``argv_any``/``argv_none``
+        flags without their ``=value``, ``env_any`` names, and ``implicates`` when the check reads settings.
+        A start whose baseline had the same values did not fail because of them."""
+        names = [f.partition("=")[0] for f in (*self.argv_any, *self.argv_none)] + list(self.env_any)
+        if self.check is not None and PREDICATE_READS.get(self.check) == "settings":
+            names += self.implicates
+        return tuple(dict.fromkeys(names))
+
+    @property
+    def observed(self) -> bool:
+        """Whether the match needs something this session did (a log line, a stack, a child process, a
+        check on them), not only its settings, phase or state."""
+        if self.log_any or self.stack_any or self.child_any:
+            return True
+        return self.check is not None and PREDICATE_READS.get(self.check, "observed") == "observed"
+
 
 class KnownCausesError(ValueError):
     """A known-causes file is malformed; the message names the file, the cause and the key."""
@@ -107,13 +132,22 @@ class KnownCausesError(ValueError):
 # --- predicates ---------------------------------------------------------------------------------------
 
 PREDICATES: dict[str, Predicate] = {}
+# What a predicate reads: "observed" (what the session did: its log, ranks, stacks), "settings" (its
+# command line or environment: the cause's ``implicates`` are then its triggers) or "phase" (only where
+# the start is, true of every start there).  ``"sessions.module:function"`` predicates read "observed".
+PREDICATE_READS: dict[str, str] = {}
+PREDICATE_KINDS = ("observed", "settings", "phase")
 
 
-def register_predicate(name: str) -> Callable[[Predicate], Predicate]:
-    """Make ``fn`` usable as ``check = "<name>"`` in a known-causes file."""
+def register_predicate(name: str, reads: str = "observed") -> Callable[[Predicate], Predicate]:
+    """Make ``fn`` usable as ``check = "<name>"`` in a known-causes file; ``reads`` is one of
+    `PREDICATE_KINDS` (what the predicate looks at, see `PREDICATE_READS`)."""
+    if reads not in PREDICATE_KINDS:
+        raise ValueError(f"register_predicate({name!r}): reads must be one of {PREDICATE_KINDS}, got {reads!r}")
 
     def wrap(fn: Predicate) -> Predicate:
         PREDICATES[name] = fn
+        PREDICATE_READS[name] = reads
         return fn
 
     return wrap
@@ -191,7 +225,7 @@ def no_proxy_covers(no_proxy: str, host: str) -> bool:
     return False
 
 
-@register_predicate("http_proxy_without_no_proxy")
+@register_predicate("http_proxy_without_no_proxy", reads="settings")
 def http_proxy_without_no_proxy(evidence: HintEvidence) -> Mapping[str, str] | None:
     """A proxy is set and ``no_proxy`` does not cover the address SGLang's warm-up request goes to.
 
@@ -215,13 +249,13 @@ def http_proxy_without_no_proxy(evidence: HintEvidence) -> Mapping[str, str] | N
     return {"proxy_var": proxy_var, "hosts": ", ".join(uncovered)}
 
 
-@register_predicate("startup_in_progress")
+@register_predicate("startup_in_progress", reads="phase")
 def startup_in_progress(evidence: HintEvidence) -> bool:
     s = evidence.summary
     return s is not None and s.outcome == "incomplete" and evidence.state not in ("crashed", "exited", "stopped")
 
 
-@register_predicate("outcome_crashed")
+@register_predicate("outcome_crashed", reads="phase")
 def outcome_crashed(evidence: HintEvidence) -> bool:
     return (evidence.summary is not None and evidence.summary.outcome == "crashed") or evidence.state == "crashed"
 

@@ -334,6 +334,28 @@ def load_history(home: Home, profile_name: str) -> list[StartRecord]:
     return records
 
 
+def all_records(home: Home) -> list[StartRecord]:
+    """Every readable record of every profile's history (each file oldest first, files by name)."""
+    records = []
+    try:
+        files = sorted(home.history_dir.glob("*.jsonl"))
+    except OSError:
+        return []
+    for path in files:
+        try:
+            lines = _read_lines(path)
+        except OSError:
+            continue  # one unreadable history must not hide the others
+        for line in lines:
+            if not line.strip():
+                continue
+            try:
+                records.append(StartRecord.from_json(json.loads(line)))
+            except (json.JSONDecodeError, KeyError, TypeError, ValueError, AttributeError):
+                continue
+    return records
+
+
 def last_good(home: Home, profile_name: str, exclude_session_id: str | None = None) -> Baseline | None:
     """The latest start of the profile that reached ready (other than ``exclude_session_id``)."""
     for record in reversed(load_history(home, profile_name)):

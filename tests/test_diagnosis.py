@@ -318,7 +318,7 @@ def test_diagnose_screen_shows_stacks_and_saves_a_bundle(hung):
     import asyncio
 
     from textual.app import App
-    from textual.widgets import Collapsible, DataTable
+    from textual.widgets import DataTable
 
     from app.screens.diagnose import DiagnoseScreen
 
@@ -336,7 +336,7 @@ def test_diagnose_screen_shows_stacks_and_saves_a_bundle(hung):
             await app.workers.wait_for_complete()
             await pilot.pause()
             assert screen.error is None and screen.diagnosis is not None
-            stacks = list(screen.query(Collapsible))
+            stacks = list(screen.query("#stacks Collapsible"))
             assert len(stacks) == len([p for p in screen.diagnosis.processes if p.stack is not None])
             assert any("TP2" in str(c.title) and "all_reduce" in str(c.title) for c in stacks)
             assert screen.query_one("#processes", DataTable).row_count == len(screen.diagnosis.processes)

@@ -203,7 +203,7 @@ def test_a_stall_after_swapping_the_attention_backend_and_adding_nccl_names_both
     report = format_report(d)
     assert "--attention-backend: triton -> flashinfer" in report and "env NCCL_P2P_DISABLE added: 1" in report
     lines = report.splitlines()
-    assert lines.index(next(x for x in lines if x.startswith("changes since the last good start"))) <= 3
+    assert lines.index(next(x for x in lines if x.startswith("changes since the baseline"))) <= 4
     assert HF_TOKEN not in report
 
     out = subprocess.run([sys.executable, "-m", "app", "diagnose", bad.session_id, "--json", "--no-stacks"],
@@ -243,6 +243,6 @@ def test_a_stall_after_swapping_the_attention_backend_and_adding_nccl_names_both
             assert first.startswith("! --attention-backend: triton -> flashinfer"), shown
             assert "! env NCCL_P2P_DISABLE added: 1" in shown and "attention-backend-hang-after-weights*" in shown
             statics = [w.id for w in screen.query(Static) if w.id]
-            assert statics.index("changes") < statics.index("hints") < statics.index("last-lines")
+            assert statics.index("hints") < statics.index("changes") < statics.index("last-lines")
 
     asyncio.run(scenario())

@@ -32,6 +32,7 @@ from app.screens.dashboard_messages import (  # re-exported: listeners import th
     SessionLaunched,
     SessionStopped,
 )
+from app.stall_reports import StallReports
 from sessions.logs import MAIN_RANK, LogFilter
 from widgets.confirm_modal import ConfirmModal
 from widgets.gpu_panel import GpuPanel
@@ -126,6 +127,7 @@ class DashboardScreen(Screen):
         self._polled_for: str | None = None  # the selected session the running poll was asked about
         self._seen_problems: set[str] = set()
         self._last_states: dict[str, str] | None = None
+        self._stall_reports = StallReports(self, feed.home)
         self._titles: dict[str, tuple[str, str | None]] = {}
         self._rendered_session: str | None = None  # the session the last drawn snapshot showed
 
@@ -291,6 +293,7 @@ class DashboardScreen(Screen):
 
     def _notify_transitions(self, snapshot: DashboardSnapshot) -> None:
         """A toast when a session becomes ready, stalls or crashes (the user may be looking elsewhere)."""
+        self._stall_reports.seen(snapshot.sessions)  # each stall saves its report once (app/stall_reports.py)
         states = {s.session_id: s.state for s in snapshot.sessions}
         previous, self._last_states = self._last_states, states
         if previous is None:

@@ -1,10 +1,14 @@
 """DiagnoseScreen: why a session is not ready, on one screen (DESIGN §4, issue 5).
 
 Opened with ``d`` (or from the stall notification) on a session: it runs `sessions.diagnosis.diagnose`
-in a thread worker, so the UI never waits on py-spy, psutil or NVML, then shows the verdict and the
-baseline comparison, what changed since the last good start (the changes a known cause points at first,
-highlighted), the hints, the process table, one collapsible stack per rank, the GPUs and the last
-log lines.  ``b`` saves the redacted bundle next to the session, ``r`` diagnoses again, Esc goes back.
+in a thread worker, so the UI never waits on py-spy, psutil or NVML, then shows, in this order: the
+verdict and which good start it is compared with, the hints this start's evidence backs (one whose
+trigger changed since the baseline first), what changed since the baseline (the changes a known cause
+points at first, highlighted), the hints the baseline speaks against, the process table, one collapsible
+stack per rank, the last log lines, the phase table and the GPUs; general advice for the phase is folded
+at the bottom (``a`` opens it), so at 80x24 the first screen holds the verdict and the top hint.
+``p`` lists the good starts to compare with and diagnoses again against the one picked, ``b`` saves the
+redacted bundle next to the session, ``r`` diagnoses again, Esc goes back.
 Everything shown is already redacted by the diagnosis; text is rendered without markup, because log
 lines and stacks are full of square brackets.
 """
@@ -19,10 +23,12 @@ from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
 from textual.containers import Vertical, VerticalScroll
 from textual.css.query import NoMatches
-from textual.screen import Screen
-from textual.widgets import Collapsible, DataTable, Footer, Static
+from textual.screen import ModalScreen, Screen
+from textual.widgets import Collapsible, DataTable, Footer, OptionList, Static
+from textual.widgets.option_list import Option
 
 from sessions.history import format_duration_s
+from widgets.confirm_modal import DismissOnce
 
 _STATE_STYLE = {"stalled": "bold yellow", "crashed": "bold red", "ready": "bold green"}
 
@@ -56,6 +62,70 @@ def _changes_text(d: Any) -> Text:
     return text
 
 
+def _hint_text(hints: Any, with_detail: bool = True) -> Text:
+    """One entry per hint: its title and id, why the baseline ranks it there, and (optionally) its detail."""
+    text = Text()
+    for i, hint in enumerate(hints):
+        if i:
+            text.append("\n")
+        text.append(f"• {hint.title}", style="bold")
+        text.append(f"  [{hint.id}]", style="dim")
+        if hint.why:
+            text.append(f"\n  {hint.why}", style="bold yellow" if hint.rank == "changed" else "italic")
+        if with_detail and hint.detail:
+            text.append(f"\n  {hint.detail}")
+    return text
+
+
+class BaselinePicker(DismissOnce, ModalScreen[str | None]):
+    """The good starts a diagnosis may be compared with (`sessions.baseline.candidates`): Enter picks the
+    highlighted one (its session id is the result), Esc keeps the current baseline (None)."""
+
+    BINDINGS: ClassVar[list[BindingType]] = [Binding("escape", "cancel", "Cancel", id="diagnose.baseline.cancel")]
+    DEFAULT_CSS = """
+    BaselinePicker { align: center middle; }
+    BaselinePicker > Vertical {
+        width: 90%; max-width: 110; height: auto; max-height: 90%;
+        border: thick $accent; background: $surface; padding: 0 1;
+    }
+    BaselinePicker OptionList { height: auto; max-height: 16; }
+    """
+
+    def __init__(self, choices: Any, current: str | None) -> None:
+        super().__init__()
+        self.choices = list(choices)
+        self.current = current
+
+    def compose(self) -> ComposeResult:
+        with Vertical():
+            yield Static(Text("Compare with which good start? (Enter picks, Esc keeps the current one)",
+                              style="bold"))
+            if not self.choices:
+                yield Static(Text("no start of any profile has reached ready yet", style="dim"))
+                return
+            options = []
+            for choice in self.choices:
+                record = choice.record
+                label = Text(f"{record.profile} at {choice.when}  {record.session_id}")
+                if choice.same_shape:
+                    label.append("  same model, TP/PP/DP and SGLang version", style="green")
+                if record.session_id == self.current:
+                    label.append("  (current)", style="dim")
+                options.append(Option(label, id=record.session_id))
+            yield OptionList(*options, id="baseline-choices")
+
+    def on_mount(self) -> None:
+        if self.choices:
+            self.query_one(OptionList).focus()
+
+    def on_option_list_option_selected(self, event: OptionList.OptionSelected) -> None:
+        event.stop()
+        self.dismiss(event.option.id)
+
+    def action_cancel(self) -> None:
+        self.dismiss(None)
+
+
 class DiagnoseScreen(Screen):
     """The diagnosis of one session.  ``home`` defaults to the resolved home (demo-aware)."""
 
@@ -67,12 +137,15 @@ class DiagnoseScreen(Screen):
     DiagnoseScreen DataTable { height: auto; max-height: 16; }
     DiagnoseScreen #stacks { height: auto; }
     DiagnoseScreen Collapsible { padding-left: 0; }
+    DiagnoseScreen #advice { margin-top: 1; }
     DiagnoseScreen .stack-text { padding-left: 2; }
     """
 
     BINDINGS: ClassVar[list[BindingType]] = [
         Binding("b", "save_bundle", "Save bundle", id="diagnose.bundle"),
         Binding("r", "rediagnose", "Again", id="diagnose.again"),
+        Binding("p", "pick_baseline", "Baseline", id="diagnose.baseline"),
+        Binding("a", "toggle_advice", "Advice", id="diagnose.advice"),
         Binding("escape", "back", "Back", id="diagnose.back"),
     ]
 
@@ -84,6 +157,7 @@ class DiagnoseScreen(Screen):
         self._with_stacks = with_stacks
         self._stack_timeout_s = stack_timeout_s
         self._show_lock = asyncio.Lock()
+        self.baseline: str | None = None  # a good start picked with p (session id); None: picked automatically
         self.diagnosis: Any = None  # the latest `Diagnosis`, for tests and the bundle action
         self.bundle_path: Any = None
         self.error: str | None = None
@@ -93,20 +167,25 @@ class DiagnoseScreen(Screen):
             yield Static(Text(f"Diagnosing {self.session_id}: reading the log, the processes and the "
                               "stacks of every rank…"), id="verdict")
             yield Static("", id="compare")
-            yield Static("Changes since the last good start", classes="section-title")
-            yield Static("", id="changes")
-            yield Static("Hints", classes="section-title")
+            yield Static("Hints from this start's evidence", classes="section-title")
             yield Static("", id="hints")
+            yield Static("Changes since the baseline", classes="section-title")
+            yield Static("", id="changes")
+            yield Static("Hints the baseline speaks against", classes="section-title", id="demoted-title")
+            yield Static("", id="demoted")
             yield Static("Processes", classes="section-title")
             yield DataTable(id="processes", cursor_type="row", zebra_stripes=True)
             yield Static("Stacks", classes="section-title")
             yield Vertical(id="stacks")
-            yield Static("Baseline (last good start of this profile)", classes="section-title", id="baseline-title")
+            yield Static("Last log lines", classes="section-title")
+            yield Static("", id="last-lines")
+            yield Static("Baseline phases (the good start and this one)", classes="section-title",
+                         id="baseline-title")
             yield DataTable(id="baseline", cursor_type="row")
             yield Static("GPUs", classes="section-title")
             yield Static("", id="gpus")
-            yield Static("Last log lines", classes="section-title")
-            yield Static("", id="last-lines")
+            with Collapsible(title="General advice for this phase", collapsed=True, id="advice"):
+                yield Static("", id="advice-text")
         yield Footer()
 
     def on_mount(self) -> None:
@@ -130,7 +209,8 @@ class DiagnoseScreen(Screen):
 
         try:
             result = diagnose(
-                self._load_session(), with_stacks=self._with_stacks, stack_timeout_s=self._stack_timeout_s
+                self._load_session(), with_stacks=self._with_stacks, stack_timeout_s=self._stack_timeout_s,
+                baseline=self.baseline,
             )
         except Exception as exc:  # noqa: BLE001 - a failed diagnosis is shown, never crashes the TUI
             self.app.call_from_thread(self._show_error, f"{type(exc).__name__}: {exc}")
@@ -167,6 +247,42 @@ class DiagnoseScreen(Screen):
     def action_back(self) -> None:
         self.app.pop_screen()
 
+    def action_toggle_advice(self) -> None:
+        advice = self.query_one("#advice", Collapsible)
+        advice.collapsed = not advice.collapsed
+        if not advice.collapsed:
+            advice.scroll_visible()
+
+    def action_pick_baseline(self) -> None:
+        self._load_candidates()
+
+    @work(thread=True, exclusive=True, group="baseline-candidates")
+    def _load_candidates(self) -> None:
+        """The good starts to offer (history files are read here, off the UI thread)."""
+        from sessions import start_facts
+        from sessions.baseline import candidates
+
+        try:
+            session = self._load_session()
+            facts = start_facts.read(session.session_dir)
+            found = candidates(session.home, session.profile_name, session.session_id, facts)
+        except Exception as exc:  # noqa: BLE001 - shown, never crashes the TUI
+            self.app.call_from_thread(self.notify, f"Good starts not read: {type(exc).__name__}: {exc}",
+                                      severity="error")
+            return
+        self.app.call_from_thread(self._offer_candidates, found)
+
+    def _offer_candidates(self, found: Any) -> None:
+        current = self.diagnosis.baseline.session_id if self.diagnosis is not None and self.diagnosis.baseline else None
+        self.app.push_screen(BaselinePicker(found, current), self._baseline_picked)
+
+    def _baseline_picked(self, session_id: str | None) -> None:
+        if not session_id:
+            return
+        self.baseline = session_id
+        self.query_one("#verdict", Static).update(Text(f"Diagnosing {self.session_id} against {session_id}…"))
+        self.collect()
+
     # -- rendering (UI thread) --------------------------------------------------------------------------
 
     def _bundle_written(self, path: Any) -> None:
@@ -190,9 +306,8 @@ class DiagnoseScreen(Screen):
         verdict = Text()
         verdict.append(f"{d.state}", style=_STATE_STYLE.get(d.state, "bold"))
         verdict.append(f" in {d.phase}", style="bold")
-        verdict.append(f" · log silent for {format_duration_s(d.silent_for_s)}")
-        if d.stall_limit_s not in (None, float("inf")):
-            verdict.append(f" (limit {format_duration_s(d.stall_limit_s)})")
+        if d.silence:  # before ready only: an idle ready server is quiet, not silent
+            verdict.append(f" · {d.silence}")
         verdict.append(f" · port {'listening' if d.port_listening else 'closed'}")
         verdict.append({True: " · /ready 200", False: " · /ready not ready", None: ""}[d.ready])
         if d.silent_ranks:
@@ -205,18 +320,28 @@ class DiagnoseScreen(Screen):
         if d.error:
             verdict.append(f"\nfirst error (line {d.error_line}): {d.error}", style="red")
         self.query_one("#verdict", Static).update(verdict)
-        self.query_one("#compare", Static).update(Text(d.compare, style="italic"))
+        # Without the session id (the picker and the report show it): the top hint stays on an 80x24 screen.
+        compare = Text(d.baseline_text(with_id=False), style="bold" if d.baseline_choice is not None else "dim")
+        compare.append("  (p picks another)", style="dim")
+        compare.append(f"\n{d.compare}", style="italic")
+        self.query_one("#compare", Static).update(compare)
         self.query_one("#changes", Static).update(_changes_text(d))
 
-        hints = Text()
-        for i, hint in enumerate(d.hints):
-            if i:
-                hints.append("\n")
-            hints.append(f"• {hint.title}", style="bold")
-            hints.append(f"  [{hint.id}]", style="dim")
-            if hint.detail:
-                hints.append(f"\n  {hint.detail}")
-        self.query_one("#hints", Static).update(hints if d.hints else Text("no known cause matched", style="dim"))
+        first = [h for h in d.hints if h.rank in ("changed", "observed", "setting")]
+        demoted = [h for h in d.hints if h.rank == "unchanged"]
+        advice = [h for h in d.hints if h.rank == "generic"]
+        self.query_one("#hints", Static).update(
+            _hint_text(first) if first else Text("no hint from this start's evidence", style="dim")
+        )
+        self.query_one("#demoted", Static).update(_hint_text(demoted, with_detail=False))
+        self.query_one("#demoted", Static).display = self.query_one("#demoted-title").display = bool(demoted)
+        box = self.query_one("#advice", Collapsible)
+        box.title = f"General advice for this phase ({len(advice)})" + (
+            f" and details of the {len(demoted)} hint(s) above" if demoted else "") + " · a opens it"
+        box.display = bool(advice or demoted)
+        self.query_one("#advice-text", Static).update(
+            _hint_text([*advice, *demoted]) if advice or demoted else Text("")
+        )
 
         table = self.query_one("#processes", DataTable)
         table.clear()

@@ -3,7 +3,8 @@
 `diagnose(session)` collects, in a couple of seconds, what the seeds spent an hour gathering by hand: the
 phase and how long the log has been silent, the last lines, the process tree (CPU, RSS, threads, compiler
 children), the port and ``/ready``, GPU memory per process, the py-spy stack of every rank (in parallel,
-each with a timeout), the comparison with the last good start of the same profile, and hints from the
+each with a timeout), the comparison with a baseline (the last good start of the same profile, else of
+the same model and sizes: `sessions.baseline`), and hints from the
 data-driven catalogue (``sessions/data/known_causes*.toml``) plus the causes only a live process tree can
 show: a rank stuck in an NCCL collective while the others are elsewhere, a rank idle while the others
 spin, ranks missing from ``Load weight end``, a compiler child at work, py-spy missing or not allowed.
@@ -15,14 +16,16 @@ secret flags, credential-shaped strings), so the CLI, the screen and `write_bund
 * `sessions.diagnosis.evidence`: each piece of evidence (secrets, env, log tail, GPUs, ranks, hints, changes);
 * `sessions.diagnosis.predicates`: `RuntimeEvidence` and the runtime known-causes predicates;
 * `sessions.diagnosis.collect`: `diagnose`, which gathers them into one `Diagnosis`;
-* `sessions.diagnosis.report` and `sessions.diagnosis.bundle`: the text report and the tar.gz bundle.
+* `sessions.diagnosis.ranking`: the order of the hints (changed since the baseline first, advice last);
+* `sessions.diagnosis.report` and `sessions.diagnosis.bundle`: the text report and the tar.gz bundle;
+* `sessions.diagnosis.stall_report`: `save_stall_report`, the report a stall saves once in the session.
 
 The names below are the package's public ones; ``from sessions.diagnosis import ...`` is the way in.
 """
 
 from sessions.diagnosis.bundle import default_bundle_path, write_bundle
 from sessions.diagnosis.collect import diagnose
-from sessions.diagnosis.evidence import evidence_first, split_progress
+from sessions.diagnosis.evidence import split_progress
 from sessions.diagnosis.model import (
     BUNDLE_LOG_BYTES,
     CPU_INTERVAL_S,
@@ -46,7 +49,9 @@ from sessions.diagnosis.predicates import (
     rank_idle_while_others_spin,
     rank_process_not_running,
 )
+from sessions.diagnosis.ranking import RANKS, evidence_first, rank_hints
 from sessions.diagnosis.report import format_changes, format_report
+from sessions.diagnosis.stall_report import save_stall_report, stall_report_path
 
 __all__ = [
     "BUNDLE_LOG_BYTES",
@@ -55,6 +60,7 @@ __all__ = [
     "HINT_LOG_BYTES",
     "IDLE_CPU_PERCENT",
     "LAST_LINES",
+    "RANKS",
     "SPIN_CPU_PERCENT",
     "Diagnosis",
     "GpuProcessReport",
@@ -71,8 +77,11 @@ __all__ = [
     "format_report",
     "pyspy_not_installed",
     "pyspy_permission_denied",
+    "rank_hints",
     "rank_idle_while_others_spin",
     "rank_process_not_running",
+    "save_stall_report",
     "split_progress",
+    "stall_report_path",
     "write_bundle",
 ]

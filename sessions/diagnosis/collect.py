@@ -13,7 +13,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from sessions import history, stacks, stall
+from sessions import baseline as baselines
+from sessions import history, stacks, stall, start_facts
 from sessions.diagnosis.evidence import (
     _changes_since_last_good,
     _command_argv,
@@ -28,7 +29,6 @@ from sessions.diagnosis.evidence import (
     _Redactor,
     _secret_argv_values,
     _tail_texts,
-    evidence_first,
     split_progress,
 )
 from sessions.diagnosis.model import (
@@ -43,6 +43,7 @@ from sessions.diagnosis.model import (
     ProcessReport,
 )
 from sessions.diagnosis.predicates import RuntimeEvidence
+from sessions.diagnosis.ranking import rank_hints
 from sessions.phases import StartupSummary
 from sessions.redaction import collect_secrets, secret_values
 
@@ -86,8 +87,18 @@ def diagnose(
     *,
     cpu_interval_s: float = CPU_INTERVAL_S,
     pyspy: str | None = None,
+    baseline: str | None = None,
 ) -> Diagnosis:
-    """Collect everything about ``session`` (a `ServerSession`) now; never raises for what it probes."""
+    """Collect everything about ``session`` (a `ServerSession`) now; never raises for what it probes.
+
+    ``baseline`` is the session id (or unique prefix) of a good start to compare with instead of the one
+    `sessions.baseline.choose_baseline` picks; a bad one raises `sessions.baseline.BaselineError` first.
+    """
+    try:
+        facts = start_facts.read(Path(getattr(session, "session_dir", "") or "."))
+    except OSError:  # (SpecialFileError: a FIFO in its place): this start's settings are unknown
+        facts = None
+    chosen = baselines.chosen_baseline(session.home, baseline, facts) if baseline else None
     start = time.monotonic()
     taken_at = time.time()
     status = session.status(probe_http=True)
@@ -105,7 +116,8 @@ def diagnose(
 
     last_lines_all = _tail_texts(status.log_path, HINT_LOG_BYTES, follow_symlinks=False)  # ours: never a link
     log_only, progress = split_progress(last_lines_all)
-    baseline = history.last_good(session.home, status.profile, exclude_session_id=status.session_id)
+    choice = chosen or baselines.choose_baseline(session.home, status.profile, status.session_id, facts)
+    good = choice.record if choice is not None else None
     hint_list = _match_hints(
         RuntimeEvidence(
             log_lines=list(last_lines_all),
@@ -121,8 +133,9 @@ def diagnose(
             with_stacks=with_stacks and bool(tree),
         )
     )
-    hints = _unique_hints(hint_list, redactor)
-    changes, changes_note = _changes_since_last_good(session, baseline, hints, redactor)
+    unranked = _unique_hints(hint_list, redactor)
+    changes, changes_note = _changes_since_last_good(facts, choice, unranked, redactor)
+    hints = rank_hints(unranked, changes, choice)
     return Diagnosis(
         session_id=status.session_id,
         profile=status.profile,
@@ -137,12 +150,13 @@ def diagnose(
         gpus=_gpu_reports(gpu_snapshot, {p.pid: p.label for p in processes}),
         gpu_source=getattr(gpu_snapshot, "source", "none"),
         gpu_message=getattr(gpu_snapshot, "message", None),
-        baseline=baseline,
+        baseline=good,
+        baseline_choice=choice,
         hints=tuple(hints),
         compare=history.compare(
-            baseline, summary, status.phase_entered_at, status.silent_for_s, started_at=status.started_at
+            good, summary, status.phase_entered_at, status.silent_for_s, started_at=status.started_at
         ),
-        phase_rows=_phase_rows(baseline, summary, status),
+        phase_rows=_phase_rows(good, summary, status),
         ranks_expected=ranks.expected,
         silent_ranks=ranks.silent,
         lagging_ranks=ranks.lagging,
@@ -248,10 +262,10 @@ def _phase_rows(baseline: history.Baseline | None, summary: StartupSummary, stat
 
 
 def _unique_hints(hints: list[HintView], redactor: _Redactor) -> list[HintView]:
-    """Evidence-backed hints first, each id once, redacted."""
+    """Each id once, redacted, in catalogue order (`rank_hints` orders them)."""
     seen: set[str] = set()
     unique = []
-    for hint in evidence_first(hints):
+    for hint in hints:
         if hint.id not in seen:
             seen.add(hint.id)
             title, detail = redactor.text(hint.title), redactor.text(hint.detail)

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from sessions import history, stacks, start_facts
+from sessions.baseline import BaselineChoice
 from sessions.diagnosis.model import GpuProcessReport, GpuReport, HintView
 from sessions.diagnosis.predicates import RuntimeEvidence
 from sessions.logs import LogFileError, read_tail
@@ -154,26 +155,7 @@ def _match_hints(evidence: RuntimeEvidence) -> list[HintView]:
     return [HintView(h.id, h.title, h.detail) for h in found]
 
 
-# Conditions that only say "this phase / state" (argv_none: "a flag is absent") fit every session there:
-# a hint matched on nothing else is generic advice, listed after the hints this session's evidence backs.
-_GENERIC_CONDITIONS = frozenset({"phase_in", "state_in", "argv_none"})
 _TQDM_FRAME = re.compile(r"\d{1,3}%\|[^|]*\|\s*\d+/\d+\s*\[")
-
-
-def evidence_first(hints: Sequence[HintView]) -> list[HintView]:
-    """``hints`` with those backed by this session's evidence first (each group in catalogue order)."""
-    from sessions.hints import KnownCausesError, load_causes
-
-    try:
-        present = {c.id: c.present for c in load_causes()}
-    except KnownCausesError:
-        present = {}
-    marked = []
-    for hint in hints:
-        keys = present.get(hint.id)
-        generic = keys is not None and bool(keys) and keys <= _GENERIC_CONDITIONS
-        marked.append(HintView(hint.id, hint.title, hint.detail, evidence=not generic))
-    return [h for h in marked if h.evidence] + [h for h in marked if not h.evidence]
 
 
 def split_progress(lines: Sequence[str]) -> tuple[list[str], list[str]]:
@@ -192,16 +174,19 @@ def split_progress(lines: Sequence[str]) -> tuple[list[str], list[str]]:
 
 
 def _changes_since_last_good(
-    session: Any, baseline: history.Baseline | None, hints: Sequence[HintView], redactor: _Redactor
+    facts: Mapping[str, Any] | None, choice: BaselineChoice | None, hints: Sequence[HintView],
+    redactor: _Redactor,
 ) -> tuple[tuple[start_facts.Change, ...] | None, str | None]:
-    """The changes from the last good start to this one, each marked with the known causes naming it."""
-    if baseline is None:
-        return None, "no earlier start of this profile reached ready: nothing to compare with"
-    facts = start_facts.read(Path(getattr(session, "session_dir", "") or "."))
+    """The changes from the baseline to this start (``facts``), each marked with the known causes naming it."""
+    if choice is None:
+        return None, ("no earlier good start of this profile, nor of another profile with the same model, "
+                      "TP/PP/DP and SGLang version: nothing to compare with (diagnose --baseline SESSION, or p "
+                      "on the diagnosis screen, picks one)")
+    baseline = choice.record
     if facts is None:
         return None, "this start's settings were not recorded (launched by an older eagle3-tui)"
     if not baseline.facts:
-        return None, (f"the last good start ({baseline.session_id}) was recorded before settings were kept: "
+        return None, (f"the good start {baseline.session_id} was recorded before settings were kept: "
                       "its flags and environment are not known")
     from sessions.hints import KnownCausesError, implications
 
@@ -216,7 +201,7 @@ def _changes_since_last_good(
                            c.implicated_by, c.hinted_by)
         for c in changes
     )
-    return cleaned, None if cleaned else f"nothing changed since the last good start ({baseline.session_id})"
+    return cleaned, None if cleaned else f"nothing changed since the baseline ({baseline.session_id})"
 
 
 def _redact_argv_values(argv: Sequence[str]) -> list[str]:

@@ -8,6 +8,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from sessions import history, stacks, start_facts
+from sessions.baseline import BaselineChoice
 
 DEFAULT_STACK_TIMEOUT_S = 10.0
 CPU_INTERVAL_S = 0.5
@@ -26,12 +27,17 @@ class HintView:
     id: str
     title: str
     detail: str
-    # Matched on this session's own evidence (a log line, a stack, a child process, a flag, a check),
-    # not only on its phase or state: such hints come first.
+    # Matched on more than the phase or state (a log line, a stack, a child process, a flag, a check):
+    # False for general advice, which comes last.
     evidence: bool = True
+    # Where it ranks (`sessions.diagnosis.ranking.RANKS`: changed, observed, setting, unchanged, generic)
+    # and why, when the baseline decided it ("changed since the baseline: ...", "the good start ... also").
+    rank: str = "observed"
+    why: str | None = None
 
     def to_json(self) -> dict:
-        return {"id": self.id, "title": self.title, "detail": self.detail, "evidence": self.evidence}
+        return {"id": self.id, "title": self.title, "detail": self.detail, "evidence": self.evidence,
+                "rank": self.rank, "why": self.why}
 
 
 @dataclass(frozen=True)
@@ -148,6 +154,30 @@ class Diagnosis:
     problem: str | None = None  # what is wrong with the session's own files (damaged state.json, ...)
     host: str = "127.0.0.1"
     port: int | None = None
+    # Which good start ``baseline`` is and why it was picked (this profile's, one of the same model and
+    # sizes, or picked by hand); None when there is none.
+    baseline_choice: BaselineChoice | None = None
+
+    @property
+    def baseline_line(self) -> str:
+        """"baseline: good start of kimi-k25-tp8 at 22:10, same model, TP/PP/DP and SGLang version (id)"."""
+        return self.baseline_text(with_id=True)
+
+    def baseline_text(self, with_id: bool = True) -> str:
+        if self.baseline_choice is None:
+            return "baseline: none (no good start of this profile or of the same model, TP/PP/DP and version)"
+        return f"baseline: {self.baseline_choice.describe(with_id)}"
+
+    @property
+    def silence(self) -> str | None:
+        """"log silent for 1m52s (limit 2m)" while the start is not over; None once ready or ended (an
+        idle ready server is quiet, not silent)."""
+        if self.state not in ("starting", "stalled"):
+            return None
+        text = f"log silent for {history.format_duration_s(self.silent_for_s)}"
+        if self.stall_limit_s not in (None, float("inf")):
+            text += f" (limit {history.format_duration_s(self.stall_limit_s)})"
+        return text
 
     @property
     def has_baseline(self) -> bool:
@@ -162,13 +192,8 @@ class Diagnosis:
             return f"{self.session_id} is ready: the server answers{where} (/ready 200)" if self.ready else (
                 f"{self.session_id} is ready{where}: its log says it is fired up and ready to roll"
             )
-        fmt = history.format_duration_s
         text = f"{self.session_id} (profile {self.profile}) is {self.state} in phase {self.phase}"
-        if self.state in ("starting", "stalled"):
-            text += f", log silent for {fmt(self.silent_for_s)}"
-            if self.stall_limit_s not in (None, float("inf")):
-                text += f" (limit {fmt(self.stall_limit_s)})"
-        return text
+        return text + (f", {self.silence}" if self.silence else "")
 
 
     def to_json(self) -> dict:
@@ -183,7 +208,7 @@ class Diagnosis:
             "ready": self.ready,
             "processes": [p.to_json() for p in self.processes],
             "gpus": [g.to_json() for g in self.gpus],
-            "baseline": _baseline_json(self.baseline),
+            "baseline": _baseline_json(self.baseline, self.baseline_choice),
             "hints": [h.to_json() for h in self.hints],
             # extras
             "headline": self.headline,
@@ -220,16 +245,21 @@ class Diagnosis:
         }
 
 
-def _baseline_json(baseline: history.Baseline | None) -> dict | None:
+def _baseline_json(baseline: history.Baseline | None, choice: BaselineChoice | None) -> dict | None:
     if baseline is None:
         return None
     return {
         "session_id": baseline.session_id,
+        "profile": baseline.profile,
+        "how": choice.how if choice is not None else None,
+        "description": choice.describe() if choice is not None else None,
         "outcome": baseline.outcome,
         "line_count": baseline.line_count,
         "ready_line": baseline.ready_line,
         "ready_after_s": baseline.ready_after_s,
-        "phases": {m.phase: {"line": m.line, "at_s": m.at_s} for m in baseline.phases},
+        # ready seen over HTTP before the log said so has no line of its own: its line count, as the table
+        "phases": {m.phase: {"line": baseline.ready_line if m.phase == "ready" else m.line, "at_s": m.at_s}
+                   for m in baseline.phases},
     }
 
 

@@ -10,18 +10,25 @@ def _mib(value: int | None) -> str:
 
 
 def format_report(d: Diagnosis) -> str:
-    """The human report (CLI default output, ``report.txt`` in the bundle)."""
+    """The human report (CLI default output, ``report.txt`` in the bundle).
+
+    What this session produced comes first (the verdict, the baseline and what changed since it, the hints
+    its evidence backs, the stacks, the last lines); then the timings and GPUs; then the hints the baseline
+    rules out; general advice for the phase last."""
     out = _verdict_lines(d)
+    out += _hints_section(d, ("changed", "observed", "setting"), "hints from this session's evidence:")
     out.append("")
     out += _process_table(d)
-    out.append("")
-    out += _gpu_lines(d)
-    out += _phase_table(d)
-    out += _hints_section(d)
     if d.progress_lines:
         out += ["", "progress bars (last frame of each):", *(f"  {line}" for line in d.progress_lines[-5:])]
     if d.last_lines:
         out += ["", "last log lines:", *(f"  {line}" for line in d.last_lines[-10:])]
+    out += _phase_table(d)
+    out.append("")
+    out += _gpu_lines(d)
+    out += _hints_section(d, ("unchanged",), "hints the baseline speaks against (its good start had the same "
+                                             "settings):")
+    out += _hints_section(d, ("generic",), "general advice for this phase (true of every start here):")
     return "\n".join(out) + "\n"
 
 
@@ -33,6 +40,7 @@ def _verdict_lines(d: Diagnosis) -> list[str]:
     out += [
         f"port {'listening' if d.port_listening else 'closed'}; /ready: "
         + {True: "200", False: "not ready", None: "not asked (port closed)"}[d.ready],
+        d.baseline_line,
         d.compare,
     ]
     out.extend(format_changes(d))
@@ -90,19 +98,18 @@ def _phase_table(d: Diagnosis) -> list[str]:
     return out
 
 
-def _hints_section(d: Diagnosis) -> list[str]:
-    out: list[str] = []
-    for title, group in (
-        ("hints from this session's evidence:", [h for h in d.hints if h.evidence]),
-        ("other possible causes in this phase (generic):", [h for h in d.hints if not h.evidence]),
-    ):
-        if not group:
-            continue
-        out += ["", title]
-        for h in group:
-            out.append(f"  [{h.id}] {h.title}")
-            if h.detail:
-                out.append(f"      {h.detail}")
+def _hints_section(d: Diagnosis, ranks: tuple[str, ...], title: str) -> list[str]:
+    """The hints of ``ranks`` under ``title``, each with why it ranks there when the baseline decided it."""
+    group = [h for h in d.hints if h.rank in ranks]
+    if not group:
+        return []
+    out = ["", title]
+    for h in group:
+        out.append(f"  [{h.id}] {h.title}")
+        if h.why:
+            out.append(f"      ({h.why})")
+        if h.detail:
+            out.append(f"      {h.detail}")
     return out
 
 
@@ -114,12 +121,12 @@ def _at(at_s: float | None, line: int | None) -> str:
 
 
 def format_changes(d: Diagnosis) -> list[str]:
-    """The "what changed since the last good start" lines: implicated changes first, each with the known
+    """The "what changed since the baseline" lines: implicated changes first, each with the known
     causes that name it (``*`` marks a cause that matches this start now)."""
     if d.changes_since_last_good is None or not d.changes_since_last_good:
-        return [f"changes since the last good start: {d.changes_note}"] if d.changes_note else []
+        return [f"changes since the baseline: {d.changes_note}"] if d.changes_note else []
     base = d.baseline.session_id if d.baseline else "?"
-    out = [f"changes since the last good start ({base}):"]
+    out = [f"changes since the baseline ({base}):"]
     for c in d.changes_since_last_good:
         line = f"  {'!' if c.implicated_by else '-'} {c.describe()}"
         if c.implicated_by:

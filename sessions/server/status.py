@@ -456,6 +456,27 @@ def _gpu_index_by_pid(gpu_snapshot: Any, session_dir: Path) -> dict[int, int]:
     return mapping
 
 
+OUTPUT_SCAN_BYTES = 4 << 20  # probe access lines are ~100 bytes: 4 MiB of them is hours of polling
+
+
+def last_output_offset(log_path: Path, max_bytes: int = OUTPUT_SCAN_BYTES) -> int | None:
+    """The byte offset in the log right after the server's last output that is not one of our probes'
+    access lines: where the log went quiet.  Every reader of the same log gets the same number (the
+    watchers' own probe lines after it do not move it), so it names one stall for all of them.  None when
+    the log cannot be read; 0 when it holds nothing but probe lines within ``max_bytes`` of its end."""
+    from sessions.safe_files import read_regular_tail
+
+    try:
+        data, start = read_regular_tail(log_path, max_bytes, "log", nofollow=True)
+    except OSError:  # (SpecialFileError is one): not a log to read
+        return None
+    for match in reversed(list(re.finditer(rb"[^\r\n]+", data))):
+        segment = match.group(0)
+        if segment.strip() and not _PROBE_ACCESS_LINE.search(segment):
+            return start + match.end()
+    return start
+
+
 def _last_activity_at(chunk: bytes, mtime: float, exact: bool) -> float | None:
     """When the server last wrote something in ``chunk`` other than the access lines of /ready and
     /model_info probes (uvicorn logs each request): those would keep a hung warmup looking busy.
