@@ -9,7 +9,14 @@ from __future__ import annotations
 import argparse
 import sys
 
-_TERMINAL_STATES = ("ready", "crashed", "exited", "stopped")
+# `wait` and `launch --wait-ready`: one exit code per outcome (sessions.server.waiting), so a script can
+# tell a hang from a crash without parsing text.  0-2 keep the CLI's meanings (ok, failed, bad input).
+WAIT_EXIT_CODES = {"ready": 0, "stalled": 3, "crashed": 4, "stopped": 5, "timeout": 6}
+_WAIT_CODES_HELP = (
+    "Exit status: 0 ready, 3 stalled (the log went silent past the stall limit; the server still runs), "
+    "4 crashed or ended on its own, 5 stopped, 6 --timeout passed (the server still runs), 2 bad input "
+    "(no such session, a bad profile, GPUs busy without --force), 1 the launch failed."
+)
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -17,17 +24,40 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "launch",
         help="start a server from a profile, detached; prints the session id",
         description="Validate PROFILE, start its server detached (it outlives this command), and print "
-        "the new session id on stdout.",
+        "the new session id on stdout.  With --wait-ready, wait until it is ready, stalled, crashed or "
+        "stopped.  " + _WAIT_CODES_HELP,
     )
     p.add_argument("profile", metavar="PROFILE", help="a profile name (<config>/profiles/NAME.toml) or a path")
-    p.add_argument("--wait-ready", action="store_true", help="wait until the server is ready; exit 1 if it fails")
-    p.add_argument("--timeout", type=float, default=None, metavar="S", help="with --wait-ready: give up after S s")
+    p.add_argument(
+        "--wait-ready", action="store_true",
+        help="wait until the server is ready (0), stalled (3), crashed (4) or stopped (5)",
+    )
+    p.add_argument(
+        "--timeout", type=float, default=None, metavar="S",
+        help="with --wait-ready: give up after S s (exit 6; the server keeps running)",
+    )
     p.add_argument(
         "--force",
         action="store_true",
         help="launch even when other processes hold memory on the GPUs it would use (else: exit 2)",
     )
+    p.add_argument(
+        "--lock-timeout", type=float, default=None, metavar="S",
+        help="wait at most S s for another launch of this home to finish (default 60; then exit 1)",
+    )
     p.set_defaults(func=_launch)
+
+    p = subparsers.add_parser(
+        "wait",
+        help="wait until a session is ready; a distinct exit code for stalled, crashed, stopped, timeout",
+        description="Wait until SESSION (an id or unique prefix) is ready.  The wait ends at the first "
+        "answer: a stall (the log silent past the session's stall limit) ends it at once.  State and "
+        "phase changes go to stderr.  " + _WAIT_CODES_HELP,
+    )
+    p.add_argument("session", metavar="SESSION")
+    p.add_argument("--until", choices=("ready",), default="ready", help="what to wait for (ready)")
+    p.add_argument("--timeout", type=float, default=None, metavar="S", help="give up after S s (exit 6)")
+    p.set_defaults(func=_wait)
 
     p = subparsers.add_parser("status", help="show sessions (state, phase, ranks, port)")
     p.add_argument("session", nargs="?", metavar="SESSION", help="a session id or unique prefix (default: all)")
@@ -95,8 +125,13 @@ def _launch(args: argparse.Namespace) -> int:
         profile = load_profile(args.profile)
     except ProfileError as exc:
         raise CliError(_profile_error_text(args.profile, exc), EXIT_BAD_INPUT) from None
+    if args.lock_timeout is not None and not args.lock_timeout >= 0:
+        raise CliError(f"--lock-timeout must be 0 or more seconds, got {args.lock_timeout:g}", EXIT_BAD_INPUT)
+    if args.timeout is not None and not args.timeout >= 0:
+        raise CliError(f"--timeout must be 0 or more seconds, got {args.timeout:g}", EXIT_BAD_INPUT)
+    lock_timeout = {} if args.lock_timeout is None else {"lock_timeout_s": args.lock_timeout}
     try:
-        session = ServerSession.launch(profile, force=args.force)
+        session = ServerSession.launch(profile, force=args.force, **lock_timeout)
     except LaunchError as exc:
         raise CliError(str(exc), exc.code) from None
     print(session.session_id, flush=True)
@@ -112,31 +147,39 @@ def _launch(args: argparse.Namespace) -> int:
 
 
 def _wait_ready(session, timeout_s: float | None) -> int:
-    import time
+    """Wait for ``session`` (see `sessions.server.waiting`): print each state/phase change to stderr and
+    the outcome, and return the outcome's exit code (`WAIT_EXIT_CODES`)."""
+    from sessions.server.waiting import wait_until_ready
 
-    from app.cli import EXIT_FAILED
+    shown: list[tuple[str, str]] = []
 
-    deadline = None if timeout_s is None else time.monotonic() + timeout_s
-    shown = None
-    while True:
-        status = session.status()
-        if (status.state, status.phase) != shown:
-            shown = (status.state, status.phase)
-            print(f"{status.state}: {status.phase}", file=sys.stderr)
-        if status.state == "ready":
-            return 0
-        if status.state in _TERMINAL_STATES:
-            where = f" (line {status.summary.error_line}: {status.summary.error})" if status.summary.error else ""
-            print(f"{session.session_id} {status.state} in {status.phase}{where}", file=sys.stderr)
-            return EXIT_FAILED
-        if deadline is not None and time.monotonic() >= deadline:
-            print(
-                f"{session.session_id} not ready after {timeout_s:g}s: {status.state} in {status.phase}, "
-                "still running",
-                file=sys.stderr,
-            )
-            return EXIT_FAILED
-        time.sleep(0.2)
+    def changed(status) -> None:
+        if not shown or shown[-1] != (status.state, status.phase):
+            shown.append((status.state, status.phase))
+            print(f"{status.state}: {status.phase}", file=sys.stderr, flush=True)
+
+    result = wait_until_ready(session, timeout_s, on_status=changed, on_stall=_save_stall_report)
+    print(result.message(), file=sys.stderr)
+    return WAIT_EXIT_CODES[result.outcome]
+
+
+def _save_stall_report(session, status):
+    """STALL-REPORT CALL SITE (the single one of `wait` and `launch --wait-ready`): save the stall's
+    diagnosis report in the session folder, once per stall, and return its path.
+
+    Engineer "diag" owns that function in sessions/ (issue 21: "a stall saves a diagnosis report in the
+    session folder automatically, at most one per stall"); it was not on main when this was written, so
+    this returns None until it is called here."""
+    return None
+
+
+def _wait(args: argparse.Namespace) -> int:
+    from app.cli import EXIT_BAD_INPUT, CliError
+
+    if args.timeout is not None and not args.timeout >= 0:
+        raise CliError(f"--timeout must be 0 or more seconds, got {args.timeout:g}", EXIT_BAD_INPUT)
+    session = _find(args.session)
+    return _wait_ready(session, args.timeout)
 
 
 def _status(args: argparse.Namespace) -> int:
