@@ -76,6 +76,23 @@ class GpuBusy(LaunchError):
         super().__init__(message, code=2)
         self.busy = list(busy)
 
+    @property
+    def holder_sessions(self) -> tuple[str, ...]:
+        """The ids of this home's sessions among the holders (``who`` is "session <id>" for those)."""
+        ids = [
+            h.who.removeprefix("session ")
+            for gpu in self.busy
+            for h in getattr(gpu, "holders", ())
+            if str(getattr(h, "who", "")).startswith("session ")
+        ]
+        return tuple(dict.fromkeys(ids))
+
+    @property
+    def only_sessions_hold(self) -> bool:
+        """Every holder is one of this home's sessions: stopping them frees the GPUs."""
+        holders = [h for gpu in self.busy for h in getattr(gpu, "holders", ())]
+        return bool(holders) and all(str(getattr(h, "who", "")).startswith("session ") for h in holders)
+
 
 @dataclass(frozen=True)
 class RankStatus:
