@@ -73,6 +73,9 @@ def test_a_stop_while_waiting_exits_5(launched, make_emulator_profile, cli_env):
             waiter.wait()
     assert waiter.returncode == WAIT_EXIT_CODES["stopped"] == 5, err
     assert "was stopped" in err
+    # The card's "stopped HH:MM:SS" comes from the status the poll read, not from the widget reading files.
+    stopped = session.status()
+    assert stopped.ended_at == session.state_record["stopped_at"]
 
 
 def test_a_timeout_exits_6_and_leaves_the_server_running(launched, make_emulator_profile, cli_env):

@@ -153,6 +153,9 @@ class SessionStatus:
     problem: str | None = None  # what is wrong with the session's record (damaged state.json, ...)
     taken_at: float = field(default_factory=time.time)
     serving: Any = None  # sessions.serving.ServingSnapshot once a stats line was logged
+    # When an ended session ended (stopped_at for a stop, else ended_at of state.json), read with the
+    # record in status(): widgets draw it and never open state.json themselves.
+    ended_at: float | None = None
 
     @property
     def rank_count(self) -> int | None:
@@ -204,6 +207,7 @@ class SessionStatus:
             "session_dir": str(self.session_dir) if self.session_dir else None,
             "problem": self.problem,
             "serving": self.serving.to_json() if self.serving is not None else None,
+            "ended_at": self.ended_at,
         }
 
 

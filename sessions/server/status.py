@@ -156,6 +156,7 @@ class SessionReader(SessionRecord):
             session_dir=self.session_dir,
             problem="; ".join(problems) if problems else None,
             serving=self._serving_snapshot(host, port, net.listening and probe_http and ready_now),
+            ended_at=ended_at_of(rec, state),
         )
 
     def _checked_record(self, read: StateRead, ident: tuple[int, float] | None) -> tuple[dict, list[str]]:
@@ -433,6 +434,15 @@ class SessionReader(SessionRecord):
                 started_at=rec.get("started_at"),
                 facts=start_facts.read(self.session_dir),
             )
+
+def ended_at_of(rec: dict, state: str) -> float | None:
+    """When the session ended, from its record: a stop's time for ``stopped``, else ``ended_at``."""
+    if state not in ("crashed", "exited", "stopped"):
+        return None
+    value = rec.get("stopped_at") if state == "stopped" else None
+    value = value or rec.get("ended_at")
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
 
 def _gpu_index_by_pid(gpu_snapshot: Any, session_dir: Path) -> dict[int, int]:
     """pid -> GPU index from a GpuSnapshot, else from the emulator's ``emulated_gpus.json``."""
