@@ -72,3 +72,55 @@ def test_after_a_bench_the_status_reads_idle(metrics, launched, make_emulator_pr
     as_json = status.to_json()["serving"]
     assert as_json["idle"] is True and as_json["age_s"] is not None and as_json["last_batch_at"] is not None
     assert time.time() - as_json["last_batch_at"] >= IDLE_MIN_S
+
+
+# -- capture of an ended session ----------------------------------------------------------------------------
+
+
+def test_a_stopped_capture_session_says_what_was_captured_not_active():
+    import dataclasses
+
+    from test_capture_panel import _PanelApp
+    from test_capture_panel import _status as capture_status
+    from test_tui_snapshots import _status as session_status
+    from textual.app import App, ComposeResult
+
+    from sessions.phases import StartupPhase, StartupSummary
+    from tests._tui_support import run, screen_text, wait_until
+    from widgets.capture_panel import CapturePanel
+    from widgets.phase_timeline import PhaseTimeline
+
+    capture = capture_status(points=(2, 30, 58), draft_ids=(1, 29, 57), warnings=())
+    texts: dict[str, str] = {}
+
+    async def panel(state: str) -> None:
+        app = _PanelApp()
+        async with app.run_test(size=(140, 12)) as pilot:
+            app.query_one(CapturePanel).update_status(capture, server_layers=[2, 30, 58], server_state=state)
+            await wait_until(pilot, lambda: "CUDA graphs" in screen_text(app), "the panel drawn")
+            texts[state] = screen_text(app)
+
+    for state in ("ready", "stopped"):
+        run(lambda state=state: panel(state))
+    assert "✓ capture active" in texts["ready"]
+    assert "capture active" not in texts["stopped"], texts["stopped"]
+    assert "stopped session captured layers [2, 30, 58] · 12 files, 3.0G in the capture dir" in texts["stopped"]
+
+    summary = StartupSummary(phase=StartupPhase.READY, ranks_expected=1,
+                             rank_arrival={"load_weight_end": (0,), "capture_active": (0,)}, line_count=90)
+    ended = dataclasses.replace(session_status("stopped", "ready"), summary=summary, alive=False, ranks=())
+
+    class _OneTimeline(App):
+        def compose(self) -> ComposeResult:
+            yield PhaseTimeline(id="timeline")
+
+    async def timeline() -> None:
+        app = _OneTimeline()
+        async with app.run_test(size=(140, 8)) as pilot:
+            app.query_one(PhaseTimeline).update_status(ended)
+            await wait_until(pilot, lambda: "1/1" in screen_text(app), "the timeline drawn")
+            texts["timeline"] = screen_text(app)
+
+    run(timeline)
+    assert "capture was active until stopped: 1/1" in texts["timeline"], texts["timeline"]
+    assert "capture active 1/1" not in texts["timeline"]

@@ -319,10 +319,10 @@ class DashboardScreen(Screen):
             panel = CapturePanel(id="capture")
             slot.mount(panel)
         status = snapshot.status
-        layers = None
+        layers = state = None
         if status is not None and status.profile == snapshot.capture_profile:
-            layers = status.summary.capture_layers
-        panel.update_status(snapshot.capture, layers)
+            layers, state = status.summary.capture_layers, status.state
+        panel.update_status(snapshot.capture, layers, server_state=state)
         slot.display = True
 
     def _notify_problem(self, problem: str) -> None:
