@@ -59,6 +59,23 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--timeout", type=float, default=None, metavar="S", help="give up after S s (exit 6)")
     p.set_defaults(func=_wait)
 
+    p = subparsers.add_parser(
+        "prune",
+        help="remove ended sessions' folders (never a running one; baselines' good starts are kept)",
+        description="Remove the folders of ended sessions (stopped, crashed, exited).  A session whose server "
+        "runs is never touched (its main process is checked by pid and create time).  The good starts that "
+        "baselines use (the latest ready start of each profile, and of each model and SGLang version) are "
+        "kept unless --include-baselines.  Lists what goes and asks y/N on a terminal (--yes otherwise).",
+    )
+    p.add_argument("--older-than", default=None, metavar="D",
+                   help="only sessions that ended at least D ago (90s, 30m, 12h, 7d, 2w; a bare number is days)")
+    p.add_argument("--keep", type=int, default=0, metavar="N", help="keep the N newest ended sessions of each profile")
+    p.add_argument("--include-baselines", action="store_true", help="remove the baselines' good starts too")
+    p.add_argument("--dry-run", action="store_true", help="only list what would be removed")
+    p.add_argument("--yes", "-y", action="store_true", help="do not ask for confirmation")
+    p.add_argument("--json", action="store_true", help="print the removed and kept sessions as JSON")
+    p.set_defaults(func=_prune)
+
     p = subparsers.add_parser("status", help="show sessions (state, phase, ranks, port)")
     p.add_argument("session", nargs="?", metavar="SESSION", help="a session id or unique prefix (default: all)")
     p.add_argument("--json", action="store_true", help="print one JSON array of session objects")
@@ -180,6 +197,55 @@ def _wait(args: argparse.Namespace) -> int:
         raise CliError(f"--timeout must be 0 or more seconds, got {args.timeout:g}", EXIT_BAD_INPUT)
     session = _find(args.session)
     return _wait_ready(session, args.timeout)
+
+
+def _prune(args: argparse.Namespace) -> int:
+    import json
+
+    from app.cli import EXIT_BAD_INPUT, EXIT_FAILED, CliError
+    from sessions.home import resolve_home
+    from sessions.server import LaunchError
+    from sessions.server.prune import parse_duration, plan_prune, prune
+
+    if args.keep < 0:
+        raise CliError(f"--keep must be 0 or more, got {args.keep}", EXIT_BAD_INPUT)
+    try:
+        older = parse_duration(args.older_than) if args.older_than is not None else None
+    except ValueError as exc:
+        raise CliError(f"--older-than: {exc}", EXIT_BAD_INPUT) from None
+    home = resolve_home()
+    plan = plan_prune(home, older_than_s=older, keep=args.keep, include_baselines=args.include_baselines)
+    for item in plan.to_remove:
+        print(f"remove {item.session_id} ({item.state})", file=sys.stderr)
+    for item in plan.kept:
+        print(f"keep   {item.session_id}: {item.why}", file=sys.stderr)
+    if plan.running:
+        print(f"running, never pruned: {', '.join(plan.running)}", file=sys.stderr)
+    removed: list[str] = []
+    problems: list[str] = []
+    if plan.to_remove and not args.dry_run:
+        if not args.yes:
+            if not sys.stdin.isatty():
+                raise CliError("prune needs --yes when stdin is not a terminal (or --dry-run)", EXIT_BAD_INPUT)
+            print(f"remove {len(plan.to_remove)} session folder(s)? [y/N] ", end="", file=sys.stderr, flush=True)
+            if sys.stdin.readline().strip().lower() not in ("y", "yes"):
+                print("nothing removed", file=sys.stderr)
+                return 0
+        try:
+            removed, problems = prune(home, plan)
+        except LaunchError as exc:
+            raise CliError(str(exc), exc.code) from None
+    for problem in problems:
+        print(f"eagle3-tui: {problem}", file=sys.stderr)
+    verb = "would remove" if args.dry_run else "removed"
+    count = len(plan.to_remove) if args.dry_run else len(removed)
+    print(f"{verb} {count} session(s); kept {len(plan.kept)}, {len(plan.running)} running", file=sys.stderr)
+    if args.json:
+        print(json.dumps({"dry_run": args.dry_run, "removed": removed if not args.dry_run else [],
+                          "would_remove": [i.session_id for i in plan.to_remove] if args.dry_run else [],
+                          "kept": [i.to_json() for i in plan.kept], "running": plan.running,
+                          "problems": problems}, indent=2))
+    return EXIT_FAILED if problems else 0
 
 
 def _status(args: argparse.Namespace) -> int:

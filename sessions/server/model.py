@@ -24,7 +24,8 @@ SESSION_ENV = "EAGLE3_TUI_SESSION"  # in the server's environment: finds strays 
 SESSIONS_DIR_ENV = "EAGLE3_TUI_SESSIONS_DIR"
 LAUNCH_LOCK_FILE = "launch.lock"  # in the state dir: one launch at a time per home
 # A 'launching' record older than this, with no server process found, is a launch that never completed.
-_LAUNCH_STALE_S = 30.0
+LAUNCH_STALE_S = 30.0
+_LAUNCH_STALE_S = LAUNCH_STALE_S
 STATE_VERSION = 1
 STATES = ("starting", "ready", "stalled", "crashed", "exited", "stopped")
 FINAL_STATES = ("crashed", "exited", "stopped")
