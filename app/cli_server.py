@@ -180,7 +180,7 @@ def _wait_ready(session, timeout_s: float | None) -> int:
     return WAIT_EXIT_CODES[result.outcome]
 
 
-def _save_stall_report(session, status):
+def _save_stall_report(session, status) -> str | None:
     """STALL-REPORT CALL SITE (the single one of `wait` and `launch --wait-ready`): save the stall's
     diagnosis report in the session folder, once per stall, and return its path.
 

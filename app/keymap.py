@@ -134,6 +134,15 @@ DASHBOARD_KEYS: tuple[KeySpec, ...] = (
     ),
     KeySpec("dashboard.jobs", "x", "jobs", "Jobs", help="Extraction jobs."),
     KeySpec(
+        "dashboard.prune",
+        "P",
+        "prune",
+        "Prune",
+        show=False,
+        help="Remove ended sessions' folders (lists them, asks y/N); never a running one, and the "
+        "baselines' good starts stay (eagle3-tui prune).",
+    ),
+    KeySpec(
         "dashboard.bench",
         "b",
         "bench",

@@ -58,7 +58,7 @@ def test_prune_never_removes_a_running_server_even_with_a_damaged_record(four_se
 
 
 def test_keep_older_than_dry_run_and_the_questions(four_sessions, home, cli_env):
-    good, crash, hang, _running = four_sessions
+    _good, crash, hang, _running = four_sessions
     plan = plan_prune(home, keep=1)  # one ended session per profile stays: here every profile has one
     assert plan.to_remove == []
     plan = plan_prune(home, older_than_s=3600)  # all ended moments ago
@@ -89,3 +89,30 @@ def test_a_symlinked_folder_is_never_followed(home, tmp_path):
     os.symlink(target, home.sessions_dir / "x-20260101-000000-abcd")
     plan = plan_prune(home, include_baselines=True)
     assert plan.to_remove == [] and target.is_dir()
+
+
+def test_P_on_the_dashboard_lists_then_prunes_and_leaves_the_running_one(four_sessions, home):
+    from app.tui import Eagle3App
+    from sessions.gpus import EmulatedSource
+    from tests._tui_support import first_poll, run, wait_until
+    from widgets.confirm_modal import ConfirmModal
+
+    good, crash, hang, running = four_sessions
+    seen: dict[str, str] = {}
+
+    async def scenario() -> None:
+        app = Eagle3App(home, gpu_source=EmulatedSource(home), refresh_s=0.2)
+        async with app.run_test(size=(100, 30)) as pilot:
+            await first_poll(pilot, app)
+            await pilot.press("2", "P")
+            await wait_until(pilot, lambda: isinstance(app.screen, ConfirmModal), "the prune question")
+            seen["question"], seen["detail"] = app.screen.question, app.screen.detail
+            await pilot.press("y")
+            await wait_until(pilot, lambda: not crash.session_dir.exists() and not hang.session_dir.exists(),
+                             "the ended folders removed")
+
+    run(scenario)
+    assert seen["question"] == "Remove 2 ended session folder(s)?"
+    assert f"keep   {good.session_id}: a baseline's good start" in seen["detail"]
+    assert f"running, never pruned: {running.session_id}" in seen["detail"]
+    assert good.session_dir.is_dir() and running.session_dir.is_dir() and running.is_alive()

@@ -13,7 +13,14 @@ import pytest
 from _extract_support import wait_for
 from test_server import run_cli, wait_for_state
 
-from sessions.serving import IDLE_MIN_S, ServingSnapshot, ServingTracker, as_idle, idle_after_s, parse_batch_line
+from sessions.serving import (
+    IDLE_MIN_S,
+    ServingSnapshot,
+    ServingTracker,
+    as_idle,
+    idle_after_s,
+    parse_batch_line,
+)
 from widgets.serving_line import serving_segments
 
 DECODE = (

@@ -24,6 +24,7 @@ from textual.worker import Worker, WorkerState, get_current_worker
 
 from app.feed import DashboardFeed, DashboardSnapshot, PollRequest
 from app.keymap import DASHBOARD_KEYS, KEYS_BY_ID, bindings
+from app.screens.dashboard_launch import LaunchActions
 from app.screens.dashboard_messages import (  # re-exported: listeners import them from here too
     ActionFailed,
     CaptureToggled,
@@ -34,7 +35,7 @@ from app.screens.dashboard_messages import (  # re-exported: listeners import th
 )
 from sessions.logs import MAIN_RANK, LogFilter
 from widgets.action_line import ActionLine
-from widgets.confirm_modal import ChoiceModal, ConfirmModal
+from widgets.confirm_modal import ConfirmModal
 from widgets.gpu_panel import GpuPanel
 from widgets.inputs import InOrderInput
 from widgets.lists import PageSafeSelect, ProfileList, SessionList
@@ -57,7 +58,7 @@ _TRANSITION_TOASTS: dict[str, tuple[str, Any, float]] = {
 }
 
 
-class DashboardScreen(Screen):
+class DashboardScreen(LaunchActions, Screen):
     """The main screen (see module docstring for the refresh loop)."""
 
     # Help and Quit first in the footer: app bindings would come after the screen's own, and an 80-column
@@ -374,70 +375,6 @@ class DashboardScreen(Screen):
             return
         self.notify(f"Launching {name}…", timeout=3)
         self._start_launch(name)
-
-    def _start_launch(self, name: str, force: bool = False, stop_first: tuple[str, ...] = ()) -> None:
-        """The launch (and the stops it was asked to do first) in a worker; the progress line shows its
-        steps, the lock wait and the GPU check, so the card never looks frozen (issue 21 item 10)."""
-        line = self.query_one(ActionLine)
-        line.start(f"launch {name}")
-        self.run_worker(
-            partial(self._launch, name, line, force, stop_first), name="launch", group="action", thread=True,
-            exit_on_error=False,
-        )
-
-    def _launch(self, name: str, line: ActionLine, force: bool = False, stop_first: tuple[str, ...] = ()) -> None:
-        from sessions.profiles import load_profile
-        from sessions.server import GpuBusy, ServerSession
-        from sessions.server.launch_lock import LaunchCancelled
-
-        worker = get_current_worker()  # line.step() only sets a field under a lock: safe from this thread
-        try:
-            for session_id in stop_first:
-                line.step(f"stopping {session_id} (SIGTERM, then SIGKILL after {STOP_GRACE_S:.0f} s)")
-                report = self.feed.session(session_id).stop(grace_s=STOP_GRACE_S)
-                self.feed.forget_final(session_id)
-                if not report.stopped:
-                    raise RuntimeError(f"{session_id} did not stop, so {name} was not launched: {report.message}")
-            profile = load_profile(name, self.feed.home)
-            session = ServerSession.launch(
-                profile, self.feed.home, force=force, cancelled=lambda: worker.is_cancelled, progress=line.step
-            )
-        except LaunchCancelled:
-            line.finish()
-            return  # the TUI is quitting (or the worker was cancelled): nobody to tell
-        except GpuBusy as exc:  # other processes hold memory on its GPUs: the user decides
-            line.finish()
-            if not worker.is_cancelled:
-                self.app.call_from_thread(self._confirm_busy_launch, name, exc)
-            return
-        except Exception as exc:  # noqa: BLE001 - LaunchError/ProfileError name their fields
-            line.finish()
-            if not worker.is_cancelled:
-                self.app.call_from_thread(self._report_failure, f"Launch of {name} refused", exc)
-            return
-        line.finish()
-        self.feed.adopt(session)
-        if not worker.is_cancelled:
-            self.app.call_from_thread(self._launched, session.session_id, name)
-
-    def _confirm_busy_launch(self, name: str, exc: Any) -> None:
-        """GPUs in use: launch anyway, or (when the holders are this home's sessions) stop them first."""
-        detail = "\n".join(b.text() for b in exc.busy) + "\nA server started there may run out of memory."
-        holders = tuple(exc.holder_sessions)
-        choices = [("force", "Launch anyway (y)")]
-        if holders and exc.only_sessions_hold:
-            choices.append(("stop", f"Stop {', '.join(holders)} and launch (s)"))
-        elif holders:
-            detail += "\nProcesses outside this home's sessions hold memory too: stopping its sessions may not be enough."
-            choices.append(("stop", f"Stop {', '.join(holders)} and launch (s)"))
-
-        def answered(choice: str | None) -> None:
-            if choice == "force":
-                self._start_launch(name, force=True)
-            elif choice == "stop":
-                self._start_launch(name, stop_first=holders)
-
-        self.app.push_screen(ChoiceModal(f"Launch {name} on GPUs in use?", detail, choices), answered)
 
     def _launched(self, session_id: str, name: str) -> None:
         self.notify(

@@ -27,6 +27,7 @@ from sessions.phases import StartupPhase
 from sessions.profiles import LaunchProfile, Problem, build_command, validate_profile
 from sessions.redaction import Redactor, collect_secrets, redact_argv, redact_env, write_secrets_file
 from sessions.server.diff import flag_diff
+from sessions.server.launch_lock import LAUNCH_LOCK_TIMEOUT_S, LaunchCancelled, launch_lock
 from sessions.server.model import (
     COMMAND_FILE,
     KILL_WAIT_S,
@@ -45,7 +46,6 @@ from sessions.server.model import (
     SessionStatus,
     StopReport,
 )
-from sessions.server.launch_lock import LAUNCH_LOCK_TIMEOUT_S, LaunchCancelled, launch_lock
 from sessions.server.record import _SAFE_SESSION_ID, _create_time_of, _pgid_of, find_marked_servers
 from sessions.server.status import SessionReader
 from sessions.server.stopping import _gpu_pids_left, _identities, _stop_message, _wait_gone
