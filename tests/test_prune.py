@@ -116,3 +116,4 @@ def test_P_on_the_dashboard_lists_then_prunes_and_leaves_the_running_one(four_se
     assert f"keep   {good.session_id}: a baseline's good start" in seen["detail"]
     assert f"running, never pruned: {running.session_id}" in seen["detail"]
     assert good.session_dir.is_dir() and running.session_dir.is_dir() and running.is_alive()
+
