@@ -22,7 +22,7 @@ from test_tui_ssh import _env, _read_until, _spawn_tui, _wait_exit
 from app.tui import Eagle3App
 from sessions.gpus import EmulatedSource
 from sessions.server import LAUNCH_LOCK_FILE
-from tests._tui_support import first_poll, run, wait_until
+from tests._tui_support import first_poll, key_event, run, wait_until
 from widgets.action_line import ActionLine
 from widgets.confirm_modal import ChoiceModal
 
@@ -160,3 +160,41 @@ def test_a_launch_waiting_for_the_lock_says_so_on_a_moving_line(home, make_emula
         for session in list_sessions(home):
             session.stop(grace_s=2.0)
     assert f"pid {holder.pid}" in texts[0], texts
+
+
+def test_q_never_waits_behind_a_launch_worker(home, make_emulator_profile, monkeypatch):
+    """Keys typed after `l` wait for the launch worker (its outcome may be a question), up to a limit; `q`
+    must not: with the limit made an hour, the old dispatch held `q` for that hour."""
+    import asyncio
+
+    import app.typeahead as typeahead
+
+    monkeypatch.setattr(typeahead, "SETTLE_LIMIT_S", 3600.0)
+    make_emulator_profile("locked", tp=1)
+    holder = _hold_lock(home)
+    exited: list[bool] = []
+
+    async def scenario() -> None:
+        app = Eagle3App(home, gpu_source=EmulatedSource(home), refresh_s=0.2)
+        async with app.run_test(size=(100, 30)) as pilot:
+            await first_poll(pilot, app)
+            await pilot.press("1", "home", "l")
+            line = app.dashboard.query_one(ActionLine)
+            await wait_until(pilot, lambda: "waiting for another launch" in line.text, "the lock wait shown")
+            event = key_event("q")
+            event.set_sender(app)
+            app._driver.send_message(event)  # as the terminal sends it
+            for _ in range(600):  # a guard only: the old dispatch held q for SETTLE_LIMIT_S (an hour here)
+                if app._exit:
+                    break
+                await asyncio.sleep(0.05)
+            exited.append(app._exit)
+            assert _lock_is_held(home)  # still held: q did not wait for the lock
+
+    try:
+        run(scenario)
+    finally:
+        holder.kill()
+        holder.wait()
+    assert exited == [True]
+
