@@ -167,7 +167,7 @@ def test_q_never_waits_behind_a_launch_worker(home, make_emulator_profile, monke
     must not: with the limit made an hour, the old dispatch held `q` for that hour."""
     import asyncio
 
-    import app.typeahead as typeahead
+    from app import typeahead
 
     monkeypatch.setattr(typeahead, "SETTLE_LIMIT_S", 3600.0)
     make_emulator_profile("locked", tp=1)
