@@ -547,4 +547,4 @@ def test_l_then_y_in_one_burst_answers_the_gpus_in_use_question(home, make_emula
         for folder in home.sessions_dir.iterdir():
             if folder.name.startswith("big-"):
                 launched.track(folder.name)
-    assert questions == ["Launch big on GPUs in use?"]
+    assert questions == [f"Launch big on GPUs in use by {holder.session_id}?"]

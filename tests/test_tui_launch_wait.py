@@ -115,6 +115,7 @@ def test_the_gpu_busy_question_offers_stop_the_holder_and_launch(home, make_emul
             modal = app.screen
             assert isinstance(modal, ChoiceModal)
             seen["choices"] = list(modal.choices)
+            seen["question"] = modal.question
             await pilot.press("s")
             await wait_until(pilot, lambda: "stopping " + holder.session_id in line.text or
                              any(p.name.startswith("big-") for p in home.sessions_dir.iterdir()),
@@ -128,7 +129,8 @@ def test_the_gpu_busy_question_offers_stop_the_holder_and_launch(home, make_emul
         for folder in home.sessions_dir.iterdir():
             if folder.name.startswith("big-"):
                 launched.track(folder.name)
-    assert ("stop", f"Stop {holder.session_id} and launch (s)") in seen["choices"], seen
+    assert seen["question"] == f"Launch big on GPUs in use by {holder.session_id}?"
+    assert ("stop", "Stop it and launch (s)") in seen["choices"], seen
     assert not holder.is_alive() and holder.status().state == "stopped"
 
 

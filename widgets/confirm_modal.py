@@ -107,6 +107,16 @@ class ChoiceModal(DismissOnce, ModalScreen[str]):
 
     def on_mount(self) -> None:
         self.query_one("#no", Button).focus()
+        self._fit_detail()
+
+    def on_resize(self) -> None:
+        self._fit_detail()
+
+    def _fit_detail(self) -> None:
+        # The answers must stay on screen at 80x24: the detail scrolls in what the question and buttons leave.
+        scrolls = self.query("#detail-scroll")
+        if scrolls:
+            scrolls.first().styles.max_height = max(3, min(20, self.size.height - 12))
 
     def on_button_pressed(self, event: Button.Pressed) -> None:
         event.stop()

@@ -81,14 +81,18 @@ class LaunchActions:
 
     def _confirm_busy_launch(self, name: str, exc: Any) -> None:
         """GPUs in use: launch anyway, or (when the holders are this home's sessions) stop them first."""
-        detail = "\n".join(b.text() for b in exc.busy) + "\nA server started there may run out of memory."
         holders = tuple(exc.holder_sessions)
+        gpus = ", ".join(f"GPU{b.index}" for b in exc.busy)
+        held_by = ", ".join(holders) + ("" if exc.only_sessions_hold else " and other processes") if holders else "other processes"
+        detail = (f"{gpus} held by {held_by}. A server started there may run out of memory.\n\n"
+                  + "\n".join(b.text() for b in exc.busy))
         choices = [("force", "Launch anyway (y)")]
-        if holders and exc.only_sessions_hold:
-            choices.append(("stop", f"Stop {', '.join(holders)} and launch (s)"))
-        elif holders:
-            detail += "\nProcesses outside this home's sessions hold memory too: stopping its sessions may not be enough."
-            choices.append(("stop", f"Stop {', '.join(holders)} and launch (s)"))
+        if holders:
+            # The question names the holders; the button stays short so all three answers fit at 80 columns.
+            choices.append(("stop", "Stop it and launch (s)" if len(holders) == 1 else "Stop them and launch (s)"))
+            if not exc.only_sessions_hold:
+                detail += "\nProcesses outside this home's sessions hold memory too: stopping its sessions may not be enough."
+        in_use_by = f" by {', '.join(holders)}" if holders else ""
 
         def answered(choice: str | None) -> None:
             if choice == "force":
@@ -96,7 +100,7 @@ class LaunchActions:
             elif choice == "stop":
                 self._start_launch(name, stop_first=holders)
 
-        self.app.push_screen(ChoiceModal(f"Launch {name} on GPUs in use?", detail, choices), answered)
+        self.app.push_screen(ChoiceModal(f"Launch {name} on GPUs in use{in_use_by}?", detail, choices), answered)
 
     # -- actions: housekeeping ------------------------------------------------------------------------------
 
