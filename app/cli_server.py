@@ -180,14 +180,25 @@ def _wait_ready(session, timeout_s: float | None) -> int:
     return WAIT_EXIT_CODES[result.outcome]
 
 
-def _save_stall_report(session, status) -> str | None:
+def _save_stall_report(session, status):
     """STALL-REPORT CALL SITE (the single one of `wait` and `launch --wait-ready`): save the stall's
-    diagnosis report in the session folder, once per stall, and return its path.
+    diagnosis report in the session folder, once per stall, and return its path (None: not saved by this
+    call, e.g. another watcher claimed the stall first).
 
-    Engineer "diag" owns that function in sessions/ (issue 21: "a stall saves a diagnosis report in the
-    session folder automatically, at most one per stall"); it was not on main when this was written, so
-    this returns None until it is called here."""
-    return None
+    Engineer "diag" owns that function, `sessions.diagnosis.save_stall_report(session, status) -> Path |
+    None` (issue 21: "a stall saves a diagnosis report in the session folder automatically, at most one
+    per stall").  It was on their branch, not on main, when this was written: it is looked up by name, so
+    this call site works as soon as it is merged and does nothing before (no guessing at another name)."""
+    import importlib
+
+    save = getattr(importlib.import_module("sessions.diagnosis"), "save_stall_report", None)
+    if save is None:
+        return None
+    try:
+        return save(session, status)
+    except OSError as exc:
+        print(f"{session.session_id}: stall report not saved: {exc.strerror or exc}", file=sys.stderr)
+        return None
 
 
 def _wait(args: argparse.Namespace) -> int:
