@@ -90,15 +90,23 @@ def _validate(args: argparse.Namespace) -> int:
     import json
 
     from app.cli import EXIT_BAD_INPUT, EXIT_OK
+    from sessions.home import resolve_home
     from sessions.profiles import ProfileError, load_profile, validate_profile
+    from sessions.server.port_check import port_problems
+
+    def checked(profile) -> list:
+        # The port check knows this home's sessions: the profile's own running server holding its port
+        # is "this profile's running session" (a warning, as in the editor), not "in use by pid … (python3)".
+        found = validate_profile(profile, check_port=False)
+        return found + (port_problems(profile, resolve_home(), "eagle3-tui restart") if not args.no_port_check else [])
 
     try:
         profile = load_profile(args.profile)
-        problems = validate_profile(profile, check_port=not args.no_port_check)
+        problems = checked(profile)
     except ProfileError as exc:
         problems = list(exc.problems)
         if exc.profile is not None:  # report what this machine says about the readable rest too
-            more = validate_profile(exc.profile, check_port=not args.no_port_check)
+            more = checked(exc.profile)
             problems += [p for p in more if p not in problems]
     errors = [p for p in problems if p.is_error]
     if args.json:

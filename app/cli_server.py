@@ -9,7 +9,14 @@ from __future__ import annotations
 import argparse
 import sys
 
-_TERMINAL_STATES = ("ready", "crashed", "exited", "stopped")
+# `wait` and `launch --wait-ready`: one exit code per outcome (sessions.server.waiting), so a script can
+# tell a hang from a crash without parsing text.  0-2 keep the CLI's meanings (ok, failed, bad input).
+WAIT_EXIT_CODES = {"ready": 0, "stalled": 3, "crashed": 4, "stopped": 5, "timeout": 6}
+_WAIT_CODES_HELP = (
+    "Exit status: 0 ready, 3 stalled (the log went silent past the stall limit; the server still runs), "
+    "4 crashed or ended on its own, 5 stopped, 6 --timeout passed (the server still runs), 2 bad input "
+    "(no such session, a bad profile, GPUs busy without --force), 1 the launch failed."
+)
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -17,17 +24,57 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "launch",
         help="start a server from a profile, detached; prints the session id",
         description="Validate PROFILE, start its server detached (it outlives this command), and print "
-        "the new session id on stdout.",
+        "the new session id on stdout.  With --wait-ready, wait until it is ready, stalled, crashed or "
+        "stopped.  " + _WAIT_CODES_HELP,
     )
     p.add_argument("profile", metavar="PROFILE", help="a profile name (<config>/profiles/NAME.toml) or a path")
-    p.add_argument("--wait-ready", action="store_true", help="wait until the server is ready; exit 1 if it fails")
-    p.add_argument("--timeout", type=float, default=None, metavar="S", help="with --wait-ready: give up after S s")
+    p.add_argument(
+        "--wait-ready", action="store_true",
+        help="wait until the server is ready (0), stalled (3), crashed (4) or stopped (5)",
+    )
+    p.add_argument(
+        "--timeout", type=float, default=None, metavar="S",
+        help="with --wait-ready: give up after S s (exit 6; the server keeps running)",
+    )
     p.add_argument(
         "--force",
         action="store_true",
         help="launch even when other processes hold memory on the GPUs it would use (else: exit 2)",
     )
+    p.add_argument(
+        "--lock-timeout", type=float, default=None, metavar="S",
+        help="wait at most S s for another launch of this home to finish (default 60; then exit 1)",
+    )
     p.set_defaults(func=_launch)
+
+    p = subparsers.add_parser(
+        "wait",
+        help="wait until a session is ready; a distinct exit code for stalled, crashed, stopped, timeout",
+        description="Wait until SESSION (an id or unique prefix) is ready.  The wait ends at the first "
+        "answer: a stall (the log silent past the session's stall limit) ends it at once.  State and "
+        "phase changes go to stderr.  " + _WAIT_CODES_HELP,
+    )
+    p.add_argument("session", metavar="SESSION")
+    p.add_argument("--until", choices=("ready",), default="ready", help="what to wait for (ready)")
+    p.add_argument("--timeout", type=float, default=None, metavar="S", help="give up after S s (exit 6)")
+    p.set_defaults(func=_wait)
+
+    p = subparsers.add_parser(
+        "prune",
+        help="remove ended sessions' folders (never a running one; baselines' good starts are kept)",
+        description="Remove the folders of ended sessions (stopped, crashed, exited).  A session whose server "
+        "runs is never touched (its main process is checked by pid and create time).  The good starts that "
+        "baselines use (the latest ready start of each profile, and of each model and SGLang version) are "
+        "kept unless --include-baselines.  Lists what goes and asks y/N on a terminal (--yes otherwise).",
+    )
+    p.add_argument("--older-than", default=None, metavar="D",
+                   help="only sessions that ended at least D ago (90s, 30m, 12h, 7d, 2w; a bare number is days)")
+    p.add_argument("--keep", type=int, default=0, metavar="N", help="keep the N newest ended sessions of each profile")
+    p.add_argument("--include-baselines", action="store_true", help="remove the baselines' good starts too")
+    p.add_argument("--dry-run", action="store_true", help="only list what would be removed")
+    p.add_argument("--yes", "-y", action="store_true", help="do not ask for confirmation")
+    p.add_argument("--json", action="store_true", help="print the removed and kept sessions as JSON")
+    p.set_defaults(func=_prune)
 
     p = subparsers.add_parser("status", help="show sessions (state, phase, ranks, port)")
     p.add_argument("session", nargs="?", metavar="SESSION", help="a session id or unique prefix (default: all)")
@@ -95,8 +142,13 @@ def _launch(args: argparse.Namespace) -> int:
         profile = load_profile(args.profile)
     except ProfileError as exc:
         raise CliError(_profile_error_text(args.profile, exc), EXIT_BAD_INPUT) from None
+    if args.lock_timeout is not None and not args.lock_timeout >= 0:
+        raise CliError(f"--lock-timeout must be 0 or more seconds, got {args.lock_timeout:g}", EXIT_BAD_INPUT)
+    if args.timeout is not None and not args.timeout >= 0:
+        raise CliError(f"--timeout must be 0 or more seconds, got {args.timeout:g}", EXIT_BAD_INPUT)
+    lock_timeout = {} if args.lock_timeout is None else {"lock_timeout_s": args.lock_timeout}
     try:
-        session = ServerSession.launch(profile, force=args.force)
+        session = ServerSession.launch(profile, force=args.force, **lock_timeout)
     except LaunchError as exc:
         raise CliError(str(exc), exc.code) from None
     print(session.session_id, flush=True)
@@ -112,31 +164,90 @@ def _launch(args: argparse.Namespace) -> int:
 
 
 def _wait_ready(session, timeout_s: float | None) -> int:
-    import time
+    """Wait for ``session`` (see `sessions.server.waiting`): print each state/phase change to stderr and
+    the outcome, and return the outcome's exit code (`WAIT_EXIT_CODES`)."""
+    from sessions.server.waiting import wait_until_ready
 
-    from app.cli import EXIT_FAILED
+    shown: list[tuple[str, str]] = []
 
-    deadline = None if timeout_s is None else time.monotonic() + timeout_s
-    shown = None
-    while True:
-        status = session.status()
-        if (status.state, status.phase) != shown:
-            shown = (status.state, status.phase)
-            print(f"{status.state}: {status.phase}", file=sys.stderr)
-        if status.state == "ready":
-            return 0
-        if status.state in _TERMINAL_STATES:
-            where = f" (line {status.summary.error_line}: {status.summary.error})" if status.summary.error else ""
-            print(f"{session.session_id} {status.state} in {status.phase}{where}", file=sys.stderr)
-            return EXIT_FAILED
-        if deadline is not None and time.monotonic() >= deadline:
-            print(
-                f"{session.session_id} not ready after {timeout_s:g}s: {status.state} in {status.phase}, "
-                "still running",
-                file=sys.stderr,
-            )
-            return EXIT_FAILED
-        time.sleep(0.2)
+    def changed(status) -> None:
+        if not shown or shown[-1] != (status.state, status.phase):
+            shown.append((status.state, status.phase))
+            print(f"{status.state}: {status.phase}", file=sys.stderr, flush=True)
+
+    result = wait_until_ready(session, timeout_s, on_status=changed, on_stall=_save_stall_report)
+    print(result.message(), file=sys.stderr)
+    return WAIT_EXIT_CODES[result.outcome]
+
+
+def _save_stall_report(session, status):
+    """Save the stall's diagnosis report in the session folder (`sessions.diagnosis.save_stall_report`: once
+    per stall, whoever watches) and return its path; None when another watcher claimed this stall first."""
+    from sessions.diagnosis import save_stall_report
+
+    try:
+        return save_stall_report(session, status)
+    except OSError as exc:
+        print(f"{session.session_id}: stall report not saved: {exc.strerror or exc}", file=sys.stderr)
+        return None
+
+
+def _wait(args: argparse.Namespace) -> int:
+    from app.cli import EXIT_BAD_INPUT, CliError
+
+    if args.timeout is not None and not args.timeout >= 0:
+        raise CliError(f"--timeout must be 0 or more seconds, got {args.timeout:g}", EXIT_BAD_INPUT)
+    session = _find(args.session)
+    return _wait_ready(session, args.timeout)
+
+
+def _prune(args: argparse.Namespace) -> int:
+    import json
+
+    from app.cli import EXIT_BAD_INPUT, EXIT_FAILED, CliError
+    from sessions.home import resolve_home
+    from sessions.server import LaunchError
+    from sessions.server.prune import parse_duration, plan_prune, prune
+
+    if args.keep < 0:
+        raise CliError(f"--keep must be 0 or more, got {args.keep}", EXIT_BAD_INPUT)
+    try:
+        older = parse_duration(args.older_than) if args.older_than is not None else None
+    except ValueError as exc:
+        raise CliError(f"--older-than: {exc}", EXIT_BAD_INPUT) from None
+    home = resolve_home()
+    plan = plan_prune(home, older_than_s=older, keep=args.keep, include_baselines=args.include_baselines)
+    for item in plan.to_remove:
+        print(f"remove {item.session_id} ({item.state})", file=sys.stderr)
+    for item in plan.kept:
+        print(f"keep   {item.session_id}: {item.why}", file=sys.stderr)
+    if plan.running:
+        print(f"running, never pruned: {', '.join(plan.running)}", file=sys.stderr)
+    removed: list[str] = []
+    problems: list[str] = []
+    if plan.to_remove and not args.dry_run:
+        if not args.yes:
+            if not sys.stdin.isatty():
+                raise CliError("prune needs --yes when stdin is not a terminal (or --dry-run)", EXIT_BAD_INPUT)
+            print(f"remove {len(plan.to_remove)} session folder(s)? [y/N] ", end="", file=sys.stderr, flush=True)
+            if sys.stdin.readline().strip().lower() not in ("y", "yes"):
+                print("nothing removed", file=sys.stderr)
+                return 0
+        try:
+            removed, problems = prune(home, plan)
+        except LaunchError as exc:
+            raise CliError(str(exc), exc.code) from None
+    for problem in problems:
+        print(f"eagle3-tui: {problem}", file=sys.stderr)
+    verb = "would remove" if args.dry_run else "removed"
+    count = len(plan.to_remove) if args.dry_run else len(removed)
+    print(f"{verb} {count} session(s); kept {len(plan.kept)}, {len(plan.running)} running", file=sys.stderr)
+    if args.json:
+        print(json.dumps({"dry_run": args.dry_run, "removed": removed if not args.dry_run else [],
+                          "would_remove": [i.session_id for i in plan.to_remove] if args.dry_run else [],
+                          "kept": [i.to_json() for i in plan.kept], "running": plan.running,
+                          "problems": problems}, indent=2))
+    return EXIT_FAILED if problems else 0
 
 
 def _status(args: argparse.Namespace) -> int:

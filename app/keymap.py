@@ -17,7 +17,13 @@ import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
-from widgets.bindings import CONFIRM_KEYS, LOG_KEYS, KeySpec, bindings  # noqa: F401 - bindings is re-exported
+from widgets.bindings import (  # noqa: F401 - bindings is re-exported
+    CHOICE_KEYS,
+    CONFIRM_KEYS,
+    LOG_KEYS,
+    KeySpec,
+    bindings,
+)
 
 APP_KEYS: tuple[KeySpec, ...] = (
     KeySpec(
@@ -128,6 +134,15 @@ DASHBOARD_KEYS: tuple[KeySpec, ...] = (
     ),
     KeySpec("dashboard.jobs", "x", "jobs", "Jobs", help="Extraction jobs."),
     KeySpec(
+        "dashboard.prune",
+        "P",
+        "prune",
+        "Prune",
+        show=False,
+        help="Remove ended sessions' folders (lists them, asks y/N); never a running one, and the "
+        "baselines' good starts stay (eagle3-tui prune).",
+    ),
+    KeySpec(
         "dashboard.bench",
         "b",
         "bench",
@@ -152,7 +167,7 @@ EDITOR_KEYS: tuple[KeySpec, ...] = (
     KeySpec("editor.close", "escape", "close", "Back", help="Close the editor (asks when unsaved)."),
 )
 
-ALL_KEYS: tuple[KeySpec, ...] = APP_KEYS + DASHBOARD_KEYS + LOG_KEYS + EDITOR_KEYS + CONFIRM_KEYS
+ALL_KEYS: tuple[KeySpec, ...] = APP_KEYS + DASHBOARD_KEYS + LOG_KEYS + EDITOR_KEYS + CONFIRM_KEYS + CHOICE_KEYS
 KEYS_BY_ID = {spec.id: spec for spec in ALL_KEYS}
 
 # Textual key names: letters, digits, names like "slash"/"f5"/"pageup", modifiers joined by "+".

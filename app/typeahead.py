@@ -135,8 +135,25 @@ class TypeAheadApp(App[_R], Generic[_R]):
             return
         await super().on_event(event)
 
+    def _quits(self, event: events.Key | events.Paste) -> bool:
+        """A key that quits the app here and now (the quit binding, outside a text field): it never waits
+        behind a worker or a settling screen, so `q` quits at once even while a launch waits on a lock
+        held elsewhere (issue 22 item 17)."""
+        if not isinstance(event, events.Key):
+            return False
+        from textual.widgets import Input, TextArea
+
+        if isinstance(self.focused, (Input, TextArea)):
+            return False  # a character of the text
+        active = self.active_bindings.get(event.key)
+        return active is not None and active.binding.action in ("quit", "app.quit")
+
     async def _dispatch_pending(self) -> None:
         state = self.typeahead
+        if state.pending and self._quits(state.pending[-1]):
+            state.pending.clear()  # the keys typed before it would act on what is being left
+            await self.action_quit()
+            return
         while state.pending and state.in_flight is None and state.settling is None and not self._awaiting():
             event = _tracked(state.pending.popleft(), self._finished)
             state.in_flight = event

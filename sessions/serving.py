@@ -19,6 +19,7 @@ and the per-rank figures are kept.  `parse_metrics` reads the same gauges from `
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import time
 from collections import deque
@@ -163,8 +164,22 @@ class ServingSnapshot:
     # Figures the server sent that are no figures (NaN, +Inf, negative or fractional counts): each is
     # None above ("n/a") and named here with its reason.
     unavailable: tuple[tuple[str, str], ...] = ()
+    # The present, not the last line: when the figures were taken, when the server last logged a stats
+    # line, and whether it is idle now (`SessionServing.snapshot`): an idle server reads running 0 and
+    # gen 0, never the last busy line's "running 32".
+    taken_at: float | None = None
+    last_batch_at: float | None = None
+    idle: bool = False
+
+    @property
+    def age_s(self) -> float | None:
+        """Seconds between the figures' source (the last stats line, or the /metrics read) and now."""
+        if self.updated_at is None or self.taken_at is None:
+            return None
+        return max(0.0, self.taken_at - self.updated_at)
 
     def to_json(self) -> dict[str, Any]:
+        age = self.age_s
         out: dict[str, Any] = {
             "gen_throughput": self.gen_throughput,
             "running_reqs": self.running_reqs,
@@ -172,6 +187,9 @@ class ServingSnapshot:
             "token_usage": self.token_usage,
             "input_throughput": self.input_throughput,
             "updated_at": self.updated_at,
+            "age_s": None if age is None else round(age, 1),
+            "idle": self.idle,
+            "last_batch_at": self.last_batch_at,
         }
         if self.accept_length is not None:
             out["accept_length"] = self.accept_length
@@ -222,6 +240,13 @@ class ServingTracker:
         else:
             state.prefill = line
         return line
+
+    def latest(self) -> BatchLine | None:
+        """The newest stats line of any rank (what the idle limit is computed from)."""
+        states = [st for st in self.ranks.values() if st.last is not None and st.updated_at is not None]
+        if not states:
+            return None
+        return max(states, key=lambda st: st.updated_at or 0.0).last
 
     def feed_lines(self, lines: Iterable[str]) -> None:
         for text in lines:
@@ -409,14 +434,62 @@ def fetch_metrics(base_url: str, timeout_s: float = 1.0) -> dict[str, float] | N
     return None if reading.error is not None else reading.values
 
 
+DEFAULT_DECODE_LOG_INTERVAL = 40  # SGLang's --decode-log-interval (decode steps between two Decode lines)
+IDLE_MIN_S = 5.0  # never idle sooner than this after a stats line (the log's stamps have 1 s resolution)
+IDLE_MAX_S = 300.0
+
+
+def idle_after_s(line: BatchLine | None, decode_log_interval: int = DEFAULT_DECODE_LOG_INTERVAL) -> float:
+    """Seconds without a stats line after which the server is not decoding anymore.
+
+    SGLang logs a Decode line every ``decode_log_interval`` decode steps while any request runs, so the
+    gap between two lines is about interval x (running x accept length) / gen throughput.  Twice that
+    (plus the stamps' second), within [`IDLE_MIN_S`, `IDLE_MAX_S`].
+    """
+    expected = None
+    if line is not None:
+        gen = line.gen_throughput
+        running = line.running_reqs or 1
+        accept = line.accept_length or 1.0
+        if gen and gen > 0:
+            expected = decode_log_interval * running * accept / gen
+    if expected is None:
+        return IDLE_MIN_S * 2
+    return min(IDLE_MAX_S, max(IDLE_MIN_S, 2 * expected + 1.0))
+
+
+def decode_log_interval_of(argv: list[str] | tuple[str, ...]) -> int:
+    """``--decode-log-interval N`` of a launch command (SGLang's default 40 when absent or not a number)."""
+    value = None
+    for i, arg in enumerate(argv):
+        name, eq, inline = str(arg).partition("=")
+        if name == "--decode-log-interval":
+            value = inline if eq else (argv[i + 1] if i + 1 < len(argv) else None)
+    try:
+        return max(1, int(str(value))) if value is not None else DEFAULT_DECODE_LOG_INTERVAL
+    except ValueError:
+        return DEFAULT_DECODE_LOG_INTERVAL
+
+
+def as_idle(snapshot: ServingSnapshot) -> ServingSnapshot:
+    """The figures of a server that runs nothing now: no requests, no throughput (KV usage stays: the
+    radix cache keeps what it holds)."""
+    return dataclasses.replace(snapshot, gen_throughput=0.0, running_reqs=0, queue_reqs=0, input_throughput=0.0,
+                               idle=True)
+
+
 class SessionServing:
     """The serving view of one session: its log's stats lines, plus ``/metrics`` every few seconds when
-    the server was started with ``--enable-metrics`` (what a live status reads)."""
+    the server was started with ``--enable-metrics`` (what a live status reads).
+
+    Idle, for the present tense: no stats line for longer than `idle_after_s` of the last one, and
+    ``/metrics`` (when the server exports it) shows nothing running or queued."""
 
     METRICS_EVERY_S = 5.0
 
-    def __init__(self) -> None:
+    def __init__(self, decode_log_interval: int = DEFAULT_DECODE_LOG_INTERVAL) -> None:
         self.tracker = ServingTracker()
+        self.decode_log_interval = decode_log_interval
         self._metrics: MetricsReading | None = None
         self._metrics_at = 0.0
         self._metrics_read_at = 0.0
@@ -436,9 +509,20 @@ class SessionServing:
                 self._metrics = fetched
                 self._metrics_read_at = now
         snap = self.tracker.snapshot()
+        if snap is None and (metrics_url is None or self._metrics is None):
+            return None
+        last_line_at = snap.updated_at if snap is not None else None
         if metrics_url is not None and self._metrics is not None:
-            return with_metrics(snap, self._metrics.values, self._metrics_read_at, self._metrics.unavailable)
-        return snap
+            snap = with_metrics(snap, self._metrics.values, self._metrics_read_at, self._metrics.unavailable)
+        assert snap is not None
+        snap = dataclasses.replace(snap, taken_at=now, last_batch_at=last_line_at)
+        silent = last_line_at is None or now - last_line_at > idle_after_s(self.tracker.latest(),
+                                                                             self.decode_log_interval)
+        metrics_busy = (
+            metrics_url is not None and self._metrics is not None
+            and (self._metrics.values.get("running_reqs", 0) > 0 or self._metrics.values.get("queue_reqs", 0) > 0)
+        )
+        return as_idle(snap) if silent and not metrics_busy else snap
 
 
 def summarize_serving(path: str | Path, max_bytes: int | None = None) -> ServingSnapshot | None:

@@ -321,7 +321,7 @@ def test_wait_ready_fails_when_the_server_crashes(launched, make_emulator_profil
     make_emulator_profile("crash-emu", tp=2, fault="scheduler-exception")
     result = run_cli("launch", "crash-emu", "--wait-ready", "--timeout", "60", env=cli_env)
     session = launched.track(result.stdout.strip())
-    assert result.returncode == 1, result.stderr
+    assert result.returncode == 4, result.stderr  # crashed (tests/test_wait.py has every outcome's code)
     assert "crashed" in result.stderr
     status = session.status()
     assert status.state == "crashed"

@@ -512,7 +512,7 @@ def test_l_then_y_in_one_burst_answers_the_gpus_in_use_question(home, make_emula
     typed right after l waits for that question and launches anyway (a real second emulator session)."""
     from _extract_support import wait_for
 
-    from widgets.confirm_modal import ConfirmModal
+    from widgets.confirm_modal import ChoiceModal, ConfirmModal
 
     holder = launched.launch(make_emulator_profile("holder", tp=4, fault="hang-after-weights",
                                                    watch={"stall_after_s": 600}))
@@ -531,7 +531,7 @@ def test_l_then_y_in_one_burst_answers_the_gpus_in_use_question(home, make_emula
             original = app.push_screen
 
             def push_screen(screen, *args, **kwargs):
-                if isinstance(screen, ConfirmModal):
+                if isinstance(screen, (ConfirmModal, ChoiceModal)):
                     questions.append(screen.question)
                 return original(screen, *args, **kwargs)
 
@@ -539,7 +539,7 @@ def test_l_then_y_in_one_burst_answers_the_gpus_in_use_question(home, make_emula
             await burst(pilot, "l", "y")
             await wait_until(pilot, lambda: [p for p in home.sessions_dir.iterdir() if p.name.startswith("big-")],
                              "the forced launch of big")
-            assert not isinstance(app.screen, ConfirmModal)
+            assert not isinstance(app.screen, (ConfirmModal, ChoiceModal))
 
     try:
         run(scenario)
@@ -547,4 +547,4 @@ def test_l_then_y_in_one_burst_answers_the_gpus_in_use_question(home, make_emula
         for folder in home.sessions_dir.iterdir():
             if folder.name.startswith("big-"):
                 launched.track(folder.name)
-    assert questions == ["Launch big on GPUs in use?"]
+    assert questions == [f"Launch big on GPUs in use by {holder.session_id}?"]

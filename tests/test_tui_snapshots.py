@@ -7,7 +7,6 @@ same on every run.  Behaviour is asserted in test_tui_app.py; these catch layout
 from __future__ import annotations
 
 import dataclasses
-import json
 import socket
 import time
 from pathlib import Path
@@ -224,10 +223,14 @@ class _OneStateLine(App):
     ],
 )
 def test_state_line_says_how_and_when_a_session_ended(tmp_path, state, phase, record, expected):
-    (tmp_path / "state.json").write_text(json.dumps(record))
+    # The poll reads the record (sessions.server.status.ended_at_of); the widget only draws the status and
+    # never opens state.json (none exists here).
+    from sessions.server.status import ended_at_of
+
     status = _status(state=state, phase=phase)
     entered = dict(status.phase_entered_at, ready=NOW)
-    status = dataclasses.replace(status, alive=False, phase_entered_at=entered, session_dir=tmp_path)
+    status = dataclasses.replace(status, alive=False, phase_entered_at=entered, session_dir=tmp_path,
+                                 ended_at=ended_at_of(record, state))
 
     async def scenario() -> None:
         app = _OneStateLine(status)

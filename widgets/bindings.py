@@ -57,6 +57,14 @@ CONFIRM_KEYS: tuple[KeySpec, ...] = (
     KeySpec("confirm.no", "n,escape", "answer(False)", "No"),
 )
 
+# A question with two answers besides No (ChoiceModal): the GPU-busy launch ("launch anyway" or "stop the
+# holder and launch").
+CHOICE_KEYS: tuple[KeySpec, ...] = (
+    KeySpec("choice.first", "y", "choose(0)", "Yes"),
+    KeySpec("choice.second", "s", "choose(1)", "Second answer"),
+    KeySpec("choice.no", "n,escape", "choose(-1)", "No"),
+)
+
 
 def bindings(specs: tuple[KeySpec, ...]) -> list[BindingType]:
     return [spec.binding() for spec in specs]

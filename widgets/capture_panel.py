@@ -19,6 +19,8 @@ from widgets import units
 if TYPE_CHECKING:
     from sessions.capture.toggle import CaptureStatus
 
+_ENDED_STATES = ("stopped", "crashed", "exited")
+
 
 class CapturePanel(Widget):
     """Draws a `CaptureStatus` (``None``: a hint)."""
@@ -37,13 +39,17 @@ class CapturePanel(Widget):
         super().__init__(id=id, classes=classes)
         self.status: CaptureStatus | None = None
         self.server_layers: list[int] | None = None
+        self.server_state: str | None = None
         self.hint = "No profile selected."
 
     def update_status(self, status: CaptureStatus | None, server_layers: Sequence[int] | None = None,
-                      hint: str | None = None) -> None:
-        """Show ``status``; ``server_layers`` are the layers the running server logged (capture active)."""
+                      hint: str | None = None, server_state: str | None = None) -> None:
+        """Show ``status``; ``server_layers`` are the layers the session's server logged (capture active),
+        ``server_state`` that session's state: once it ended, the panel says what was captured, in the
+        past tense, never "capture active"."""
         self.status = status
         self.server_layers = list(server_layers) if server_layers is not None else None
+        self.server_state = server_state
         if hint is not None:
             self.hint = hint
         self.refresh(layout=True)
@@ -89,7 +95,14 @@ class CapturePanel(Widget):
                                style=self._style("warn"))
         lines.append(layers_line)
 
-        if self.server_layers is not None:
+        ended = self.server_state in _ENDED_STATES
+        if self.server_layers is not None and ended:
+            # The session is over: what it captured, not a capture that still runs.
+            past = Text(f"{self.server_state} session captured layers {self.server_layers}", style=self._style("dim"))
+            if status.dir_exists and not status.dir_problem:
+                past.append(f" · {status.file_count} files, {units.size(status.size_bytes)} in the capture dir")
+            lines.append(past)
+        elif self.server_layers is not None:
             confirmed = Text("server: layers_to_capture ")
             confirmed.append(str(self.server_layers))
             if points is not None and list(points) != self.server_layers:

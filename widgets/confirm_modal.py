@@ -14,7 +14,7 @@ from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.screen import ModalScreen
 from textual.widgets import Button, Static
 
-from widgets.bindings import CONFIRM_KEYS, bindings
+from widgets.bindings import CHOICE_KEYS, CONFIRM_KEYS, bindings
 
 
 class DismissOnce:
@@ -78,3 +78,53 @@ class ConfirmModal(DismissOnce, ModalScreen[bool]):
 
     def action_answer(self, yes: bool) -> None:
         self.dismiss(yes)
+
+
+class ChoiceModal(DismissOnce, ModalScreen[str]):
+    """A question with up to two answers besides No: ``choices`` are (value, label) pairs; y picks the
+    first, s the second, n / Esc / Enter on the focused No button answer ``"no"``."""
+
+    BINDINGS = bindings(CHOICE_KEYS)
+    DEFAULT_CSS = ConfirmModal.DEFAULT_CSS.replace("ConfirmModal", "ChoiceModal")
+
+    def __init__(self, question: str, detail: str, choices: list[tuple[str, str]], no_label: str = "No (N)") -> None:
+        super().__init__()
+        self.question = question
+        self.detail = detail
+        self.choices = list(choices)[:2]
+        self._no_label = no_label
+
+    def compose(self) -> ComposeResult:
+        with Vertical():
+            yield Static(self.question, id="question", markup=False)
+            if self.detail:
+                with VerticalScroll(id="detail-scroll"):
+                    yield Static(self.detail, id="detail", markup=False)
+            with Horizontal(id="buttons"):
+                for i, (_value, label) in enumerate(self.choices):
+                    yield Button(label, id=f"choice-{i}", variant="warning")
+                yield Button(self._no_label, id="no", variant="primary")
+
+    def on_mount(self) -> None:
+        self.query_one("#no", Button).focus()
+        self._fit_detail()
+
+    def on_resize(self) -> None:
+        self._fit_detail()
+
+    def _fit_detail(self) -> None:
+        # The answers must stay on screen at 80x24: the detail scrolls in what the question and buttons leave.
+        scrolls = self.query("#detail-scroll")
+        if scrolls:
+            scrolls.first().styles.max_height = max(3, min(20, self.size.height - 12))
+
+    def on_button_pressed(self, event: Button.Pressed) -> None:
+        event.stop()
+        button_id = event.button.id or "no"
+        self.action_choose(int(button_id.removeprefix("choice-")) if button_id.startswith("choice-") else -1)
+
+    def action_choose(self, index: int) -> None:
+        if 0 <= index < len(self.choices):
+            self.dismiss(self.choices[index][0])
+        elif index < 0:
+            self.dismiss("no")

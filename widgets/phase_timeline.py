@@ -196,6 +196,8 @@ class PhaseTimeline(TextLines):
                 text.append("  · ")
             missing = sorted(set(range(expected)) - set(ranks))
             label = MARKER_TEXT.get(name, name.replace("_", " "))
+            if name == "capture_active" and status.state in ("stopped", "crashed", "exited"):
+                label = f"capture was active until {status.state}:"  # the past: nothing captures now
             text.append(f"{label} {len(set(ranks))}/{expected}")
             if missing:
                 names = ", ".join(f"TP{r}" for r in missing[:4]) + (", …" if len(missing) > 4 else "")

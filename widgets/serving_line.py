@@ -29,6 +29,16 @@ def serving_segments(serving: ServingSnapshot | None, now: float | None = None) 
     if serving is None:
         return [Text("serving: no Decode/Prefill batch line yet (send a request, or press b to bench)",
                      style="dim")]
+    now = now or time.time()
+    if serving.idle:
+        # The present: nothing runs.  The last busy figures would read as if a bench were still going.
+        parts = [Text.assemble(("idle", "bold"), ("  running 0  queued 0", "dim"))]
+        if serving.token_usage is not None:
+            parts.append(Text.assemble(("KV ", "dim"), f"{serving.token_usage * 100:.0f}%"))
+        if serving.last_batch_at is not None:
+            since = units.duration(max(0.0, now - serving.last_batch_at))
+            parts.append(Text(f"last batch {since} ago · {serving.source}", style="dim"))
+        return parts
     history = list(serving.history)[-SPARK_WIDTH:]
     peak = max(history) if history else 0.0
     gen = serving.gen_throughput
@@ -44,7 +54,7 @@ def serving_segments(serving: ServingSnapshot | None, now: float | None = None) 
         rate = f" ({serving.accept_rate:.2f})" if serving.accept_rate is not None else ""
         parts.append(Text.assemble(("accept len ", "dim"), f"{serving.accept_length:.2f}{rate}"))
     if serving.updated_at is not None:
-        age = max(0.0, (now or time.time()) - serving.updated_at)
+        age = max(0.0, now - serving.updated_at)
         parts.append(Text(f"{units.duration(age)} ago · {serving.source}", style="dim"))
     return parts
 
@@ -63,6 +73,9 @@ class ServingLine(TextLines):
         self._serving: ServingSnapshot | None = None
         self._ready = False
 
+    def on_mount(self) -> None:
+        self.set_interval(1.0, self._refresh_for_content, name="serving-age")  # "12s ago" keeps counting
+
     def update_status(self, status: SessionStatus | None) -> None:
         self._ready = status is not None and status.state == "ready"
         self._serving = status.serving if status is not None else None
@@ -74,8 +87,8 @@ class ServingLine(TextLines):
         if s is None:
             return (width, self._ready, None)
         # the age text changes once a second: part of the key
-        return (width, self._ready, s.gen_throughput, s.running_reqs, s.queue_reqs, s.token_usage,
-                s.accept_length, s.updated_at, tuple(s.history), int(time.time()))
+        return (width, self._ready, s.idle, s.gen_throughput, s.running_reqs, s.queue_reqs, s.token_usage,
+                s.accept_length, s.updated_at, s.last_batch_at, tuple(s.history), int(time.time()))
 
     def _lines(self, width: int) -> list[Text]:
         if not self._ready:

@@ -11,7 +11,6 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from rich.text import Text
 
-from sessions.home import read_json
 from sessions.phases import StartupPhase
 from widgets import units
 from widgets.text_lines import TextLines
@@ -115,7 +114,11 @@ class StateLine(TextLines):
         self.status: SessionStatus | None = None
         self.hint = "No session. Select a profile and press l to launch it."
         self.now: float | None = None  # tests freeze the clock
-        self._ended_cache: dict[tuple[str, str], float] = {}
+
+    def on_mount(self) -> None:
+        # The clock on the card ("for 0:41") moves every second by itself: a poll that takes long (a GPU
+        # check under load, a slow disk) must not make the card look frozen.  Nothing is read here.
+        self.set_interval(1.0, self._refresh_for_content, name="state-clock")
 
     def update_status(self, status: SessionStatus | None, hint: str | None = None) -> None:
         self.status = status
@@ -179,26 +182,8 @@ class StateLine(TextLines):
         return lines
 
     def _ended_at(self, status: SessionStatus) -> float | None:
-        """When an ended session ended (``ended_at`` of its state.json, written by stop() or by the poll that
-        saw it end); read once per session and state, since an ended session's record no longer moves."""
-        ended = getattr(status, "ended_at", None)
-        if ended:
-            return ended
-        key = (status.session_id, status.state)
-        if key not in self._ended_cache:
-            record = None
-            if status.session_dir is not None:
-                try:
-                    record = read_json(status.session_dir / "state.json")
-                except OSError:  # unreadable: the line says how it ended, without the time
-                    record = None
-            record = record if isinstance(record, dict) else {}
-            value = record.get("stopped_at") if status.state == "stopped" else None
-            value = value or record.get("ended_at")
-            if not value:  # not written yet: look again next time
-                return None
-            self._ended_cache[key] = value
-        return self._ended_cache[key]
+        """When an ended session ended: the status carries it (read with the record in the poll)."""
+        return getattr(status, "ended_at", None)
 
     def _port_segments(self, status: SessionStatus) -> list[Text]:
         dim = self.get_component_rich_style("state--dim")

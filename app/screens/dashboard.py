@@ -24,6 +24,7 @@ from textual.worker import Worker, WorkerState, get_current_worker
 
 from app.feed import DashboardFeed, DashboardSnapshot, PollRequest
 from app.keymap import DASHBOARD_KEYS, KEYS_BY_ID, bindings
+from app.screens.dashboard_launch import LaunchActions
 from app.screens.dashboard_messages import (  # re-exported: listeners import them from here too
     ActionFailed,
     CaptureToggled,
@@ -34,6 +35,7 @@ from app.screens.dashboard_messages import (  # re-exported: listeners import th
 )
 from app.stall_reports import StallReports
 from sessions.logs import MAIN_RANK, LogFilter
+from widgets.action_line import ActionLine
 from widgets.confirm_modal import ConfirmModal
 from widgets.gpu_panel import GpuPanel
 from widgets.inputs import InOrderInput
@@ -57,7 +59,7 @@ _TRANSITION_TOASTS: dict[str, tuple[str, Any, float]] = {
 }
 
 
-class DashboardScreen(Screen):
+class DashboardScreen(LaunchActions, Screen):
     """The main screen (see module docstring for the refresh loop)."""
 
     # Help and Quit first in the footer: app bindings would come after the screen's own, and an 80-column
@@ -142,6 +144,7 @@ class DashboardScreen(Screen):
                     yield SessionList(id="sessions")
             with Vertical(id="status-pane", classes="pane"):
                 yield StateLine(id="state")
+                yield ActionLine(id="action-line")
                 yield PhaseTimeline(id="timeline")
                 yield ServingLine(id="serving")
                 yield Container(id="capture-slot")
@@ -320,10 +323,10 @@ class DashboardScreen(Screen):
             panel = CapturePanel(id="capture")
             slot.mount(panel)
         status = snapshot.status
-        layers = None
+        layers = state = None
         if status is not None and status.profile == snapshot.capture_profile:
-            layers = status.summary.capture_layers
-        panel.update_status(snapshot.capture, layers)
+            layers, state = status.summary.capture_layers, status.state
+        panel.update_status(snapshot.capture, layers, server_state=state)
         slot.display = True
 
     def _notify_problem(self, problem: str) -> None:
@@ -374,37 +377,7 @@ class DashboardScreen(Screen):
             self.notify("No profile to launch: create one in <config>/profiles.", severity="warning")
             return
         self.notify(f"Launching {name}…", timeout=3)
-        self.run_worker(
-            partial(self._launch, name), name="launch", group="action", thread=True, exit_on_error=False
-        )
-
-    def _launch(self, name: str, force: bool = False) -> None:
-        from sessions.profiles import load_profile
-        from sessions.server import GpuBusy, ServerSession
-
-        try:
-            profile = load_profile(name, self.feed.home)
-            session = ServerSession.launch(profile, self.feed.home, force=force)
-        except GpuBusy as exc:  # other processes hold memory on its GPUs: the user decides
-            self.app.call_from_thread(self._confirm_busy_launch, name, exc)
-            return
-        except Exception as exc:  # noqa: BLE001 - LaunchError/ProfileError name their fields
-            self.app.call_from_thread(self._report_failure, f"Launch of {name} refused", exc)
-            return
-        self.feed.adopt(session)
-        self.app.call_from_thread(self._launched, session.session_id, name)
-
-    def _confirm_busy_launch(self, name: str, exc: Any) -> None:
-        detail = "\n".join(b.text() for b in exc.busy) + "\nA server started there may run out of memory."
-
-        def answered(yes: bool | None) -> None:
-            if yes:
-                self.run_worker(
-                    partial(self._launch, name, True), name="launch", group="action", thread=True,
-                    exit_on_error=False,
-                )
-
-        self.app.push_screen(ConfirmModal(f"Launch {name} on GPUs in use?", detail), answered)
+        self._start_launch(name)
 
     def _launched(self, session_id: str, name: str) -> None:
         self.notify(

@@ -630,46 +630,7 @@ def _check(profile: Any, parse_errors: dict[str, str], home: Home | None = None,
 
 
 def _port_problems(profile: Any, home: Home | None) -> list[Any]:
-    """The port check, knowing our own sessions: the profile's running server holding its port is expected
-    (a restart stops it first), another session or program holding it is an error that names it."""
-    from sessions import probes
-    from sessions.profiles import Problem
+    """The port check, knowing our own sessions (`sessions.server.port_check`, shared with the CLI)."""
+    from sessions.server.port_check import port_problems
 
-    server = profile.server
-    if not server.port or probes.port_free(server.host, server.port):
-        return []
-    holder = None
-    if home is not None:
-        from sessions.server import list_sessions
-
-        holder = next(
-            (
-                s
-                for s in list_sessions(home, include_ended=False)
-                if s.state_record.get("port") == server.port
-            ),
-            None,
-        )
-    if holder is not None and holder.state_record.get("profile") == profile.name:
-        return [
-            Problem(
-                "server.port",
-                f"port {server.port} is held by this profile's running session "
-                f"{holder.session_id}; restart (r) stops it first, a second launch would fail",
-                severity="warning",
-            )
-        ]
-    if holder is not None:
-        return [
-            Problem(
-                "server.port",
-                f"port {server.port} is held by session {holder.session_id} (profile "
-                f"{holder.state_record.get('profile')}); pick another port or stop that session",
-            )
-        ]
-    return [
-        Problem(
-            "server.port",
-            f"{probes.describe_port_user(server.host, server.port)}; pick another port or stop that server",
-        )
-    ]
+    return port_problems(profile, home, restart_hint="restart (r)")

@@ -24,7 +24,8 @@ SESSION_ENV = "EAGLE3_TUI_SESSION"  # in the server's environment: finds strays 
 SESSIONS_DIR_ENV = "EAGLE3_TUI_SESSIONS_DIR"
 LAUNCH_LOCK_FILE = "launch.lock"  # in the state dir: one launch at a time per home
 # A 'launching' record older than this, with no server process found, is a launch that never completed.
-_LAUNCH_STALE_S = 30.0
+LAUNCH_STALE_S = 30.0
+_LAUNCH_STALE_S = LAUNCH_STALE_S
 STATE_VERSION = 1
 STATES = ("starting", "ready", "stalled", "crashed", "exited", "stopped")
 FINAL_STATES = ("crashed", "exited", "stopped")
@@ -75,6 +76,23 @@ class GpuBusy(LaunchError):
     def __init__(self, message: str, busy: list[Any]) -> None:
         super().__init__(message, code=2)
         self.busy = list(busy)
+
+    @property
+    def holder_sessions(self) -> tuple[str, ...]:
+        """The ids of this home's sessions among the holders (``who`` is "session <id>" for those)."""
+        ids = [
+            h.who.removeprefix("session ")
+            for gpu in self.busy
+            for h in getattr(gpu, "holders", ())
+            if str(getattr(h, "who", "")).startswith("session ")
+        ]
+        return tuple(dict.fromkeys(ids))
+
+    @property
+    def only_sessions_hold(self) -> bool:
+        """Every holder is one of this home's sessions: stopping them frees the GPUs."""
+        holders = [h for gpu in self.busy for h in getattr(gpu, "holders", ())]
+        return bool(holders) and all(str(getattr(h, "who", "")).startswith("session ") for h in holders)
 
 
 @dataclass(frozen=True)
@@ -136,6 +154,9 @@ class SessionStatus:
     problem: str | None = None  # what is wrong with the session's record (damaged state.json, ...)
     taken_at: float = field(default_factory=time.time)
     serving: Any = None  # sessions.serving.ServingSnapshot once a stats line was logged
+    # When an ended session ended (stopped_at for a stop, else ended_at of state.json), read with the
+    # record in status(): widgets draw it and never open state.json themselves.
+    ended_at: float | None = None
 
     @property
     def rank_count(self) -> int | None:
@@ -187,6 +208,7 @@ class SessionStatus:
             "session_dir": str(self.session_dir) if self.session_dir else None,
             "problem": self.problem,
             "serving": self.serving.to_json() if self.serving is not None else None,
+            "ended_at": self.ended_at,
         }
 
 

@@ -27,6 +27,7 @@ from sessions.phases import StartupPhase
 from sessions.profiles import LaunchProfile, Problem, build_command, validate_profile
 from sessions.redaction import Redactor, collect_secrets, redact_argv, redact_env, write_secrets_file
 from sessions.server.diff import flag_diff
+from sessions.server.launch_lock import LAUNCH_LOCK_TIMEOUT_S, LaunchCancelled, launch_lock
 from sessions.server.model import (
     COMMAND_FILE,
     KILL_WAIT_S,
@@ -45,7 +46,7 @@ from sessions.server.model import (
     SessionStatus,
     StopReport,
 )
-from sessions.server.record import _SAFE_SESSION_ID, _create_time_of, _locked, _pgid_of, find_marked_servers
+from sessions.server.record import _SAFE_SESSION_ID, _create_time_of, _pgid_of, find_marked_servers
 from sessions.server.status import SessionReader
 from sessions.server.stopping import _gpu_pids_left, _identities, _stop_message, _wait_gone
 
@@ -82,6 +83,9 @@ class ServerSession(SessionReader):
         *,
         force: bool = False,
         gpu_source: Any = None,
+        lock_timeout_s: float | None = LAUNCH_LOCK_TIMEOUT_S,
+        cancelled: Callable[[], bool] | None = None,
+        progress: Callable[[str], None] | None = None,
     ) -> ServerSession:
         """Validate ``profile``, start its server detached, and return the new session.
 
@@ -93,13 +97,26 @@ class ServerSession(SessionReader):
         Write first, then start: the folder and a ``launching`` state.json exist before the server does,
         and the server carries the session id in its environment, so a launcher killed at any point
         leaves a server that `status` lists and `stop` stops.
+
+        The lock wait is bounded (``lock_timeout_s``: `LaunchLockTimeout` naming the holder) and ends as
+        soon as ``cancelled()`` is true (`LaunchCancelled`); ``progress(text)`` hears each step ("waiting
+        for the launch lock held by ...", "checking GPUs"), for a progress line.
         """
         home = (home or resolve_home()).ensure()
-        with _locked(home.state_root / LAUNCH_LOCK_FILE):
+        tell = progress or (lambda _text: None)
+        lock_path = home.state_root / LAUNCH_LOCK_FILE
+
+        def waiting(holder: str, waited_s: float) -> None:
+            tell(f"waiting for another launch ({holder}) to release {lock_path.name}: {waited_s:.0f}s")
+
+        tell("taking the launch lock")
+        with launch_lock(lock_path, lock_timeout_s, cancelled=cancelled, on_wait=waiting):
+            tell("checking the profile's running sessions")
             running = running_sessions_of(profile.name, home)
             if running:
                 raise AlreadyRunning(_already_running_text(profile.name, running[0]), running[0].session_id)
             # validate_profile's port check names who holds the port (probes.describe_port_user).
+            tell("validating the profile and its port")
             problems = validate_profile(profile, check_port=True)
             errors = [p for p in problems if p.is_error]
             if errors:
@@ -108,9 +125,13 @@ class ServerSession(SessionReader):
             if not force:
                 from sessions.gpus import busy_gpus_for_launch, format_busy
 
+                tell("checking that its GPUs are free")
                 busy = busy_gpus_for_launch(profile, home, source=gpu_source, describe_pid=_pid_describer(home))
                 if busy:
                     raise GpuBusy(format_busy(profile.name, busy), busy)
+            if cancelled is not None and cancelled():
+                raise LaunchCancelled(f"launch of {profile.name} cancelled before the server started")
+            tell("starting the server")
             return cls._start(profile, command, home)
 
     @classmethod

@@ -29,7 +29,7 @@ from sessions.server.model import (
     classify_state,
 )
 from sessions.server.record import SessionRecord, _pgid_of
-from sessions.serving import SessionServing
+from sessions.serving import SessionServing, decode_log_interval_of
 from sessions.stall import StallVerdict, is_compiler_name, stall_verdict
 from sessions.state_file import StateRead
 
@@ -156,6 +156,7 @@ class SessionReader(SessionRecord):
             session_dir=self.session_dir,
             problem="; ".join(problems) if problems else None,
             serving=self._serving_snapshot(host, port, net.listening and probe_http and ready_now),
+            ended_at=ended_at_of(rec, state),
         )
 
     def _checked_record(self, read: StateRead, ident: tuple[int, float] | None) -> tuple[dict, list[str]]:
@@ -242,13 +243,18 @@ class SessionReader(SessionRecord):
 
     def _serving_snapshot(self, host: str, port: int | None, live: bool) -> Any:
         """The serving figures (sessions.serving); ``/metrics`` too when the server exports it."""
-        url = f"http://{_url_host(host)}:{port}" if live and port and self._metrics_enabled() else None
+        metrics = self._metrics_enabled()  # reads the command once (also the decode log interval)
+        url = f"http://{_url_host(host)}:{port}" if live and port and metrics else None
         return self._serving.snapshot(url)
 
     def _metrics_enabled(self) -> bool:
         if self._has_metrics is None:
-            argv = (read_json(self.session_dir / COMMAND_FILE) or {}).get("argv") or []
+            command = read_json(self.session_dir / COMMAND_FILE)
+            argv = command.get("argv") if isinstance(command, dict) else None
+            argv = [str(a) for a in argv] if isinstance(argv, list) else []
             self._has_metrics = "--enable-metrics" in argv
+            # How often it logs a Decode line: how long a silence means idle (sessions.serving.idle_after_s).
+            self._serving.decode_log_interval = decode_log_interval_of(argv)
         return self._has_metrics
 
     def _adopt_marked(self, read: StateRead, ident: tuple[int, float], problems: list[str]) -> dict:
@@ -436,6 +442,15 @@ class SessionReader(SessionRecord):
                 started_at=rec.get("started_at"),
                 facts=start_facts.read(self.session_dir),
             )
+
+def ended_at_of(rec: dict, state: str) -> float | None:
+    """When the session ended, from its record: a stop's time for ``stopped``, else ``ended_at``."""
+    if state not in ("crashed", "exited", "stopped"):
+        return None
+    value = rec.get("stopped_at") if state == "stopped" else None
+    value = value or rec.get("ended_at")
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
 
 def _gpu_index_by_pid(gpu_snapshot: Any, session_dir: Path) -> dict[int, int]:
     """pid -> GPU index from a GpuSnapshot, else from the emulator's ``emulated_gpus.json``."""

@@ -1,0 +1,151 @@
+"""The dashboard's launch and housekeeping actions: the launch worker with its progress line, the
+GPUs-in-use question (launch anyway, or stop the holder and launch), and `P` (prune ended sessions).
+
+A mixin of `DashboardScreen` (kept apart so the screen module stays readable): it uses the screen's
+``feed``, ``notify``, ``run_worker``, ``_report_failure``, ``_launched`` and ``poll_now``.  Every wait (the
+launch lock, the GPU check, the stops, prune's liveness checks) runs in a thread worker; the UI thread only
+asks and draws.
+"""
+
+from __future__ import annotations
+
+from functools import partial
+from typing import TYPE_CHECKING, Any
+
+from textual.worker import get_current_worker
+
+from widgets.action_line import ActionLine
+from widgets.confirm_modal import ChoiceModal, ConfirmModal
+
+STOP_GRACE_S = 30.0
+
+
+class LaunchActions:
+    """Launch and prune for `DashboardScreen` (see the module docstring)."""
+
+    feed: Any
+    app: Any
+
+    if TYPE_CHECKING:  # provided by Screen and DashboardScreen; never defined here (they would shadow them)
+        def query_one(self, *args: Any, **kwargs: Any) -> Any: ...
+        def notify(self, *args: Any, **kwargs: Any) -> Any: ...
+        def run_worker(self, *args: Any, **kwargs: Any) -> Any: ...
+        def _report_failure(self, what: str, exc: BaseException) -> None: ...
+        def _launched(self, session_id: str, name: str) -> None: ...
+        def poll_now(self) -> None: ...
+
+    def _start_launch(self, name: str, force: bool = False, stop_first: tuple[str, ...] = ()) -> None:
+        """The launch (and the stops it was asked to do first) in a worker; the progress line shows its
+        steps, the lock wait and the GPU check, so the card never looks frozen (issue 21 item 10)."""
+        line = self.query_one(ActionLine)
+        line.start(f"launch {name}")
+        self.run_worker(
+            partial(self._launch, name, line, force, stop_first), name="launch", group="action", thread=True,
+            exit_on_error=False,
+        )
+
+    def _launch(self, name: str, line: ActionLine, force: bool = False, stop_first: tuple[str, ...] = ()) -> None:
+        from sessions.profiles import load_profile
+        from sessions.server import GpuBusy, ServerSession
+        from sessions.server.launch_lock import LaunchCancelled
+
+        worker = get_current_worker()  # line.step() only sets a field under a lock: safe from this thread
+        try:
+            for session_id in stop_first:
+                line.step(f"stopping {session_id} (SIGTERM, then SIGKILL after {STOP_GRACE_S:.0f} s)")
+                report = self.feed.session(session_id).stop(grace_s=STOP_GRACE_S)
+                self.feed.forget_final(session_id)
+                if not report.stopped:
+                    raise RuntimeError(f"{session_id} did not stop, so {name} was not launched: {report.message}")
+            profile = load_profile(name, self.feed.home)
+            session = ServerSession.launch(
+                profile, self.feed.home, force=force, cancelled=lambda: worker.is_cancelled, progress=line.step
+            )
+        except LaunchCancelled:
+            line.finish()
+            return  # the TUI is quitting (or the worker was cancelled): nobody to tell
+        except GpuBusy as exc:  # other processes hold memory on its GPUs: the user decides
+            line.finish()
+            if not worker.is_cancelled:
+                self.app.call_from_thread(self._confirm_busy_launch, name, exc)
+            return
+        except Exception as exc:  # noqa: BLE001 - LaunchError/ProfileError name their fields
+            line.finish()
+            if not worker.is_cancelled:
+                self.app.call_from_thread(self._report_failure, f"Launch of {name} refused", exc)
+            return
+        line.finish()
+        self.feed.adopt(session)
+        if not worker.is_cancelled:
+            self.app.call_from_thread(self._launched, session.session_id, name)
+
+    def _confirm_busy_launch(self, name: str, exc: Any) -> None:
+        """GPUs in use: launch anyway, or (when the holders are this home's sessions) stop them first."""
+        holders = tuple(exc.holder_sessions)
+        gpus = ", ".join(f"GPU{b.index}" for b in exc.busy)
+        held_by = ", ".join(holders) + ("" if exc.only_sessions_hold else " and other processes") if holders else "other processes"
+        detail = (f"{gpus} held by {held_by}. A server started there may run out of memory.\n\n"
+                  + "\n".join(b.text() for b in exc.busy))
+        choices = [("force", "Launch anyway (y)")]
+        if holders:
+            # The question names the holders; the button stays short so all three answers fit at 80 columns.
+            choices.append(("stop", "Stop it and launch (s)" if len(holders) == 1 else "Stop them and launch (s)"))
+            if not exc.only_sessions_hold:
+                detail += "\nProcesses outside this home's sessions hold memory too: stopping its sessions may not be enough."
+        in_use_by = f" by {', '.join(holders)}" if holders else ""
+
+        def answered(choice: str | None) -> None:
+            if choice == "force":
+                self._start_launch(name, force=True)
+            elif choice == "stop":
+                self._start_launch(name, stop_first=holders)
+
+        self.app.push_screen(ChoiceModal(f"Launch {name} on GPUs in use{in_use_by}?", detail, choices), answered)
+
+    # -- actions: housekeeping ------------------------------------------------------------------------------
+
+    def action_prune(self) -> None:
+        """P: list the ended sessions prune would remove (in a worker: it checks every server), ask y/N."""
+        self.run_worker(self._prune_plan, name="prune-plan", group="action", thread=True, exit_on_error=False)
+
+    def _prune_plan(self) -> None:
+        from sessions.server.prune import plan_prune
+
+        try:
+            plan = plan_prune(self.feed.home)
+        except Exception as exc:  # noqa: BLE001
+            self.app.call_from_thread(self._report_failure, "Prune failed", exc)
+            return
+        self.app.call_from_thread(self._confirm_prune, plan)
+
+    def _confirm_prune(self, plan: Any) -> None:
+        if not plan.to_remove:
+            self.notify(f"Nothing to prune: {len(plan.kept)} kept, {len(plan.running)} running.", timeout=5)
+            return
+        lines = [f"remove {i.session_id} ({i.state})" for i in plan.to_remove]
+        lines += [f"keep   {i.session_id}: {i.why}" for i in plan.kept]
+        if plan.running:
+            lines.append(f"running, never pruned: {', '.join(plan.running)}")
+
+        def answered(yes: bool | None) -> None:
+            if yes:
+                self.run_worker(partial(self._prune, plan), name="prune", group="action", thread=True,
+                                exit_on_error=False)
+
+        question = f"Remove {len(plan.to_remove)} ended session folder(s)?"
+        self.app.push_screen(ConfirmModal(question, "\n".join(lines)), answered)
+
+    def _prune(self, plan: Any) -> None:
+        from sessions.server.prune import prune
+
+        try:
+            removed, problems = prune(self.feed.home, plan)
+        except Exception as exc:  # noqa: BLE001 - a lock timeout names the holder
+            self.app.call_from_thread(self._report_failure, "Prune failed", exc)
+            return
+        for session_id in removed:
+            self.feed.forget_final(session_id)
+        text = f"Removed {len(removed)} session folder(s)." + ("\n" + "\n".join(problems) if problems else "")
+        self.app.call_from_thread(self.notify, text, title="prune", severity="warning" if problems else "information")
+        self.app.call_from_thread(self.poll_now)
+
