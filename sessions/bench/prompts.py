@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass
+from pathlib import Path
 
 
 @dataclass(frozen=True)
@@ -40,6 +41,9 @@ def random_id_prompts(num: int, input_len: int, output_len: int, vocab_size: int
     ]
 
 
+# The demo's A/B prompts: 52 short real-text chats (questions and their replies) written for this project,
+# in ShareGPT form; `eagle3-tui --demo bench compare` uses them unless --dataset says otherwise.
+DEMO_PROMPTS = Path(__file__).resolve().parent.parent / "data" / "bench_prompts.jsonl"
 MAX_DATASET_LINES = 100_000  # lines read from a --dataset file; a bench uses a few hundred prompts
 MAX_PROMPT_BYTES = 64 << 10  # a longer first turn is skipped, named
 BYTES_PER_TOKEN = 4  # the common rule of thumb for BPE tokenizers on English text
@@ -61,8 +65,6 @@ def dataset_prompts(path: str, num: int, output_len: int, seed: int) -> DatasetP
     (the TUI loads none) it is estimated as the reply's UTF-8 bytes / 4, and it is ``output_len`` when the
     line has no reply.  The usable prompts are shuffled with ``seed`` (bench_serving samples its dataset
     too) and the first ``num`` taken, so one seed gives both sides of an A/B the same prompts."""
-    from pathlib import Path
-
     from sessions.extraction.datasets import DatasetLineError, iter_dataset
 
     usable: list[Prompt] = []
