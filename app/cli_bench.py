@@ -119,9 +119,11 @@ def _options(args: argparse.Namespace, demo_ab: bool = False) -> BenchOptions:
     from sessions.bench.runner import BenchError
     from sessions.bench.session_bench import BenchOptions, parse_concurrency
 
-    dataset = args.dataset if args.dataset is not None else (str(DEMO_PROMPTS) if demo_ab else None)
-    output_len = args.output_len if args.output_len is not None else (32 if demo_ab else 128)
-    concurrency = args.concurrency if args.concurrency is not None else ("1,4" if demo_ab else "1,8,32")
+    # an explicit --input-len asks for random ids, also in the demo
+    demo_text = demo_ab and args.input_len is None
+    dataset = args.dataset if args.dataset is not None else (str(DEMO_PROMPTS) if demo_text else None)
+    output_len = args.output_len if args.output_len is not None else (32 if demo_text else 128)
+    concurrency = args.concurrency if args.concurrency is not None else ("1,4" if demo_text else "1,8,32")
     if dataset is not None and args.input_len is not None:
         raise CliError(f"--input-len {args.input_len} goes with random-id prompts, not with --dataset {dataset} "
                        "(a dataset's prompts have their own lengths)", EXIT_BAD_INPUT)

@@ -67,7 +67,7 @@ class Handler(BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(body)
 
-    def do_GET(self) -> None:  # noqa: N802 - http.server's name
+    def do_GET(self) -> None:
         if self.path.startswith("/v1/models"):
             self._send(b'{"object":"list","data":[{"id":"m","max_model_len":4096}]}')
         elif self.path.startswith("/server_info"):
@@ -75,7 +75,7 @@ class Handler(BaseHTTPRequestHandler):
         else:
             self._send(b"{}", 404)
 
-    def do_POST(self) -> None:  # noqa: N802
+    def do_POST(self) -> None:
         length = int(self.headers.get("content-length") or 0)
         body = json.loads(self.rfile.read(length) or b"{}") if length else {}
         if self.path.startswith("/flush_cache"):
@@ -191,9 +191,9 @@ def test_a_server_info_that_is_not_an_object_is_a_failed_request_with_a_reason(h
     ({"input_len": 10**6, "num_prompts": 10**5}, "memory"),
 ])
 def test_sizes_past_the_limits_are_refused_before_anything_is_allocated(changes, words):
-    from sessions.bench.session_bench import BenchOptions
-
     import tracemalloc
+
+    from sessions.bench.session_bench import BenchOptions
 
     tracemalloc.start()
     try:

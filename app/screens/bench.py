@@ -10,7 +10,7 @@ B = the second's; with fewer than two marked, type ``A B``: profiles or sessions
 needed, both are benched `BenchScreen.rounds` times, alternating, and stopped after; the screen shows the
 workload, B against A per concurrency (medians with their min-max range over rounds) and the verdict.
 The top pane scrolls both ways (``tab`` focuses it, then the arrows, PgUp/PgDn, Home/End), so at 80x24 no
-row or column of the tables is out of reach; it takes the focus when a compare ends.
+row or column of the tables is out of reach.
 """
 
 from __future__ import annotations
@@ -315,7 +315,6 @@ class BenchScreen(Screen):
             table.add_row(*row)
         table.add_class("-shown")
         self.load_history()
-        self.query_one("#run-pane").focus()  # the result is what the user looks at now: it scrolls
 
     def action_close(self) -> None:
         self.app.pop_screen()

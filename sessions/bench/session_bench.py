@@ -152,7 +152,7 @@ def bench_session(session: Any, options: BenchOptions, progress: Progress | None
     # the server's own words, kept only as scalars (a dict or list where a flag should be is dropped)
     speculative = {k.removeprefix("speculative_"): info[k] for k in _SPEC_KEYS
                    if isinstance(info.get(k), (str, int, float)) and not isinstance(info.get(k), bool)}
-    return {
+    result: dict[str, Any] = {
         "runs": outcome["runs"],
         "speculative": speculative or None,  # the server's resolved EAGLE flags (/server_info), if any
         "session": session.session_id,
@@ -166,7 +166,8 @@ def bench_session(session: Any, options: BenchOptions, progress: Progress | None
         "request": request_of(options) | workload | {"context_length": context},
     }
     # a redacted copy only: the profile's TOML and the command can carry keys, tokens and passwords
-    return Redactor.for_session(session).json(result)
+    redacted: dict[str, Any] = Redactor.for_session(session).json(result)
+    return redacted
 
 
 def request_of(options: BenchOptions) -> dict[str, Any]:
