@@ -100,7 +100,10 @@ def _bench(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(result | {"saved_to": str(path)}, indent=2))
     else:
+        from sessions.bench.ab_report import workload_text
+
         print(runs_table(result["runs"]))
+        print(workload_text({"workload": result["request"]}))
         print(f"kept as {path}", file=sys.stderr)
     from sessions.bench.metrics import failure_notes
 

@@ -95,11 +95,12 @@ def lookup_side(ref: str, home: Any) -> _Side:
     if session.status(probe_http=False).state not in ("starting", "ready", "stalled"):
         raise BenchError(f"{ref}: session {session.session_id} is not running (launch its profile, or "
                          "pass the profile name to have it launched)")
+    snapshot: Any = None
     try:
-        profile = session.profile
+        snapshot = session.profile
     except Exception:  # noqa: BLE001 - a session whose profile snapshot is damaged: its GPUs are unknown
-        profile = None
-    return _Side(ref, profile, session, existing=frozenset({session.session_id}))
+        snapshot = None
+    return _Side(ref, snapshot, session, existing=frozenset({session.session_id}))
 
 
 def bring_up(side: _Side, home: Any, say: Say, force: bool, retry_hint: str) -> None:
@@ -138,6 +139,21 @@ def take_down(side: _Side, home: Any, say: Say) -> None:
         session.stop()
     if side.launched:
         side.session, side.launched = None, False
+
+
+def stop_all(sides: list[_Side], home: Any, say: Say) -> None:
+    """`take_down` every side, even when a signal's exception lands in the middle of one stop: that side is
+    tried again and the others still run; the first such exception is raised after all of them."""
+    pending: BaseException | None = None
+    for side in sides:
+        for _ in range(2):
+            try:
+                take_down(side, home, say)
+                break
+            except BaseException as exc:  # noqa: BLE001 - an Interrupted mid-stop: finish, then re-raise
+                pending = pending or exc
+    if pending is not None:
+        raise pending
 
 
 def gpus_of(side: _Side) -> frozenset[int] | None:
@@ -297,8 +313,7 @@ def run_compare(a_ref: str, b_ref: str, options: BenchOptions, home: Any, say: S
             result["round"] = r + 1
             results[i].append(result)
     finally:
-        for side in sides:
-            take_down(side, home, say)
+        stop_all(sides, home, say)
     kept = [_kept_result(home, rs, save_result) for rs in results]
     report = compare_results(results[0], results[1])
     report["a"].update(id=kept[0], launched=any(x.get("launched") for x in results[0]))
