@@ -120,7 +120,7 @@ def _options(args: argparse.Namespace, demo_ab: bool = False) -> BenchOptions:
     from app.cli import EXIT_BAD_INPUT, CliError
     from sessions.bench.prompts import DEMO_PROMPTS
     from sessions.bench.runner import BenchError
-    from sessions.bench.session_bench import BenchOptions, parse_concurrency
+    from sessions.bench.session_bench import BenchOptions, make_prompts, parse_concurrency
 
     # an explicit --input-len asks for random ids, also in the demo
     demo_text = demo_ab and args.input_len is None
@@ -134,6 +134,8 @@ def _options(args: argparse.Namespace, demo_ab: bool = False) -> BenchOptions:
         options = BenchOptions(args.input_len or 256, output_len, args.num_prompts,
                                parse_concurrency(concurrency), args.seed, args.flush_cache, dataset)
         options.check()
+        if dataset is not None:
+            make_prompts(options, "")  # read once here: a bad file is bad input, named before anything runs
     except BenchError as exc:
         raise CliError(str(exc), EXIT_BAD_INPUT) from None
     return options
@@ -163,6 +165,10 @@ def _compare(args: argparse.Namespace) -> int:
     if len(args.rest) != 2:
         raise CliError(f"bench compare needs two arguments A B (profiles or sessions), got {len(args.rest)}"
                        + (f": {' '.join(args.rest)}" if args.rest else ""), EXIT_BAD_INPUT)
+    from sessions.bench.compare import MAX_ROUNDS
+
+    if not 1 <= args.rounds <= MAX_ROUNDS:
+        raise CliError(f"--rounds must be 1..{MAX_ROUNDS}, not {args.rounds}", EXIT_BAD_INPUT)
     home = resolve_home()
     options = _options(args, demo_ab=home.demo)
     a, b = args.rest

@@ -219,3 +219,42 @@ def test_the_compare_tables_scroll_into_view_at_80x24(home):
             assert screen.query_one("#compare", DataTable).row_count == 3
 
     run(scenario)
+
+
+# -- --dataset ---------------------------------------------------------------------------------------------
+
+def test_a_dataset_gives_real_prompts_capped_and_seeded_and_names_its_bad_lines(tmp_path):
+    import json
+
+    from sessions.bench.prompts import DEMO_PROMPTS, dataset_prompts
+
+    path = tmp_path / "chats.jsonl"
+    lines = [json.dumps({"messages": [{"role": "system", "content": "be brief"},
+                                      {"role": "user", "content": f"question {i}"},
+                                      {"role": "assistant", "content": "word " * (5 * i)}]}) for i in range(1, 7)]
+    lines += ['{"messages": [{"role": "assistant", "content": "no question"}]}', "not json", ""]
+    path.write_text("\n".join(lines) + "\n")
+    found = dataset_prompts(str(path), 4, 16, seed=3)
+    assert found.usable == 6 and found.kind == "openai" and len(found.prompts) == 4
+    assert found.problems == ("line 7: no user turn with text", "line 8: not JSON: Expecting value at column 1")
+    by_text = {p.text: p.output_len for p in dataset_prompts(str(path), 6, 16, seed=3).prompts}
+    # the reply's bytes / 4, capped at 16
+    assert by_text == {f"question {i}": min(16, -(-len("word " * (5 * i)) // 4)) for i in range(1, 7)}
+    assert sorted(by_text.values()) == [7, 13, 16, 16, 16, 16]
+    assert [p.text for p in found.prompts] == [p.text for p in dataset_prompts(str(path), 4, 16, seed=3).prompts]
+    assert [p.text for p in found.prompts] != [p.text for p in dataset_prompts(str(path), 4, 16, seed=4).prompts]
+    demo = dataset_prompts(str(DEMO_PROMPTS), 100, 32, seed=1)
+    assert demo.usable == 52 and demo.kind == "sharegpt" and demo.problems == ()
+    assert len({p.text for p in demo.prompts}) == 52 and all(p.text and " " in p.text for p in demo.prompts)
+
+
+def test_a_bad_dataset_is_refused_by_name_before_anything_runs(tmp_path, cli_env):
+    import subprocess
+    import sys
+
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"conversations": "not a list"}\n')
+    for path, words in ((bad, "no usable prompt (line 1:"), (tmp_path / "missing.jsonl", "No such file")):
+        out = subprocess.run([sys.executable, "-m", "app", "bench", "compare", "a", "b", "--dataset", str(path)],
+                             env=cli_env, capture_output=True, text=True, timeout=60, check=False)
+        assert out.returncode == 2 and f"--dataset {path}" in out.stderr and words in out.stderr, out.stderr

@@ -48,7 +48,7 @@ from sessions.bench.ab_report import (  # noqa: F401 - the report's names, re-ex
     verdict,
 )
 from sessions.bench.runner import BenchError, Progress
-from sessions.bench.session_bench import BenchOptions, bench_session
+from sessions.bench.session_bench import BenchOptions, bench_session, make_prompts
 from sessions.serving import fetch_metrics, parse_batch_line
 
 READY_TIMEOUT_S = 600.0
@@ -290,6 +290,8 @@ def run_compare(a_ref: str, b_ref: str, options: BenchOptions, home: Any, say: S
     if not 1 <= rounds <= MAX_ROUNDS:
         raise BenchError(f"--rounds must be 1..{MAX_ROUNDS}, not {rounds}")
     argv = argv or ["eagle3-tui", "bench", "compare", a_ref, b_ref]
+    if options.dataset is not None:
+        make_prompts(options, "")  # a dataset with no usable prompt is refused before anything is launched
     sides = [lookup_side(a_ref, home), lookup_side(b_ref, home)]
     mode = launch_mode(*sides)
     order = schedule(rounds, mode)
