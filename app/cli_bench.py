@@ -118,15 +118,19 @@ def _options(args: argparse.Namespace, demo_ab: bool = False) -> BenchOptions:
     """The bench's options from the flags; ``demo_ab``: the demo's A/B defaults (its real-text prompt set,
     short outputs and two concurrencies, so that three rounds on the CPU-bound tiny model stay short)."""
     from app.cli import EXIT_BAD_INPUT, CliError
-    from sessions.bench.prompts import DEMO_PROMPTS
     from sessions.bench.runner import BenchError
-    from sessions.bench.session_bench import BenchOptions, make_prompts, parse_concurrency
+    from sessions.bench.session_bench import (
+        BenchOptions,
+        demo_compare_options,
+        make_prompts,
+        parse_concurrency,
+    )
 
     # an explicit --input-len asks for random ids, also in the demo
-    demo_text = demo_ab and args.input_len is None
-    dataset = args.dataset if args.dataset is not None else (str(DEMO_PROMPTS) if demo_text else None)
-    output_len = args.output_len if args.output_len is not None else (32 if demo_text else 128)
-    concurrency = args.concurrency if args.concurrency is not None else ("1,4" if demo_text else "1,8,32")
+    base = demo_compare_options() if demo_ab and args.input_len is None else BenchOptions()
+    dataset = args.dataset if args.dataset is not None else base.dataset
+    output_len = args.output_len if args.output_len is not None else base.output_len
+    concurrency = args.concurrency or ",".join(str(c) for c in base.concurrency)
     if dataset is not None and args.input_len is not None:
         raise CliError(f"--input-len {args.input_len} goes with random-id prompts, not with --dataset {dataset} "
                        "(a dataset's prompts have their own lengths)", EXIT_BAD_INPUT)

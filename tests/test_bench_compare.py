@@ -303,9 +303,12 @@ def test_the_bench_screen_starts_a_compare_from_typed_names_or_two_marked_rows(
             screen = BenchScreen(home)
             await app.push_screen(screen)
             await pilot.press("c")
+            box = screen.query_one("#compare-input")
+            await wait_until(pilot, lambda: app.focused is box, "the A B box has the focus", 30)
             for key in "plain eagle":
                 await pilot.press("space" if key == " " else key)
             await pilot.press("enter")
+            assert screen.running or screen.last_compare is not None, screen_text(app)
             await wait_until(pilot, lambda: screen.last_compare is not None or not screen.running and
                              "failed" in screen_text(app).lower(), "the compare finishes", 300)
             text = screen_text(app)

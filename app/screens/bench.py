@@ -275,7 +275,7 @@ class BenchScreen(Screen):
     @work(thread=True, exclusive=True, group="bench")
     def _compare(self, a: str, b: str) -> None:
         from sessions.bench.compare import run_compare
-        from sessions.bench.session_bench import BenchOptions
+        from sessions.bench.session_bench import BenchOptions, demo_compare_options
 
         def say(note: str) -> None:
             self.app.call_from_thread(self._say, note)
@@ -284,7 +284,8 @@ class BenchScreen(Screen):
             self.app.call_from_thread(self._compare_progress, concurrency, done, total)
 
         try:
-            report = run_compare(a, b, self.default_options or BenchOptions(), self.home, say, progress,
+            options = self.default_options or (demo_compare_options() if self.home.demo else BenchOptions())
+            report = run_compare(a, b, options, self.home, say, progress,
                                  argv=["eagle3-tui", "bench", "compare", a, b], rounds=self.rounds)
         except Exception as exc:  # noqa: BLE001 - shown on the screen, the TUI keeps running
             self.app.call_from_thread(self._failed, _failure_text(exc))

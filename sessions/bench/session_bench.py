@@ -72,6 +72,14 @@ class BenchOptions:
         return ids + in_flight * self.input_len * 24 + prompts * self.output_len * 16 + in_flight * (256 << 10)
 
 
+def demo_compare_options() -> BenchOptions:
+    """The demo's A/B defaults (CLI and bench screen alike): its own real-text prompt set, 32-token outputs
+    and concurrency 1 and 4, so that three rounds on the CPU-bound tiny model take about two minutes."""
+    from sessions.bench.prompts import DEMO_PROMPTS
+
+    return BenchOptions(output_len=32, concurrency=(1, 4), dataset=str(DEMO_PROMPTS))
+
+
 def _available_memory() -> int | None:
     try:
         import psutil
