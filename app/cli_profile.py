@@ -157,7 +157,7 @@ def _new(args: argparse.Namespace) -> int:
     home = resolve_home().ensure()
     path = home.profiles_dir / f"{name}.toml"
     if path.exists() and not args.force:
-        raise CliError(f"profile {name!r} already exists: {path} (use --force to overwrite)", EXIT_FAILED)
+        raise CliError(f"profile {name!r} already exists: {path} (eagle3-tui profile new {name} --force overwrites it)", EXIT_FAILED)
     model = os.path.abspath(os.path.expanduser(args.model)) if args.model else "/path/to/model"
     python = os.path.abspath(os.path.expanduser(args.python)) if args.python else None
     atomic_write_text(path, profile_template(name, model, emulator=args.emulator, python=python), mode=0o600)

@@ -160,8 +160,11 @@ model_path = "{model_path}"
 tp_size = 1
 host = "127.0.0.1"
 port = {port}
+# GPU 1 (--base-gpu-id), not tiny-llama's GPU 0: the two fit side by side, so `bench compare` launches
+# each once and alternates its rounds between them.
 extra_args = ["--speculative-algorithm", "EAGLE3", "--speculative-draft-model-path", "{draft_path}", \
-"--speculative-num-steps", "3", "--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", "4"]
+"--speculative-num-steps", "3", "--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", "4", \
+"--base-gpu-id", "1"]
 
 [watch]
 stall_after_s = 60

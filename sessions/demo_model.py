@@ -75,7 +75,7 @@ def write_demo_model(
     if path.exists() and not path.is_dir():
         raise DemoModelError(f"{path} exists and is not a folder")
     if path.is_dir() and any(path.iterdir()) and not overwrite:
-        raise DemoModelError(f"{path} is not empty (pass --force to write into it)")
+        raise DemoModelError(f"{path} is not empty (eagle3-tui demo-model {path} --force writes into it)")
     path.mkdir(parents=True, exist_ok=True)
 
     tokenizer = _train_tokenizer(vocab_size)
@@ -219,7 +219,7 @@ def write_eagle3_draft(
     if path.exists() and not path.is_dir():
         raise DemoModelError(f"{path} exists and is not a folder")
     if path.is_dir() and any(path.iterdir()) and not overwrite:
-        raise DemoModelError(f"{path} is not empty (pass --force to write into it)")
+        raise DemoModelError(f"{path} is not empty (eagle3-tui demo-model {path} --force writes into it)")
     path.mkdir(parents=True, exist_ok=True)
     h = int(target["hidden_size"])
     config = {

@@ -578,9 +578,14 @@ def process_name(pid: int) -> str:
         return "gone"
 
 
-def format_busy(profile_name: str, busy: list[BusyGpu]) -> str:
+def format_busy(profile_name: str, busy: list[BusyGpu], retry: str | None = None) -> str:
+    """The refusal, with advice that exists for the command that refused: the sessions to stop by id, and
+    ``retry`` (default: the launch command with its --force)."""
     gpus = ", ".join(f"GPU{b.index}" for b in busy)
     lines = [f"profile '{profile_name}' would use {gpus}, where other processes hold memory:"]
     lines += [f"  {b.text()}" for b in busy]
-    lines.append("a server started there may run out of memory; stop those first, or launch with --force")
+    holders = sorted({h.who.removeprefix("session ") for b in busy for h in b.holders if h.who.startswith("session ")})
+    stop = f" ({'; '.join(f'eagle3-tui stop {s}' for s in holders)})" if holders else ""
+    again = retry or f"launch anyway with eagle3-tui launch {profile_name} --force"
+    lines.append(f"a server started there may run out of memory; stop those first{stop}, or {again}")
     return "\n".join(lines)

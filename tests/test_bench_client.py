@@ -194,11 +194,11 @@ class _RecordingClient:
         self.sent.append(time.perf_counter())
         lines = ['data: {"text":"a","meta_info":{"completion_tokens":1}}', "data: [DONE]"]
 
-        def iter_lines(_self: Any) -> Iterator[str]:
+        def iter_raw(_self: Any) -> Iterator[bytes]:
             time.sleep(0.3)  # a stream in flight: its slot is busy, the next prompt waits for a free one
-            yield from lines
+            yield from (line.encode() + b"\n\n" for line in lines)
 
-        return type("Response", (), {"status_code": 200, "iter_lines": iter_lines, "close": lambda self: None})()
+        return type("Response", (), {"status_code": 200, "iter_raw": iter_raw, "close": lambda self: None})()
 
     def get(self, url: str, **kwargs: Any) -> Any:
         return type("Response", (), {"status_code": 404})()
@@ -238,7 +238,8 @@ def test_an_error_chunk_after_the_200_headers_is_a_failed_request_not_a_result()
     class ErrorChunkClient(_RecordingClient):
         def send(self, request: Any, stream: bool = False) -> Any:
             lines = ['data: {"error":{"message":"The server is shutting down.","code":503}}', "data: [DONE]"]
-            return type("Response", (), {"status_code": 200, "iter_lines": lambda _self: iter(lines),
+            return type("Response", (), {"status_code": 200,
+                                         "iter_raw": lambda _self: iter(ln.encode() + b"\n\n" for ln in lines),
                                          "close": lambda _self: None})()
 
     prompt = random_id_prompts(1, 8, 100, vocab_size=64, seed=1)[0]

@@ -167,7 +167,7 @@ def test_the_runs_accept_rate_pools_accepted_over_proposed_drafts():
 
 # -- bench compare -----------------------------------------------------------------------------------------
 
-BENCH = ["--input-len", "16", "--output-len", "40", "--num-prompts", "4", "--concurrency", "1,2"]
+BENCH = ["--input-len", "16", "--output-len", "40", "--num-prompts", "4", "--concurrency", "1,2", "--rounds", "2"]
 
 
 def _profiles(make_emulator_profile, llama, accept: float) -> None:
@@ -201,12 +201,18 @@ def test_compare_launches_benches_and_stops_both_and_says_why(accept, make_emula
         assert session.status(probe_http=False).state == "stopped", session.session_id
     assert report["a"]["profile"] == "plain" and report["b"]["profile"] == "eagle"
     assert report["a"]["launched"] and report["b"]["launched"] and report["same_prompts"]
+    # both on GPU 0: one up at a time, A B then B A (3 launches for 2 rounds)
+    assert report["mode"] == "in turn" and report["order"] == "A B B A" and report["rounds"] == 2
+    assert report["workload"]["input_len"] == 16 and report["workload"]["seed"] == 1
     runs = report["runs"]
     assert [r["max_concurrency"] for r in runs] == [1, 2]
     for run in runs:
-        assert run["speedup"] == pytest.approx(run["b"]["output_throughput"] / run["a"]["output_throughput"])
-        assert run["itl_ratio"] == pytest.approx(run["b"]["median_itl_ms"] / run["a"]["median_itl_ms"])
-        assert run["a"]["completed"] == run["b"]["completed"] == 4
+        # the paired speedup of each round, and its median
+        a_tps = run["a"]["spread"]["output_throughput"]["values"]
+        b_tps = run["b"]["spread"]["output_throughput"]["values"]
+        assert run["speedup_spread"]["values"] == pytest.approx([b / a for a, b in zip(a_tps, b_tps)])
+        assert run["speedup"] == pytest.approx(sum(run["speedup_spread"]["values"]) / 2)
+        assert run["a"]["completed"] == run["b"]["completed"] == 4 * 2
         assert abs(run["b"]["accept_length"] - accept) <= 0.3, run["b"]
         assert run["b"]["accept_source"].startswith("log")
         assert 0.0 <= run["b"]["accept_rate"] <= 1.0
@@ -215,8 +221,9 @@ def test_compare_launches_benches_and_stops_both_and_says_why(accept, make_emula
     assert single["break_even_accept_length"] == pytest.approx(2.0, rel=0.25)
     if accept < 2:
         assert single["speedup"] < 0.9
-        assert re.match(r"B is 0\.\d\d× A at concurrency 1: the drafter slows decoding \(accept length "
-                        r"1\.\d\d of 4 draft tokens; break-even needs about \d\.\d\d\)", report["verdict"])
+        assert re.match(r"B is 0\.\d\d× A at concurrency 1 \(0\.\d\d–0\.\d\d over 2 rounds\): the drafter slows "
+                        r"decoding \(accept length 1\.\d\d of 4 draft tokens; break-even needs about \d\.\d\d\)",
+                        report["verdict"]), report["verdict"]
     else:
         assert single["speedup"] > 1.2
         assert "the drafter speeds decoding up" in report["verdict"]
@@ -262,12 +269,15 @@ def test_demo_compare_of_tiny_llama_against_its_drafter_at_low_acceptance(home, 
         profile = load_profile(name, demo)
         save_profile(profile.with_changes(server={"port": get_free_port()},
                                           emulator={"time_scale": 0.004, **extra}))
-    report = _compare(cli_env, "--demo", "bench", "compare", PLAIN_PROFILE, EAGLE3_PROFILE, "--input-len", "16",
-                      "--output-len", "48", "--num-prompts", "2", "--concurrency", "1")
+    report = _compare(cli_env, "--demo", "bench", "compare", PLAIN_PROFILE, EAGLE3_PROFILE, "--output-len", "48",
+                      "--num-prompts", "2", "--concurrency", "1", "--rounds", "2")
     for session in list_sessions(demo):
         launched.track(session)
         assert session.status(probe_http=False).state == "stopped"
     run = report["runs"][0]
+    # the demo's own real-text prompts by default, and its two profiles on GPUs 0 and 1: each launched once
+    assert report["workload"]["dataset"].endswith("bench_prompts.jsonl") and report["workload"]["dataset_prompts"] == 52
+    assert report["mode"] == "together" and report["order"] == "A B A B"
     assert run["speedup"] < 0.9 and "the drafter slows decoding" in report["verdict"], report["verdict"]
     assert abs(run["b"]["accept_length"] - 1.3) <= 0.3
     assert report["b"]["speculative"]["num_draft_tokens"] == 4
@@ -284,6 +294,7 @@ def test_the_bench_screen_starts_a_compare_from_typed_names_or_two_marked_rows(
     _profiles(make_emulator_profile, llama, 1.3)
     monkeypatch.setattr(BenchScreen, "default_options",
                         BenchOptions(input_len=16, output_len=40, num_prompts=4, concurrency=(1,)))
+    monkeypatch.setattr(BenchScreen, "rounds", 1)  # the CLI's compare tests cover rounds
 
     async def scenario() -> None:
         app = Eagle3App(home, refresh_s=0.2)
@@ -292,9 +303,12 @@ def test_the_bench_screen_starts_a_compare_from_typed_names_or_two_marked_rows(
             screen = BenchScreen(home)
             await app.push_screen(screen)
             await pilot.press("c")
+            box = screen.query_one("#compare-input")
+            await wait_until(pilot, lambda: app.focused is box, "the A B box has the focus", 30)
             for key in "plain eagle":
                 await pilot.press("space" if key == " " else key)
             await pilot.press("enter")
+            assert screen.running or screen.last_compare is not None, screen_text(app)
             await wait_until(pilot, lambda: screen.last_compare is not None or not screen.running and
                              "failed" in screen_text(app).lower(), "the compare finishes", 300)
             text = screen_text(app)

@@ -7,8 +7,10 @@ best row, single-stream tok/s, TTFT and throughput at the highest concurrency; t
 ``space`` marks rows: with two marked (or one, against the best) the full flag diff is shown.
 ``c`` compares two profiles with `sessions.bench.compare.run_compare` (A = the first marked row's profile,
 B = the second's; with fewer than two marked, type ``A B``: profiles or sessions): each is launched if
-needed, benched and stopped, one after the other, and the screen shows B against A per concurrency and the
-verdict.
+needed, both are benched `BenchScreen.rounds` times, alternating, and stopped after; the screen shows the
+workload, B against A per concurrency (medians with their min-max range over rounds) and the verdict.
+The top pane scrolls both ways (``tab`` focuses it, then the arrows, PgUp/PgDn, Home/End), so at 80x24 no
+row or column of the tables is out of reach.
 """
 
 from __future__ import annotations
@@ -20,14 +22,14 @@ from rich.text import Text
 from textual import work
 from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
-from textual.containers import Vertical
+from textual.containers import ScrollableContainer, Vertical
 from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Input, ProgressBar, Static
 
 from sessions.bench.metrics import RUN_HEAD, run_notes, run_rows
 
 COMPARE_COLUMNS = ("conc", "A tok/s", "B tok/s", "speedup", "A ITL med", "B ITL med", "ITL ratio",
-                   "accept len", "accept rate", "break-even")
+                   "accept len", "accept rate", "break-even", "verdict")
 HISTORY_COLUMNS = ("", "profile", "date", "flags vs best", "1-stream tok/s", "TTFT ms", "top conc",
                    "top tok/s")
 
@@ -52,11 +54,15 @@ class BenchScreen(Screen):
     DEFAULT_CSS = """
     BenchScreen { layout: vertical; }
     BenchScreen .pane { border: round $panel-lighten-2; padding: 0 1; height: auto; }
-    BenchScreen #run-pane { height: auto; }
+    BenchScreen #run-pane { height: auto; max-height: 60%; }
+    BenchScreen #run-pane:focus { border: round $accent; }
+    BenchScreen #run-pane > * { width: auto; min-width: 100%; }
+    BenchScreen #run-status { width: 100%; }
     BenchScreen #progress { display: none; }
     BenchScreen #progress.-running { display: block; }
-    BenchScreen #results { height: auto; max-height: 8; }
-    BenchScreen #compare { height: auto; max-height: 8; display: none; }
+    BenchScreen #results { height: auto; width: auto; }
+    BenchScreen #results.-hidden { display: none; }
+    BenchScreen #compare { height: auto; width: auto; display: none; }
     BenchScreen #compare.-shown { display: block; }
     BenchScreen #compare-input { display: none; }
     BenchScreen #compare-input.-shown { display: block; }
@@ -67,6 +73,7 @@ class BenchScreen(Screen):
 
     # what `b` runs (the CLI's defaults: input 256, output 128, concurrency 1, 8, 32)
     default_options: Any = None
+    rounds = 3  # of each side in a compare (the CLI's --rounds default)
 
     def __init__(self, home: Any, session_id: str | None = None) -> None:
         super().__init__()
@@ -79,7 +86,7 @@ class BenchScreen(Screen):
         self.last_compare: dict[str, Any] | None = None
 
     def compose(self) -> ComposeResult:
-        with Vertical(id="run-pane", classes="pane"):
+        with ScrollableContainer(id="run-pane", classes="pane", can_focus=True):
             yield Static(id="run-status")
             yield ProgressBar(id="progress", total=1, show_eta=False)
             yield DataTable(id="results", cursor_type="none", zebra_stripes=True)
@@ -91,7 +98,7 @@ class BenchScreen(Screen):
         yield Footer(compact=True)
 
     def on_mount(self) -> None:
-        self.query_one("#run-pane").border_title = "Bench"
+        self.query_one("#run-pane").border_title = "Bench (tab: focus, arrows scroll)"
         self.query_one("#history-pane").border_title = "Kept results (best ★, space marks two to diff, c compares A/B)"
         self.query_one("#results", DataTable).add_columns(*RUN_HEAD)
         self.query_one("#compare", DataTable).add_columns(*COMPARE_COLUMNS)
@@ -109,6 +116,8 @@ class BenchScreen(Screen):
             return
         self.running = True
         self.query_one("#results", DataTable).clear()  # rows come in one per concurrency as each ends
+        self.query_one("#results", DataTable).remove_class("-hidden")
+        self.query_one("#compare", DataTable).remove_class("-shown")
         self.query_one("#progress", ProgressBar).add_class("-running")
         self.query_one("#run-status", Static).update(f"Benchmarking {self.session_id}: warm-up ...")
         self._bench(self.session_id)
@@ -258,15 +267,15 @@ class BenchScreen(Screen):
         if self.running:
             return
         self.running = True
-        self.query_one("#results", DataTable).clear()  # rows come in one per concurrency as each ends
+        self.query_one("#results", DataTable).add_class("-hidden")  # a compare shows its own table
         self.query_one("#progress", ProgressBar).add_class("-running")
-        self.query_one("#run-status", Static).update(f"Comparing {a} (A) with {b} (B) ...")
+        self.query_one("#run-status", Static).update(f"Comparing {a} (A) with {b} (B), {self.rounds} rounds ...")
         self._compare(a, b)
 
     @work(thread=True, exclusive=True, group="bench")
     def _compare(self, a: str, b: str) -> None:
         from sessions.bench.compare import run_compare
-        from sessions.bench.session_bench import BenchOptions
+        from sessions.bench.session_bench import BenchOptions, demo_compare_options
 
         def say(note: str) -> None:
             self.app.call_from_thread(self._say, note)
@@ -275,8 +284,9 @@ class BenchScreen(Screen):
             self.app.call_from_thread(self._compare_progress, concurrency, done, total)
 
         try:
-            report = run_compare(a, b, self.default_options or BenchOptions(), self.home, say, progress,
-                                 argv=["eagle3-tui", "bench", "compare", a, b])
+            options = self.default_options or (demo_compare_options() if self.home.demo else BenchOptions())
+            report = run_compare(a, b, options, self.home, say, progress,
+                                 argv=["eagle3-tui", "bench", "compare", a, b], rounds=self.rounds)
         except Exception as exc:  # noqa: BLE001 - shown on the screen, the TUI keeps running
             self.app.call_from_thread(self._failed, _failure_text(exc))
             return
@@ -291,14 +301,17 @@ class BenchScreen(Screen):
     def _compared(self, report: dict[str, Any]) -> None:
         self.running = False
         self.last_compare = report
+        self.query_one("#results", DataTable).add_class("-hidden")
         self.query_one("#progress", ProgressBar).remove_class("-running")
+        from sessions.bench.ab_report import compare_rows, workload_text
+
         self.query_one("#run-status", Static).update(Text.assemble(
             (f"A = {report['a'].get('profile')}, B = {report['b'].get('profile')} · ", "dim"),
-            (report["verdict"], "bold"), (f" · kept as {report['saved_to']}", "dim")))
+            (report["verdict"], "bold"), (f"\n{workload_text(report)}", ""),
+            ("\neach cell: median over the rounds, then min–max; ITL in ms", "dim"),
+            (f"\nkept as {report['saved_to']}", "dim")))
         table = self.query_one("#compare", DataTable)
         table.clear()
-        from sessions.bench.compare import compare_rows
-
         for row in compare_rows(report):
             table.add_row(*row)
         table.add_class("-shown")

@@ -1,9 +1,25 @@
 """`bench compare A B`: is B faster than A, and why?  The speculative A/B the seeds did by hand.
 
 A and B are each a session (id or unique prefix) or a profile.  A profile with a running session uses that
-session; otherwise it is launched, benched once ready and stopped again, A first, then B, because the two
-usually need the same GPUs.  Both sides get the same seeded random-id prompts and concurrencies (the bench
-of `session_bench.bench_session`), and each side's result is kept in the bench history as usual.
+session; otherwise it is launched, and stopped again when the compare ends (or is interrupted).  Both sides
+get the same prompts (seeded random ids, or ``--dataset``) and concurrencies (the bench of
+`session_bench.bench_session`), and each side's result is kept in the bench history as usual.
+
+**Rounds and spread.**  One round's noise on a real server is larger than many differences people tune
+for, so ``--rounds N`` (3) benches each side N times, interleaved, every run on a flushed prefix cache, and
+reports each figure as the median with its min-max range over the rounds.  The speedup of a round is B's
+output throughput over A's *in that round* (a paired ratio, so a slow spell of the machine hits both); its
+median and range are the verdict's, and the verdict says "within noise" when the range contains 1.0.
+
+**Launches.**  Launching costs far more than a bench, so it is done as few times as the GPUs allow
+(`schedule`):
+
+* ``running``: both sides were running already: A B A B ...;
+* ``together``: the GPUs the sides use (`sessions.gpus.launch_gpu_ids`) do not overlap, so each profile is
+  launched once and both stay up: A B A B ...; the idle side holds its memory and serves nothing;
+* ``in turn``: they share GPUs, so only one can be up at a time: rounds go A B, B A, A B ... (ABBA), so
+  each launch serves two consecutive runs and N rounds take N + 1 launches, not 2N; the order also cancels
+  a linear drift of the machine.
 
 Per concurrency the comparison reports both sides' figures, ``speedup`` = B's output throughput / A's,
 ``itl_ratio`` = B's median ITL / A's, and B's ``accept_length`` / ``accept_rate`` as B's server reported
@@ -11,26 +27,30 @@ them during that run: the mean of the ``Decode batch`` lines its log got while t
 own per-interval figures, read with the serving parser), else its ``/metrics`` gauges, else the lifetime
 ``avg_spec_accept_length`` of ``/server_info``.
 
-**Break-even.**  Per request, one of B's verify steps takes ``accept_length x B's time per token`` and
-yields ``accept_length`` tokens, so B matches A when ``accept_length`` reaches
-``B's step time / A's time per token`` = ``accept_length x B's TPOT / A's TPOT`` (median TPOT: decode only,
-no prefill).  That is the number the verdict calls "break-even needs about N", computed from the measured
-step costs, not from the emulator's settings.
+The figures, the verdict and the table's cells are `sessions.bench.ab_report`'s.
 """
 
 from __future__ import annotations
 
+import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from sessions.bench.ab_report import (  # noqa: F401 - the report's names, re-exported for callers
+    COMPARE_HEAD,
+    break_even,
+    compare_results,
+    compare_rows,
+    summarise_rounds,
+    verdict,
+)
 from sessions.bench.runner import BenchError, Progress
-from sessions.bench.session_bench import BenchOptions, bench_session
+from sessions.bench.session_bench import BenchOptions, bench_session, make_prompts
 from sessions.serving import fetch_metrics, parse_batch_line
 
-SAME_BAND = 0.03  # within 3 %: "about the same"
 READY_TIMEOUT_S = 600.0
 _LOG_WINDOW_LIMIT = 64 << 20
 
@@ -39,50 +59,130 @@ Say = Callable[[str], None]  # progress notes for people ("launching tiny-llama 
 
 @dataclass
 class _Side:
-    """One side of the comparison while it runs: the session, and whether we launched it."""
+    """One side of the comparison: what the user named, its profile (None for a bare session), the
+    session it runs on while up, and whether this compare launched that session."""
 
     ref: str
-    session: Any
-    launched: bool
+    profile: Any
+    session: Any = None
+    launched: bool = False
+    existing: frozenset[str] = frozenset()  # the profile's sessions that ran before the compare
+
+    @property
+    def name(self) -> str:
+        return str(getattr(self.profile, "name", None) or self.ref)
 
 
-def resolve_side(ref: str, home: Any, say: Say) -> _Side:
-    """``ref`` as a ready session.  A profile name comes first (session ids begin with their profile's
-    name, so ``tiny-llama`` would prefix-match ``tiny-llama-eagle3-...``): its running session, or a new
-    one launched and waited for.  Otherwise a session id or unique prefix, which must be running."""
+def lookup_side(ref: str, home: Any) -> _Side:
+    """``ref`` as a side, launching nothing.  A profile name comes first (session ids begin with their
+    profile's name, so ``tiny-llama`` would prefix-match ``tiny-llama-eagle3-...``): with a running session
+    that session is used.  Otherwise a session id or unique prefix, which must be running."""
     from sessions.profiles import ProfileError, load_profile, profile_path
-    from sessions.server import AlreadyRunning, LaunchError, ServerSession, SessionError, find_session
+    from sessions.server import SessionError, find_session, running_sessions_of
 
-    profile = None
     if profile_path(ref, home).is_file():
         try:
             profile = load_profile(ref, home)
         except ProfileError as exc:
             raise BenchError(f"{ref}: profile does not load: {exc}") from None
-    if profile is None:
+        running = running_sessions_of(profile.name, home)
+        return _Side(ref, profile, running[0] if running else None,
+                     existing=frozenset(s.session_id for s in running))
+    try:
+        session = find_session(ref, home)
+    except SessionError as exc:
+        raise BenchError(f"{ref}: not a profile, and {exc}") from None
+    if session.status(probe_http=False).state not in ("starting", "ready", "stalled"):
+        raise BenchError(f"{ref}: session {session.session_id} is not running (launch its profile, or "
+                         "pass the profile name to have it launched)")
+    snapshot: Any = None
+    try:
+        snapshot = session.profile
+    except Exception:  # noqa: BLE001 - a session whose profile snapshot is damaged: its GPUs are unknown
+        snapshot = None
+    return _Side(ref, snapshot, session, existing=frozenset({session.session_id}))
+
+
+def bring_up(side: _Side, home: Any, say: Say, force: bool, retry_hint: str) -> None:
+    """Make ``side`` ready: its session, or a launch of its profile (``force``: even on busy GPUs)."""
+    from sessions.server import AlreadyRunning, GpuBusy, LaunchError, ServerSession
+
+    if side.session is None:
         try:
-            session = find_session(ref, home)
-        except SessionError as exc:
-            raise BenchError(f"{ref}: not a profile, and {exc}") from None
-        if session.status(probe_http=False).state not in ("starting", "ready", "stalled"):
-            raise BenchError(f"{ref}: session {session.session_id} is not running (launch its profile, or "
-                             "pass the profile name to have it launched)")
-        return _Side(ref, _wait_ready(session, ref, say), launched=False)
-    try:
-        session = ServerSession.launch(profile, home)
-        say(f"{ref}: launched session {session.session_id}")
-        launched = True
-    except AlreadyRunning as exc:
-        session = ServerSession.load(exc.session_id, home)
-        launched = False
-    except LaunchError as exc:
-        raise BenchError(f"{ref}: launch failed: {exc}") from None
-    try:
-        return _Side(ref, _wait_ready(session, ref, say), launched)
-    except BenchError:
-        if launched:
-            session.stop()
-        raise
+            side.session = ServerSession.launch(side.profile, home, force=force)
+            side.launched = True
+            say(f"{side.ref}: launched session {side.session.session_id}")
+        except AlreadyRunning as exc:
+            side.session = ServerSession.load(exc.session_id, home)
+        except GpuBusy as exc:
+            from sessions.gpus import format_busy
+
+            raise BenchError(f"{side.ref}: not launched: {format_busy(side.name, exc.busy, retry=retry_hint)}") \
+                from None
+        except LaunchError as exc:
+            raise BenchError(f"{side.ref}: launch failed: {exc}") from None
+    _wait_ready(side.session, side.ref, say)
+
+
+def take_down(side: _Side, home: Any, say: Say) -> None:
+    """Stop what this compare launched for ``side``: its session, and any session of its profile that
+    started during the compare and was not there before (a launch interrupted before it returned)."""
+    from sessions.server import running_sessions_of
+
+    ours = [side.session] if side.launched and side.session is not None else []
+    if side.profile is not None:
+        known = {s.session_id for s in ours}
+        ours += [s for s in running_sessions_of(side.profile.name, home)
+                 if s.session_id not in side.existing and s.session_id not in known]
+    for session in ours:
+        say(f"stopping session {session.session_id} ({side.ref}) ...")
+        session.stop()
+    if side.launched:
+        side.session, side.launched = None, False
+
+
+def stop_all(sides: list[_Side], home: Any, say: Say) -> None:
+    """`take_down` every side, even when a signal's exception lands in the middle of one stop: that side is
+    tried again and the others still run; the first such exception is raised after all of them."""
+    pending: BaseException | None = None
+    for side in sides:
+        for _ in range(2):
+            try:
+                take_down(side, home, say)
+                break
+            except BaseException as exc:  # noqa: BLE001 - an Interrupted mid-stop: finish, then re-raise
+                pending = pending or exc
+    if pending is not None:
+        raise pending
+
+
+def gpus_of(side: _Side) -> frozenset[int] | None:
+    if side.profile is None:
+        return None
+    from sessions.gpus import launch_gpu_ids
+
+    return frozenset(launch_gpu_ids(side.profile))
+
+
+def launch_mode(a: _Side, b: _Side) -> str:
+    """``running`` (nothing to launch), ``together`` (the sides' GPUs do not overlap: each launched once,
+    both up), or ``in turn`` (they share GPUs, or a side's are unknown: one up at a time)."""
+    if a.session is not None and b.session is not None:
+        return "running"
+    ga, gb = gpus_of(a), gpus_of(b)
+    if ga is not None and gb is not None and not ga & gb:
+        return "together"
+    return "in turn"
+
+
+def schedule(rounds: int, mode: str) -> list[tuple[int, int]]:
+    """(round, side) in run order, side 0 = A: A B A B ..., or for ``in turn`` A B, B A, A B ... so that
+    consecutive runs of one side share its launch."""
+    order = []
+    for r in range(rounds):
+        pair = (1, 0) if mode == "in turn" and r % 2 else (0, 1)
+        order += [(r, side) for side in pair]
+    return order
 
 
 def _wait_ready(session: Any, ref: str, say: Say, timeout_s: float = READY_TIMEOUT_S) -> Any:
@@ -175,134 +275,71 @@ def bench_side(side: _Side, options: BenchOptions, progress: Progress | None,
     return result
 
 
-def compare_results(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
-    """The comparison of two bench results over their common concurrencies (pure: figures in, report out)."""
-    a_runs = {r["max_concurrency"]: r for r in a["runs"]}
-    runs = []
-    draft_tokens = (b.get("speculative") or {}).get("num_draft_tokens")
-    for rb in b["runs"]:
-        ra = a_runs.get(rb["max_concurrency"])
-        if ra is None:
-            continue
-        entry: dict[str, Any] = {
-            "max_concurrency": rb["max_concurrency"],
-            "speedup": _ratio(rb.get("output_throughput"), ra.get("output_throughput")),
-            "itl_ratio": _ratio(rb.get("median_itl_ms"), ra.get("median_itl_ms")),
-            "a": ra,
-            "b": dict(rb, accept_length=rb.get("accept_length"), accept_rate=rb.get("accept_rate")),
-        }
-        entry["break_even_accept_length"] = break_even(rb.get("accept_length"), rb.get("median_tpot_ms"),
-                                                       ra.get("median_tpot_ms"))
-        runs.append(entry)
-    return {
-        "a": _side_summary(a),
-        "b": _side_summary(b),
-        "runs": runs,
-        "verdict": verdict(runs, draft_tokens, bool(b.get("speculative"))),
-    }
-
-
-def break_even(accept_length: float | None, b_tpot_ms: float | None, a_tpot_ms: float | None) -> float | None:
-    """The accept length at which B's time per token equals A's (see the module docstring)."""
-    if not accept_length or not b_tpot_ms or not a_tpot_ms:
-        return None
-    return accept_length * b_tpot_ms / a_tpot_ms
-
-
-def verdict(runs: list[dict[str, Any]], draft_tokens: int | None, b_speculates: bool) -> str:
-    """A sentence or two: how B compares with A, lowest concurrency first, and why."""
-    if not runs:
-        return "no common concurrency: nothing to compare"
-    parts = []
-    for i, run in enumerate(sorted(runs, key=lambda r: r["max_concurrency"])):
-        speedup = run["speedup"]
-        conc = run["max_concurrency"]
-        if speedup is None:
-            parts.append(f"at concurrency {conc} there are no throughput figures to compare")
-            continue
-        if i > 0:
-            parts.append(f"at concurrency {conc}: {speedup:.2f}×")
-            continue
-        head = f"B is {speedup:.2f}× A at concurrency {conc}"
-        accept = run["b"].get("accept_length")
-        if not b_speculates or accept is None:
-            why = "" if b_speculates else " (B does not use speculative decoding)"
-            parts.append(head + why)
-            continue
-        if speedup < 1 - SAME_BAND:
-            effect = "the drafter slows decoding"
-        elif speedup > 1 + SAME_BAND:
-            effect = "the drafter speeds decoding up"
-        else:
-            effect = "the drafter makes about no difference"
-        of = f" of {draft_tokens} draft tokens" if draft_tokens else ""
-        detail = f"accept length {accept:.2f}{of}"
-        need = run.get("break_even_accept_length")
-        if need is not None:
-            verb = "needs" if speedup < 1 - SAME_BAND else "is"
-            detail += f"; break-even {verb} about {need:.2f}"
-            if draft_tokens and need > draft_tokens and speedup < 1:
-                detail += f", more than {draft_tokens} draft tokens can give"
-        parts.append(f"{head}: {effect} ({detail})")
-    return "; ".join(parts) + "."
-
-
-def _ratio(top: Any, bottom: Any) -> float | None:
-    if not isinstance(top, (int, float)) or not isinstance(bottom, (int, float)) or bottom <= 0:
-        return None
-    return top / bottom
-
-
-def _side_summary(result: dict[str, Any]) -> dict[str, Any]:
-    return {k: result.get(k) for k in ("profile", "session", "id", "time", "sglang_version", "command",
-                                        "speculative", "launched", "base_url")}
+MAX_ROUNDS = 50
 
 
 def run_compare(a_ref: str, b_ref: str, options: BenchOptions, home: Any, say: Say,
-                progress: Progress | None = None, argv: list[str] | None = None) -> dict[str, Any]:
-    """Bench A, then B (launching and stopping profiles as needed), keep both results and the comparison."""
+                progress: Progress | None = None, argv: list[str] | None = None, rounds: int = 3,
+                force: bool = False) -> dict[str, Any]:
+    """Bench A and B ``rounds`` times each, interleaved (`schedule`), launching profiles as few times as
+    their GPUs allow and stopping what was launched when done, failed or interrupted (any exception,
+    KeyboardInterrupt and the CLI's SIGTERM/SIGHUP included); keep both results and the comparison."""
     from sessions.bench.store import save_compare, save_result
 
     options.check()
-    results = []
-    for ref in (a_ref, b_ref):
-        side = resolve_side(ref, home, say)
-        try:
-            say(f"benchmarking {ref} (session {side.session.session_id}) ...")
-            result = bench_side(side, options, progress, argv or ["eagle3-tui", "bench", "compare", a_ref, b_ref])
-        finally:
-            if side.launched:
-                say(f"stopping session {side.session.session_id} ({ref}) ...")
-                side.session.stop()
-        result["launched"] = side.launched
-        result["id"] = save_result(home, result).stem
-        results.append(result)
-    report = compare_results(*results)
-    report.update(time=time.time(), request=results[1]["request"],
-                  same_prompts=results[0]["request"] == results[1]["request"])
+    if not 1 <= rounds <= MAX_ROUNDS:
+        raise BenchError(f"--rounds must be 1..{MAX_ROUNDS}, not {rounds}")
+    argv = argv or ["eagle3-tui", "bench", "compare", a_ref, b_ref]
+    if options.dataset is not None:
+        make_prompts(options, "")  # a dataset with no usable prompt is refused before anything is launched
+    sides = [lookup_side(a_ref, home), lookup_side(b_ref, home)]
+    mode = launch_mode(*sides)
+    order = schedule(rounds, mode)
+    retry = f"run the compare with --force (eagle3-tui bench compare {a_ref} {b_ref} --force)"
+    results: list[list[dict[str, Any]]] = [[], []]
+    say(f"{rounds} round{'s' if rounds != 1 else ''}, {mode}: " + " ".join("AB"[i] for _, i in order))
+    try:
+        if mode == "together":
+            for side in sides:
+                bring_up(side, home, say, force, retry)
+        for n, (r, i) in enumerate(order):
+            side, other = sides[i], sides[1 - i]
+            if mode == "in turn" and other.launched:
+                take_down(other, home, say)  # they share GPUs: one up at a time
+            bring_up(side, home, say, force, retry)
+            say(f"round {r + 1}/{rounds}: benchmarking {'AB'[i]} = {side.ref} (session "
+                f"{side.session.session_id}) ...")
+            result = bench_side(_Side(side.ref, side.profile, side.session, side.launched), options, progress,
+                                argv)
+            result["launched"] = side.launched
+            result["round"] = r + 1
+            results[i].append(result)
+    finally:
+        stop_all(sides, home, say)
+    kept = [_kept_result(home, rs, save_result) for rs in results]
+    report = compare_results(results[0], results[1])
+    report["a"].update(id=kept[0], launched=any(x.get("launched") for x in results[0]))
+    report["b"].update(id=kept[1], launched=any(x.get("launched") for x in results[1]))
+    report.update(time=time.time(), request=results[1][0]["request"], mode=mode,
+                  order=" ".join("AB"[i] for _, i in order),
+                  same_prompts=results[0][0]["request"] == results[1][0]["request"])
+    report["workload"] = dict(report["request"], **_observed_lengths(report))
     report["saved_to"] = str(save_compare(home, report))
     return report
 
 
-COMPARE_HEAD = ("CONC", "A tok/s", "B tok/s", "SPEEDUP", "A ITL med", "B ITL med", "ITL RATIO", "ACCEPT LEN",
-                "ACCEPT RATE", "BREAK-EVEN")
+def _kept_result(home: Any, rounds: list[dict[str, Any]], save: Callable[..., Path]) -> str:
+    """One history result per side: each figure's median over the rounds, every round's runs kept too."""
+    merged = summarise_rounds(rounds)
+    result = dict(rounds[0], runs=[merged[c] for c in sorted(merged)], rounds=[r["runs"] for r in rounds])
+    return save(home, result).stem
 
 
-def compare_rows(report: dict[str, Any], times: str = "×") -> list[tuple[str, ...]]:
-    """The compare table's cells (`COMPARE_HEAD`), one row per concurrency; the CLI and the TUI both show
-    these.  ``times`` ends a speedup ("x" for a plain terminal)."""
-    rows: list[tuple[str, ...]] = []
-    for run in report["runs"]:
-        a, b = run["a"], run["b"]
-        rows.append((
-            str(run["max_concurrency"]), f"{a['output_throughput']:.1f}", f"{b['output_throughput']:.1f}",
-            _cell(run["speedup"], ".2f") + (times if run["speedup"] is not None else ""),
-            f"{a['median_itl_ms']:.2f}", f"{b['median_itl_ms']:.2f}", _cell(run["itl_ratio"], ".2f"),
-            _cell(b.get("accept_length"), ".2f"), _cell(b.get("accept_rate"), ".2f"),
-            _cell(run.get("break_even_accept_length"), ".2f"),
-        ))
-    return rows
-
-
-def _cell(value: Any, fmt: str) -> str:
-    return "-" if value is None else format(value, fmt)
+def _observed_lengths(report: dict[str, Any]) -> dict[str, Any]:
+    """The token lengths the requests had (min, median of the runs' medians, max), over both sides."""
+    out: dict[str, Any] = {}
+    for key in ("input_lens", "output_lens"):
+        spans = [run[side].get(key) for run in report["runs"] for side in ("a", "b") if run[side].get(key)]
+        if spans:
+            out[key] = [min(s[0] for s in spans), statistics.median(s[1] for s in spans), max(s[2] for s in spans)]
+    return out

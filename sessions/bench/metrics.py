@@ -86,10 +86,17 @@ def calculate_metrics(outputs: Sequence[RequestOutput], dataset_prompt_lens: Seq
     proposed = sum(o.proposed_drafts or 0 for o in ok)
     result["accept_rate"] = sum(o.correct_drafts or 0 for o in ok) / proposed if proposed else None
     result["max_output_tokens_per_s"] = float(max(buckets.values())) if buckets else 0.0
+    # the workload as served: token lengths of the successful requests (min, median, max)
+    result["input_lens"] = _spread([n for o, n in zip(outputs, dataset_prompt_lens, strict=True) if o.success])
+    result["output_lens"] = _spread([o.output_len for o in ok])
     errors = [o.error for o in outputs if not o.success and o.error]
     if errors:
         result["errors"] = errors[:5]
     return result
+
+
+def _spread(values: Sequence[int]) -> list[float] | None:
+    return [min(values), statistics.median(values), max(values)] if values else None
 
 
 # The per-concurrency result table, for both the CLI's text table and the TUI's bench screen.
@@ -109,9 +116,12 @@ def run_rows(runs: Sequence[dict[str, Any]]) -> list[tuple[str, ...]]:
 
 
 def failure_notes(runs: Sequence[dict[str, Any]]) -> list[str]:
-    """One line per run with failed requests, with the first error: such figures are not the server's."""
-    return [f"concurrency {r['max_concurrency']}: {r['failed']} of {r['failed'] + r['completed']} requests "
-            f"failed, e.g. {(r.get('errors') or ['?'])[0]}" for r in runs if r.get("failed")]
+    """One line per run with failed requests, with the first error: such figures are not the server's.  A
+    ``/server_info`` answer the bench refused is a failed request too (its facts are left out)."""
+    notes = [f"concurrency {r['max_concurrency']}: {r['failed']} of {r['failed'] + r['completed']} requests "
+             f"failed, e.g. {(r.get('errors') or ['?'])[0]}" for r in runs if r.get("failed")]
+    return notes + [f"concurrency {r['max_concurrency']}: failed request {r['server_info_error']}"
+                    for r in runs if r.get("server_info_error")]
 
 
 def run_notes(runs: Sequence[dict[str, Any]]) -> list[str]:

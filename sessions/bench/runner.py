@@ -30,6 +30,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from sessions.bench.bounded import AnswerError, finite, get_json_object
 from sessions.bench.client import RequestOutput, send_request
 from sessions.bench.metrics import calculate_metrics
 from sessions.bench.prompts import Prompt
@@ -66,15 +67,15 @@ def prompts_needed(concurrencies: Sequence[int], num_prompts: int | None) -> int
     return num_prompts if num_prompts is not None else max(4, 2 * max(concurrencies))
 
 
-def _wait_ready(client: Any, plan: BenchPlan) -> None:
+def wait_ready(client: Any, plan: BenchPlan) -> dict[str, Any]:
+    """``GET /v1/models`` until it answers 200 with a JSON object (read with a size cap); that object."""
     deadline = time.monotonic() + plan.ready_timeout_s
     last = "no answer"
     while True:
         try:
-            response = client.get(f"{plan.base_url}/v1/models", headers=_headers(plan))
-            if response.status_code == 200:
-                return
-            last = f"HTTP {response.status_code}"
+            return get_json_object(client, f"{plan.base_url}/v1/models", _headers(plan))
+        except AnswerError as exc:
+            last = str(exc)
         except Exception as exc:  # noqa: BLE001 - polled until the deadline
             last = f"{type(exc).__name__}: {exc}"
         if time.monotonic() > deadline:
@@ -110,12 +111,12 @@ def run_bench(plan: BenchPlan, progress: Progress | None = None, on_run: RunHook
     clients = _clients(max(1, in_flight))
     try:
         first = clients[0]
-        _wait_ready(first, plan)
+        wait_ready(first, plan)
         warm = send_request(first, plan.base_url, plan.prompts[0],
                             output_len=min(plan.prompts[0].output_len, 32), headers=_headers(plan))
         if not warm.success:
             raise BenchError(f"Warmup failed - {warm.error}")
-        info = _server_info(first, plan)
+        info, _ = _server_info(first, plan)  # each run reports its own read's problem
         runs = []
         for concurrency in plan.concurrencies:
             flushed, note = _flush_cache(first, plan) if plan.flush_cache else (None, "")
@@ -154,12 +155,33 @@ def _flush_cache(client: Any, plan: BenchPlan) -> tuple[bool, str]:
     return False, f"prefix cache not flushed (HTTP {response.status_code}: {reason})"
 
 
-def _server_info(client: Any, plan: BenchPlan) -> dict[str, Any]:
+def _server_info(client: Any, plan: BenchPlan) -> tuple[dict[str, Any], str]:
+    """(``/server_info``, problem): read with a size cap; an answer that is not a JSON object, or whose
+    ``internal_states`` are not objects, gives no facts and a problem that the run reports as a failed
+    request (`metrics.failure_notes`), never an exception out of the bench."""
     try:
-        response = client.get(f"{plan.base_url}/server_info", headers=_headers(plan))
-        return response.json() if response.status_code == 200 else {}
-    except Exception:  # noqa: BLE001 - optional facts (the version), not the bench
-        return {}
+        info = get_json_object(client, f"{plan.base_url}/server_info", _headers(plan))
+    except AnswerError as exc:
+        return {}, f"GET /server_info: {exc}"
+    except Exception as exc:  # noqa: BLE001 - optional facts (the version), not the bench
+        return {}, f"GET /server_info: {type(exc).__name__}: {exc}"
+    states = info.get("internal_states")
+    if states is not None and (not isinstance(states, list) or not all(isinstance(x, dict) for x in states)):
+        return {k: v for k, v in info.items() if k != "internal_states"}, \
+            "GET /server_info: internal_states is not a list of objects"
+    return info, ""
+
+
+def server_accept_length(info: dict[str, Any]) -> tuple[float | None, str]:
+    """``internal_states[0].avg_spec_accept_length`` if it is a finite number in 0..1000."""
+    states = info.get("internal_states") or [{}]
+    value = states[0].get("avg_spec_accept_length") if states and isinstance(states[0], dict) else None
+    if value is None:
+        return None, ""
+    try:
+        return finite(value, "avg_spec_accept_length", 0.0, 1000.0), ""
+    except AnswerError as exc:
+        return None, f"GET /server_info: {exc}"
 
 
 def _one_run(clients: Sequence[Any], plan: BenchPlan, concurrency: int,
@@ -212,14 +234,17 @@ def _one_run(clients: Sequence[Any], plan: BenchPlan, concurrency: int,
         outputs[index] = out
         if progress is not None:  # called on the caller's thread, as before
             progress(concurrency, done, len(prompts))
-    info = _server_info(slots[0], plan)  # inside the duration, as bench_serving reads it
+    info, problem = _server_info(slots[0], plan)  # inside the duration, as bench_serving reads it
     duration = time.perf_counter() - started
     for thread in threads:
         thread.join()
-    result = calculate_metrics(outputs, [p.prompt_len for p in prompts], duration, concurrency)
-    states = info.get("internal_states") or [{}]
-    server_accept = (states[0] or {}).get("avg_spec_accept_length") if states else None
+    # the server's count of a text prompt's tokens (a random-id prompt's is its length either way)
+    lens = [o.prompt_len if o.success and p.text is not None else p.prompt_len for o, p in zip(outputs, prompts)]
+    result = calculate_metrics(outputs, lens, duration, concurrency)
+    server_accept, accept_problem = server_accept_length(info)
     if server_accept is not None:
         result["accept_length"] = server_accept
+    if problem or accept_problem:
+        result["server_info_error"] = problem or accept_problem
     result["num_prompts"] = len(prompts)
     return result

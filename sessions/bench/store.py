@@ -2,7 +2,8 @@
 
 Each result keeps what a later comparison needs: the profile name and its TOML as launched (for flag
 differences), the exact command (secrets redacted), the SGLang version, the time, the request shape and
-the runs.  Files are written atomically (0600) in a 0700 folder and read back as JSON only.  A `bench compare`
+the runs.  Files are written atomically (0600) in a 0700 folder under names no two runs share
+(`write_unique`), redacted, and read back as JSON only.  A `bench compare`
 report is kept next to them as ``compare-<time>-<A>-vs-<B>.json`` (``"kind": "compare"``); its two sides
 are kept as ordinary results too, so the history lists them.
 """
@@ -10,13 +11,18 @@ are kept as ordinary results too, so the history lists them.
 from __future__ import annotations
 
 import json
+import math
+import os
 import re
+import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from sessions.home import Home, atomic_write_json, ensure_private_dir
+from sessions.home import Home, ensure_private_dir
+from sessions.redaction import Redactor
 
 RESULT_VERSION = 1
 _SAFE = re.compile(r"[^A-Za-z0-9._-]+")
@@ -27,31 +33,80 @@ def bench_dir(home: Home) -> Path:
 
 
 def save_result(home: Home, result: dict[str, Any]) -> Path:
-    folder = ensure_private_dir(bench_dir(home))
-    stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(result.get("time") or time.time()))
-    name = _SAFE.sub("-", str(result.get("profile") or "unknown"))
-    path = folder / f"{stamp}-{name}.json"
-    n = 1
-    while path.exists():
-        n += 1
-        path = folder / f"{stamp}-{name}-{n}.json"
-    result = dict(result, version=RESULT_VERSION, id=path.stem)
-    atomic_write_json(path, result)
-    return path
+    """Keep one bench result under a name no other run has (see `write_unique`); redacted."""
+    stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(_when(result)))
+    name = _SAFE.sub("-", str(result.get("profile") or "unknown"))[:80]
+    return write_unique(bench_dir(home), f"{stamp}-{name}",
+                        lambda stem: dict(result, version=RESULT_VERSION, id=stem))
 
 
 def save_compare(home: Home, report: dict[str, Any]) -> Path:
-    folder = ensure_private_dir(bench_dir(home))
-    stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(report.get("time") or time.time()))
-    a = _SAFE.sub("-", str((report.get("a") or {}).get("profile") or "a"))
-    b = _SAFE.sub("-", str((report.get("b") or {}).get("profile") or "b"))
-    path = folder / f"compare-{stamp}-{a}-vs-{b}.json"
-    n = 1
-    while path.exists():
-        n += 1
-        path = folder / f"compare-{stamp}-{a}-vs-{b}-{n}.json"
-    atomic_write_json(path, dict(report, kind="compare", version=RESULT_VERSION, id=path.stem))
-    return path
+    stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(_when(report)))
+    a = _SAFE.sub("-", str((report.get("a") or {}).get("profile") or "a"))[:60]
+    b = _SAFE.sub("-", str((report.get("b") or {}).get("profile") or "b"))[:60]
+    return write_unique(bench_dir(home), f"compare-{stamp}-{a}-vs-{b}",
+                        lambda stem: dict(report, kind="compare", version=RESULT_VERSION, id=stem))
+
+
+def _when(record: dict[str, Any]) -> float:
+    value = record.get("time")
+    return value if isinstance(value, (int, float)) and 0 < value < 1e11 else time.time()
+
+
+def write_unique(folder: Path, stem: str, build: Callable[[str], dict[str, Any]]) -> Path:
+    """Write ``build(stem)`` as ``<folder>/<stem>[-N].json``, a name no other writer gets, atomically, 0600.
+
+    The content goes to a temp file made with O_EXCL (mkstemp, 0600) and fsynced, then ``link``ed to the
+    final name: a link never replaces an existing file (EEXIST), so two benches saving in the same second
+    can never share a path, and a reader sees either no file or the whole one (never a partial or an
+    empty reserved one, as with creating the final name with O_EXCL and filling it later).  The temp name
+    is then removed, so the kept file has one link.  Every string in the record goes through the
+    redaction module first: results keep redacted copies only."""
+    folder = ensure_private_dir(folder)
+    for n in range(1, 10_000):
+        name = stem if n == 1 else f"{stem}-{n}"
+        path = folder / f"{name}.json"
+        if path.exists() or path.is_symlink():
+            continue
+        data = (json.dumps(_finite(Redactor().json(build(name))), indent=2, sort_keys=True, allow_nan=False,
+                           default=str) + "\n").encode()
+        fd, tmp = tempfile.mkstemp(prefix=f".{name}.", suffix=".tmp", dir=folder)
+        try:
+            with os.fdopen(fd, "wb") as handle:
+                handle.write(data)
+                handle.flush()
+                os.fsync(handle.fileno())
+            try:
+                os.link(tmp, path)
+            except FileExistsError:
+                continue  # another run took this name between our check and the link: the next one
+        finally:
+            os.unlink(tmp)
+        _sync_dir(folder)
+        return path
+    raise OSError(f"{folder}: no free result name for {stem} after 10000 tries")
+
+
+def _finite(value: Any) -> Any:
+    """NaN and infinities as null: JSON has no such numbers, and a reader must never get one as a figure."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite(v) for v in value]
+    return value
+
+
+def _sync_dir(folder: Path) -> None:
+    try:  # make the new name itself durable
+        dfd = os.open(folder, os.O_RDONLY)
+        try:
+            os.fsync(dfd)
+        finally:
+            os.close(dfd)
+    except OSError:
+        pass
 
 
 def load_compares(home: Home) -> tuple[list[dict[str, Any]], list[str]]:
