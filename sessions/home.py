@@ -107,7 +107,7 @@ def atomic_write_bytes(path: Path, data: bytes, mode: int = 0o600) -> None:
             pass
         raise
     try:  # make the rename itself durable
-        dfd = os.open(path.parent, os.O_RDONLY)
+        dfd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
         try:
             os.fsync(dfd)
         finally:
@@ -124,12 +124,18 @@ def atomic_write_json(path: Path, obj: Any, mode: int = 0o600) -> None:
     atomic_write_text(path, json.dumps(obj, indent=2, sort_keys=True) + "\n", mode)
 
 
-def read_json(path: Path, default: Any = None) -> Any:
-    """The JSON in ``path``, or ``default`` when missing or not JSON.  A FIFO or device raises
-    ``SpecialFileError`` (an OSError) at once instead of blocking."""
-    from sessions.safe_files import read_regular_text
+def read_json(path: Path, default: Any = None, kind: Any = None) -> Any:
+    """The JSON in ``path`` read by `sessions.safe_files` as ``kind`` (default: any file, 16 MiB at most),
+    or ``default`` when it is missing, too large, not UTF-8, not JSON or nested too deeply.  A FIFO, a
+    device, or (for a private kind) a symlink or hard link raises ``SpecialFileError`` (an OSError) at
+    once instead of blocking or being read."""
+    from sessions import safe_files
 
     try:
-        return json.loads(read_regular_text(path, "file"))
-    except (FileNotFoundError, json.JSONDecodeError):
+        return safe_files.read_json(path, kind or safe_files.ANY_FILE)
+    except (FileNotFoundError, NotADirectoryError):
+        return default
+    except safe_files.SpecialFileError:
+        raise
+    except safe_files.FileRefused:
         return default

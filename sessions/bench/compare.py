@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from sessions import safe_files
 from sessions.bench.runner import BenchError, Progress
 from sessions.bench.session_bench import BenchOptions, bench_session
 from sessions.serving import fetch_metrics, parse_batch_line
@@ -129,7 +130,7 @@ class _AcceptWatch:
         lengths: list[float] = []
         rates: list[float] = []
         try:
-            with self.log_path.open("rb") as handle:
+            with safe_files.open_file(self.log_path, safe_files.SERVER_LOG) as handle:
                 handle.seek(max(start, end - _LOG_WINDOW_LIMIT))
                 chunk = handle.read(max(0, end - start))
         except OSError:

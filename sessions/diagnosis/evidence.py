@@ -4,14 +4,13 @@ last good start.  Nothing here raises for what it probes.
 """
 from __future__ import annotations
 
-import json
 import re
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from sessions import history, stacks, start_facts
+from sessions import history, safe_files, stacks, start_facts
 from sessions.diagnosis.model import GpuProcessReport, GpuReport, HintView
 from sessions.diagnosis.predicates import RuntimeEvidence
 from sessions.logs import LogFileError, read_tail
@@ -205,7 +204,9 @@ def _changes_since_last_good(
     """The changes from the last good start to this one, each marked with the known causes naming it."""
     if baseline is None:
         return None, "no earlier start of this profile reached ready: nothing to compare with"
-    facts = start_facts.read(Path(getattr(session, "session_dir", "") or "."))
+    facts, problem = start_facts.read_checked(Path(getattr(session, "session_dir", "") or "."))
+    if problem is not None:  # only this section fails: the rest of the diagnosis stands
+        return None, f"this start's settings cannot be read: {problem}"
     if facts is None:
         return None, "this start's settings were not recorded (launched by an older eagle3-tui)"
     if not baseline.facts:
@@ -235,9 +236,9 @@ def _redact_argv_values(argv: Sequence[str]) -> list[str]:
 
 def _command_argv(session: Any) -> list[str]:
     try:
-        data = json.loads((Path(session.session_dir) / "command.json").read_text())
+        data = safe_files.read_json(Path(session.session_dir) / "command.json", safe_files.SESSION_RECORD)
         return [str(a) for a in data.get("argv", [])]
-    except (OSError, ValueError, AttributeError):
+    except (OSError, ValueError, AttributeError, TypeError):
         return []
 
 

@@ -8,6 +8,7 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
+from sessions import safe_files
 from sessions.home import Home, atomic_write_text, ensure_private_dir, resolve_home
 from sessions.profiles.fields import _toml_type, field_problems
 from sessions.profiles.model import (
@@ -153,8 +154,8 @@ def _profile_text(profile: LaunchProfile, target: Path) -> str:
     from sessions.profile_toml import updated_toml
 
     try:
-        original = target.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError):
+        original = safe_files.read_text(target, safe_files.PROFILE)
+    except OSError:
         return profile.to_toml()
     edited = updated_toml(original, profile.to_doc(), tuple(SECTIONS))
     if edited is None:

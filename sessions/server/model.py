@@ -49,6 +49,13 @@ class SessionNotFound(SessionError):
     code = 2
 
 
+class SessionsFolderError(SessionError):
+    """The sessions folder is not a folder (a file stands where it should be): no session can be listed."""
+
+    def __init__(self, folder: Path) -> None:
+        super().__init__(f"{folder} is a file where the sessions folder is expected; move it away")
+
+
 class LaunchError(SessionError):
     """Launch refused or failed.  ``problems`` are the validation problems (each names its field)."""
 

@@ -14,7 +14,7 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
-from sessions import probes, start_facts
+from sessions import probes, safe_files, start_facts
 from sessions.history import last_good, record_start
 from sessions.home import Home, read_json
 from sessions.logs import LogFileError, read_increment
@@ -244,8 +244,11 @@ class SessionReader(SessionRecord):
 
     def _metrics_enabled(self) -> bool:
         if self._has_metrics is None:
-            argv = (read_json(self.session_dir / COMMAND_FILE) or {}).get("argv") or []
-            self._has_metrics = "--enable-metrics" in argv
+            try:  # a command.json that is a FIFO or a hard link is refused: no metrics, not a failed status
+                argv = (read_json(self.session_dir / COMMAND_FILE, kind=safe_files.SESSION_RECORD) or {}).get("argv") or []
+            except (OSError, AttributeError):
+                argv = []
+            self._has_metrics = isinstance(argv, list) and "--enable-metrics" in argv
         return self._has_metrics
 
     def _adopt_marked(self, read: StateRead, ident: tuple[int, float], problems: list[str]) -> dict:
@@ -442,7 +445,10 @@ def _gpu_index_by_pid(gpu_snapshot: Any, session_dir: Path) -> dict[int, int]:
             for proc in sample.processes:
                 mapping.setdefault(proc.pid, sample.index)
         return mapping
-    data = read_json(session_dir / EMULATED_GPUS_FILE)
+    try:
+        data = read_json(session_dir / EMULATED_GPUS_FILE, kind=safe_files.SESSION_RECORD)
+    except OSError:  # refused (a FIFO, a hard link): no GPU column, not a failed status
+        data = None
     if isinstance(data, dict):
         for gpu in data.get("gpus", []) or []:
             try:
