@@ -7,6 +7,7 @@ both roots (``<home>/config`` and ``<home>/state``); ``--demo`` uses ``<home>/de
 """
 from __future__ import annotations
 
+import errno
 import json
 import os
 import tempfile
@@ -82,7 +83,13 @@ def resolve_home(demo: bool | None = None) -> Home:
 
 def ensure_private_dir(path: Path) -> Path:
     """Create ``path`` (and parents) with mode 0700; tighten an existing folder of ours to 0700."""
-    path.mkdir(parents=True, exist_ok=True, mode=0o700)
+    try:
+        path.mkdir(parents=True, exist_ok=True, mode=0o700)
+    except (FileExistsError, NotADirectoryError):  # a file stands where the folder (or a parent) should be
+        from sessions.safe_files import describe_os_error
+
+        err = OSError(errno.ENOTDIR, "Not a directory", str(path))
+        raise NotADirectoryError(errno.ENOTDIR, describe_os_error(err), str(path)) from None
     st = path.stat()
     if st.st_uid == os.getuid() and (st.st_mode & 0o777) != 0o700:
         os.chmod(path, 0o700)

@@ -324,8 +324,8 @@ def epoch(value: Any) -> float | None:
 def describe_os_error(exc: OSError, path: str | os.PathLike | None = None) -> str:
     """One sentence naming the path and the problem: a file where a folder is expected, a name over 255
     characters, no permission, ... (the CLI prints it instead of a traceback)."""
-    if isinstance(exc, FileRefused):
-        return str(exc)
+    if isinstance(exc, FileRefused) or (exc.errno == errno.ENOTDIR and "folder is expected" in str(exc.strerror)):
+        return str(exc.strerror)
     where = path if path is not None else exc.filename
     shown = _shown_path(where)
     if exc.errno == errno.ENAMETOOLONG:
@@ -335,7 +335,8 @@ def describe_os_error(exc: OSError, path: str | os.PathLike | None = None) -> st
     if exc.errno == errno.ENOTDIR and where is not None:
         blocker = _file_in_the_way(Path(str(where)))
         if blocker is not None:
-            return f"{_shown_path(blocker)} is a file where a folder is expected (needed for {shown})"
+            needed = "" if blocker == Path(str(where)) else f" (needed for {shown})"
+            return f"{_shown_path(blocker)} is a file where a folder is expected{needed}"
         return f"{shown}: a part of this path is not a folder"
     if exc.errno == errno.EISDIR:
         return f"{shown} is a folder where a file is expected"
@@ -356,8 +357,8 @@ def _shown_path(path: str | os.PathLike | None) -> str:
 
 
 def _file_in_the_way(path: Path) -> Path | None:
-    """The first part of ``path`` that exists and is not a folder (the cause of ENOTDIR)."""
-    for parent in reversed(path.parents):
+    """The first part of ``path`` (or ``path`` itself) that exists and is not a folder (the cause of ENOTDIR)."""
+    for parent in (*reversed(path.parents), path):
         try:
             mode = os.lstat(parent).st_mode
         except OSError:

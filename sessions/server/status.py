@@ -426,16 +426,20 @@ class SessionReader(SessionRecord):
 
         self._update_state(claim)
         if claimed.get("ok"):
-            record_start(
-                self.home,
-                self.profile_name,
-                self.session_id,
-                summary,
-                rec.get("phase_entered_at", {}),
-                outcome,
-                started_at=rec.get("started_at"),
-                facts=start_facts.read(self.session_dir),
-            )
+            try:
+                record_start(
+                    self.home,
+                    self.profile_name,
+                    self.session_id,
+                    summary,
+                    rec.get("phase_entered_at", {}),
+                    outcome,
+                    started_at=rec.get("started_at"),
+                    facts=start_facts.read(self.session_dir),
+                )
+            except OSError:  # the history folder or file is not writable (a file, a folder in its place):
+                # this status stands, and a later one tries again
+                self._update_state(lambda state_rec: state_rec.__setitem__("history_recorded", False))
 
 def _gpu_index_by_pid(gpu_snapshot: Any, session_dir: Path) -> dict[int, int]:
     """pid -> GPU index from a GpuSnapshot, else from the emulator's ``emulated_gpus.json``."""
