@@ -214,10 +214,11 @@ _FACT_TEXTS = ("launcher", "sglang_version", "model_path", "model_config_sha256"
 def checked(facts: Mapping[str, Any]) -> dict[str, Any]:
     """Facts with the types `diff` relies on; a field of another type is dropped (a damaged or hand-edited
     file): ``argv`` and ``gpus`` lists of strings, ``env`` strings by name, ``emulator`` scalars."""
-    out: dict[str, Any] = {"v": facts.get("v")}
+    # scalars are kept as they are (a field added later); the fields `diff` reads are checked below
+    out: dict[str, Any] = {k: v for k, v in facts.items() if v is None or isinstance(v, (str, int, float, bool))}
     for key in _FACT_TEXTS:
-        if isinstance(facts.get(key), str):
-            out[key] = facts[key]
+        if key in out and out[key] is not None and not isinstance(out[key], str):
+            del out[key]
     for key in ("argv", "gpus"):
         values = safe_files.text_list(facts.get(key), 1 << 16)
         if values is not None:
