@@ -11,6 +11,7 @@ import errno
 import json
 import os
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -115,6 +116,52 @@ def atomic_write_bytes(path: Path, data: bytes, mode: int = 0o600) -> None:
         raise
     try:  # make the rename itself durable
         dfd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            os.fsync(dfd)
+        finally:
+            os.close(dfd)
+    except OSError:
+        pass
+
+
+def write_new_file(folder: Path, stem: str, data: bytes | Callable[[str], bytes], suffix: str = ".json",
+                   mode: int = 0o600) -> Path:
+    """Keep ``data`` as ``<folder>/<stem>[-N]<suffix>`` under a name no other writer gets; the path.
+
+    The one primitive of the result store (issue 22 item 12): the bytes go to a temp file created with
+    O_EXCL (mkstemp) and fsynced, then ``link``ed to the final name.  A link never replaces an existing
+    file (EEXIST: the next N is tried), so two runs saving in the same second never share a path, and a
+    reader sees either no file or the whole one.  The temp name is removed after, so the kept file has
+    one link (the readers refuse hard links in private folders).  ``data`` may be a function of the
+    chosen name (a record that holds its own id)."""
+    folder = ensure_private_dir(folder)
+    for n in range(1, 10_000):
+        name = stem if n == 1 else f"{stem}-{n}"
+        path = folder / f"{name}{suffix}"
+        if os.path.lexists(path):
+            continue
+        payload = data(name) if callable(data) else data
+        fd, tmp = tempfile.mkstemp(prefix=f".{name}.", suffix=".tmp", dir=folder)
+        try:
+            with os.fdopen(fd, "wb") as fh:
+                fh.write(payload)
+                fh.flush()
+                os.fsync(fh.fileno())
+            os.chmod(tmp, mode)
+            try:
+                os.link(tmp, path)
+            except FileExistsError:
+                continue  # another writer took this name between the check and the link
+        finally:
+            os.unlink(tmp)
+        _sync_folder(folder)
+        return path
+    raise FileExistsError(errno.EEXIST, f"no free name for {stem}{suffix} after 9999 tries", str(folder))
+
+
+def _sync_folder(folder: Path) -> None:
+    try:  # make the new name itself durable
+        dfd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
         try:
             os.fsync(dfd)
         finally:
