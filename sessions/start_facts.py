@@ -219,6 +219,8 @@ def checked(facts: Mapping[str, Any]) -> dict[str, Any]:
     for key in _FACT_TEXTS:
         if key in out and out[key] is not None and not isinstance(out[key], str):
             del out[key]
+    for key in ("argv", "gpus", "env", "emulator"):
+        out.pop(key, None)  # collections only; a scalar under these names is damage
     for key in ("argv", "gpus"):
         values = safe_files.text_list(facts.get(key), 1 << 16)
         if values is not None:

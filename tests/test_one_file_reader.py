@@ -94,7 +94,7 @@ def _read_call(call: ast.Call) -> str | None:
 
 
 def _allowed(rel: str, func: str) -> str | None:
-    for (where, name), _why in ALLOWED.items():
+    for where, name in ALLOWED:
         if (rel == where or (where.endswith("/") and rel.startswith(where))) and name in ("*", func):
             return f"{where}:{name}"
     return None

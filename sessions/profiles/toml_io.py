@@ -70,11 +70,10 @@ def load_profile(name_or_path: str | Path, home: Home | None = None) -> LaunchPr
             message = f"no profile file {path}"
         raise ProfileError([Problem("profile", message)], path)
     try:
-        from sessions.safe_files import read_regular_text
-
-        text = read_regular_text(path, "profile")
-    except UnicodeDecodeError as exc:
-        raise ProfileError([Problem("toml", f"not UTF-8 text ({exc.reason} at byte {exc.start})")], path) from None
+        text = safe_files.read_text(path, safe_files.PROFILE)  # a FIFO, /dev/zero, over 1 MiB: refused at once
+    except safe_files.FileRefused as exc:
+        where = "toml" if exc.kind == "not UTF-8" else "profile"
+        raise ProfileError([Problem(where, str(exc).replace(f"profile {path}: ", ""))], path) from None
     except OSError as exc:
         raise ProfileError([Problem("profile", f"cannot read {path}: {exc.strerror or exc}")], path) from None
     return parse_profile(text, name=path.stem, path=path)
