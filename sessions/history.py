@@ -115,9 +115,10 @@ class StartRecord:
         session_id = safe_files.text(obj.get("session_id"), 255)
         if not session_id:
             raise ValueError("no session_id")
+        raw_phases = obj.get("phases")
         phases = tuple(
             PhaseMark(p["phase"], safe_files.finite(p.get("at_s"), 0.0), safe_files.integer(p.get("line"), 0))
-            for p in (obj.get("phases") if isinstance(obj.get("phases"), list) else ())
+            for p in (raw_phases if isinstance(raw_phases, list) else ())
             if isinstance(p, Mapping) and isinstance(p.get("phase"), str)
         )
         facts = obj.get("facts")
