@@ -32,6 +32,7 @@ import stat
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from itertools import accumulate
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -222,21 +223,18 @@ def parse_json(data: bytes | str, where: str, max_depth: int = 64) -> Any:
 
 
 _JSON_STRING = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"', re.DOTALL)
-_JSON_BRACKET = re.compile(r"[\[\]{}]")
+_NOT_BRACKETS = bytes(b for b in range(256) if b not in b"[]{}")
+_STEP = tuple(1 if b in b"[{" else -1 if b in b"]}" else 0 for b in range(256))
 
 
 def json_depth(text: str) -> int:
-    """How deep the arrays and objects of JSON ``text`` nest (brackets inside strings do not count)."""
+    """How deep the arrays and objects of JSON ``text`` nest (brackets inside strings do not count).
+    Strings are blanked by one regex, the brackets kept by ``bytes.translate`` and summed by
+    ``accumulate``: no recursion and no Python loop per character."""
     if text.count("[") + text.count("{") <= 1:
         return int("[" in text or "{" in text)
-    depth = deepest = 0
-    for match in _JSON_BRACKET.finditer(_JSON_STRING.sub('""', text)):
-        if match.group() in "[{":
-            depth += 1
-            deepest = max(deepest, depth)
-        else:
-            depth -= 1
-    return deepest
+    brackets = _JSON_STRING.sub('""', text).encode("utf-8", "surrogatepass").translate(None, _NOT_BRACKETS)
+    return max(0, max(accumulate(map(_STEP.__getitem__, brackets)), default=0))
 
 
 def _decode(data: bytes, where: str, errors: str) -> str:

@@ -27,7 +27,7 @@ from sessions import safe_files
 from sessions.bench.store import bench_dir, best_row, load_compares, load_history
 from sessions.home import ensure_private_dir
 
-LIMIT_S = 20.0
+LIMIT_S = 120.0  # a hang guard, not a timing: a read that waits on a FIFO waits forever
 GOOD = {"profile": "good", "time": 1764000000.0, "sglang_version": "0.5.23",
         "command": ["python", "-m", "sglang.launch_server", "--port", "1"], "profile_toml": "",
         "runs": [{"max_concurrency": 1, "output_throughput": 50.0, "median_ttft_ms": 10.0, "failed": 0},
