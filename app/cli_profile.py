@@ -142,7 +142,6 @@ def _new(args: argparse.Namespace) -> int:
 
     from app.cli import EXIT_BAD_INPUT, EXIT_FAILED, CliError
     from sessions.home import atomic_write_text, resolve_home
-
     from sessions.profiles.model import PROFILE_NAME_MAX
 
     name = args.name.removesuffix(".toml")
