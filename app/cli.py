@@ -86,3 +86,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 130
     except BrokenPipeError:
         return 0
+    except OSError as exc:  # a file-system problem no handler below worded (a file where a folder is
+        # expected, a name over 255 characters): the path and the problem, never a traceback
+        from sessions.safe_files import describe_os_error
+
+        print(f"eagle3-tui: {describe_os_error(exc)}", file=sys.stderr)
+        return EXIT_FAILED

@@ -150,8 +150,11 @@ def _new(args: argparse.Namespace) -> int:
 
     from app.cli import EXIT_BAD_INPUT, EXIT_FAILED, CliError
     from sessions.home import atomic_write_text, resolve_home
+    from sessions.profiles.model import PROFILE_NAME_MAX
 
     name = args.name.removesuffix(".toml")
+    if len(name) > PROFILE_NAME_MAX:
+        raise CliError(f"profile name {name[:40]!r}…: {len(name)} characters, at most {PROFILE_NAME_MAX}", EXIT_BAD_INPUT)
     if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", name):
         raise CliError(f"profile name {args.name!r}: use letters, digits, '.', '_' and '-' (no '/')", EXIT_BAD_INPUT)
     home = resolve_home().ensure()

@@ -17,6 +17,7 @@ import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
+from sessions import safe_files
 from widgets.bindings import (  # noqa: F401 - bindings is re-exported
     CHOICE_KEYS,
     CONFIRM_KEYS,
@@ -190,10 +191,10 @@ class KeymapProblem:
 def load_keymap(config_file: Path) -> tuple[dict[str, str], list[KeymapProblem]]:
     """Read `[keys]` from ``config_file``: (binding id -> keys, problems).  A missing file is fine."""
     try:
-        text = Path(config_file).read_text()
+        text = safe_files.read_text(config_file, safe_files.SETTINGS)
     except FileNotFoundError:
         return {}, []
-    except OSError as exc:
+    except OSError as exc:  # a FIFO, a device, over the cap, not UTF-8: refused at once
         return {}, [KeymapProblem(Path(config_file), None, f"cannot read: {exc.strerror}")]
     try:
         data = tomllib.loads(text)

@@ -24,6 +24,7 @@ import sys
 from pathlib import Path
 from typing import TypedDict
 
+from sessions import safe_files
 from sessions.home import Home, atomic_write_text, ensure_private_dir, resolve_home
 
 HEALTHY_PROFILE = "kimi-k25-tp8"
@@ -274,7 +275,7 @@ def ensure_demo_home(home: Home | None = None) -> Home:
 def demo_note(home: Home) -> str | None:
     """One line for the TUI when the capture + extraction demo was skipped (why), else None."""
     try:
-        text = (demo_root(home) / _NOTE_FILE).read_text(encoding="utf-8").strip()
+        text = safe_files.read_text(demo_root(home) / _NOTE_FILE, safe_files.NOTE, errors="replace").strip()
     except OSError:
         return None
     return text.splitlines()[0] if text else None

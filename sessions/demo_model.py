@@ -15,6 +15,8 @@ import json
 import os
 from pathlib import Path
 
+from sessions import safe_files
+
 ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM"}
 SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|pad|>")
 # ChatML; the {% generation %} markers let transformers return an assistant-token mask.
@@ -210,7 +212,7 @@ def write_eagle3_draft(
     and ``t2d`` (which target ids the draft can propose).  The weights are seeded noise: the draft is not
     trained, so its acceptance is whatever ``[emulator] spec_accept_length`` says.
     """
-    target = json.loads((Path(target_dir).expanduser() / "config.json").read_text(encoding="utf-8"))
+    target = safe_files.read_json(Path(target_dir).expanduser() / "config.json", safe_files.MODEL_CONFIG)
     vocab = int(target["vocab_size"])
     draft_vocab = int(draft_vocab_size or max(1, vocab // 2))
     if not 0 < draft_vocab <= vocab:

@@ -12,7 +12,6 @@ back marked `stale`, and the caller (the TUI's poll worker) carries on with the 
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import threading
 import time
@@ -23,6 +22,8 @@ from types import ModuleType
 from typing import TYPE_CHECKING, Any, Protocol
 
 import psutil
+
+from sessions import safe_files
 
 if TYPE_CHECKING:
     from sessions.home import Home
@@ -324,8 +325,8 @@ class EmulatedSource:
         for entry in entries:
             path = Path(entry.path) / EMULATED_GPUS_FILE
             try:
-                data = json.loads(path.read_text())
-            except (OSError, ValueError):
+                data = safe_files.read_json(path, safe_files.SESSION_RECORD)
+            except OSError:
                 continue
             reading = _parse_emulated(data)
             if reading is not None and time.time() - reading[0] < _EMULATED_IGNORE_AFTER_S:

@@ -43,6 +43,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from sessions import safe_files
 from sessions.phases import StartupPhase, StartupSummary, strip_ansi
 from sessions.start_facts import Implication
 
@@ -460,8 +461,8 @@ def load_causes(paths: Sequence[Path] | None = None) -> tuple[KnownCause, ...]:
     where_id: dict[str, Path] = {}
     for p in files:
         try:
-            text = p.read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError) as exc:
+            text = safe_files.read_text(p, safe_files.CATALOGUE)
+        except OSError as exc:
             raise KnownCausesError(f"{p}: cannot read: {exc}") from None
         for cause in parse_causes(text, p):
             if cause.id in where_id:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import fcntl
 import json
+import os
 import re
 import time
 from collections.abc import Iterable, Iterator, Mapping
@@ -18,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from sessions import start_facts
+from sessions import safe_files, start_facts
 from sessions.home import Home, atomic_write_text, ensure_private_dir
 from sessions.phases import StartupPhase, StartupSummary
 from sessions.redaction import redact_record
@@ -108,23 +109,29 @@ class StartRecord:
 
     @classmethod
     def from_json(cls, obj: Mapping) -> StartRecord:
+        """A record from one parsed line, its fields checked (`sessions.safe_files`' typed fields): a
+        field of the wrong type is left out, a line without a session id is a ValueError (skipped)."""
+        if not isinstance(obj, Mapping):
+            raise TypeError("not a JSON object")
+        session_id = safe_files.text(obj.get("session_id"), 255)
+        if not session_id:
+            raise ValueError("no session_id")
+        raw_phases = obj.get("phases")
         phases = tuple(
-            PhaseMark(
-                str(p["phase"]),
-                None if p.get("at_s") is None else float(p["at_s"]),
-                None if p.get("line") is None else int(p["line"]),
-            )
-            for p in obj.get("phases", [])
+            PhaseMark(p["phase"], safe_files.finite(p.get("at_s"), 0.0), safe_files.integer(p.get("line"), 0))
+            for p in (raw_phases if isinstance(raw_phases, list) else ())
+            if isinstance(p, Mapping) and isinstance(p.get("phase"), str)
         )
+        facts = obj.get("facts")
         return cls(
-            session_id=str(obj["session_id"]),
-            profile=str(obj.get("profile", "")),
-            outcome=str(obj.get("outcome", "incomplete")),
-            line_count=int(obj.get("line_count") or 0),
+            session_id=session_id,
+            profile=safe_files.text(obj.get("profile"), 255) or "",
+            outcome=safe_files.text(obj.get("outcome"), 64) or "incomplete",
+            line_count=safe_files.integer(obj.get("line_count"), 0) or 0,
             phases=_in_phase_order(phases),
-            started_at=obj.get("started_at"),
-            recorded_at=obj.get("recorded_at"),
-            facts=dict(obj["facts"]) if isinstance(obj.get("facts"), dict) else None,
+            started_at=safe_files.epoch(obj.get("started_at")),
+            recorded_at=safe_files.epoch(obj.get("recorded_at")),
+            facts=start_facts.checked(facts) if isinstance(facts, dict) else None,
         )
 
 
@@ -232,21 +239,31 @@ def _launch_time(phase_entered_at: Mapping[str, float], started_at: float | None
 def _locked(path: Path) -> Iterator[None]:
     ensure_private_dir(path.parent)
     lock_path = path.with_name(f".{path.name}.lock")
-    fd = open(lock_path, "a")  # noqa: SIM115 - held for the duration of the lock
+    # O_NONBLOCK|O_NOFOLLOW: a FIFO or a symlink planted as the lock file is never waited on or followed
+    fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
     try:
-        lock_path.chmod(0o600)
-        fcntl.flock(fd.fileno(), fcntl.LOCK_EX)
+        fcntl.flock(fd, fcntl.LOCK_EX)
         yield
     finally:
-        fcntl.flock(fd.fileno(), fcntl.LOCK_UN)
-        fd.close()
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        os.close(fd)
 
 
 def _read_lines(path: Path) -> list[str]:
+    """The history file's lines; none when it is missing or refused (a FIFO, a device, a hard link, over
+    the cap: `sessions.safe_files`), so a bad history never stops a start or a diagnosis."""
     try:
-        return path.read_text(encoding="utf-8", errors="replace").splitlines()
-    except FileNotFoundError:
+        return safe_files.read_lines(path, safe_files.START_HISTORY)
+    except OSError:
         return []
+
+
+def _parsed(line: str) -> Any:
+    """One line's JSON, or None when it is not JSON or nests too deeply."""
+    try:
+        return safe_files.parse_json(line, "start history line", safe_files.START_HISTORY.max_depth)
+    except safe_files.FileRefused:
+        return None
 
 
 def _merge(old: StartRecord, new: StartRecord) -> StartRecord:
@@ -304,11 +321,8 @@ def record_start(
     with _locked(path):
         kept: list[str] = []
         for line in _read_lines(path):
-            try:
-                obj = json.loads(line)
-                is_this = isinstance(obj, dict) and obj.get("session_id") == session_id
-            except json.JSONDecodeError:
-                is_this = False
+            obj = _parsed(line)
+            is_this = isinstance(obj, dict) and obj.get("session_id") == session_id
             if is_this:
                 try:
                     record = _merge(StartRecord.from_json(obj), record)
@@ -328,8 +342,8 @@ def load_history(home: Home, profile_name: str) -> list[StartRecord]:
         if not line.strip():
             continue
         try:
-            records.append(StartRecord.from_json(json.loads(line)))
-        except (json.JSONDecodeError, KeyError, TypeError, ValueError, AttributeError):
+            records.append(StartRecord.from_json(_parsed(line)))
+        except (KeyError, TypeError, ValueError, AttributeError):
             continue
     return records
 

@@ -7,9 +7,11 @@ both roots (``<home>/config`` and ``<home>/state``); ``--demo`` uses ``<home>/de
 """
 from __future__ import annotations
 
+import errno
 import json
 import os
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -82,7 +84,13 @@ def resolve_home(demo: bool | None = None) -> Home:
 
 def ensure_private_dir(path: Path) -> Path:
     """Create ``path`` (and parents) with mode 0700; tighten an existing folder of ours to 0700."""
-    path.mkdir(parents=True, exist_ok=True, mode=0o700)
+    try:
+        path.mkdir(parents=True, exist_ok=True, mode=0o700)
+    except (FileExistsError, NotADirectoryError):  # a file stands where the folder (or a parent) should be
+        from sessions.safe_files import describe_os_error
+
+        err = OSError(errno.ENOTDIR, "Not a directory", str(path))
+        raise NotADirectoryError(errno.ENOTDIR, describe_os_error(err), str(path)) from None
     st = path.stat()
     if st.st_uid == os.getuid() and (st.st_mode & 0o777) != 0o700:
         os.chmod(path, 0o700)
@@ -107,7 +115,53 @@ def atomic_write_bytes(path: Path, data: bytes, mode: int = 0o600) -> None:
             pass
         raise
     try:  # make the rename itself durable
-        dfd = os.open(path.parent, os.O_RDONLY)
+        dfd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            os.fsync(dfd)
+        finally:
+            os.close(dfd)
+    except OSError:
+        pass
+
+
+def write_new_file(folder: Path, stem: str, data: bytes | Callable[[str], bytes], suffix: str = ".json",
+                   mode: int = 0o600) -> Path:
+    """Keep ``data`` as ``<folder>/<stem>[-N]<suffix>`` under a name no other writer gets; the path.
+
+    The one primitive of the result store (issue 22 item 12): the bytes go to a temp file created with
+    O_EXCL (mkstemp) and fsynced, then ``link``ed to the final name.  A link never replaces an existing
+    file (EEXIST: the next N is tried), so two runs saving in the same second never share a path, and a
+    reader sees either no file or the whole one.  The temp name is removed after, so the kept file has
+    one link (the readers refuse hard links in private folders).  ``data`` may be a function of the
+    chosen name (a record that holds its own id)."""
+    folder = ensure_private_dir(folder)
+    for n in range(1, 10_000):
+        name = stem if n == 1 else f"{stem}-{n}"
+        path = folder / f"{name}{suffix}"
+        if os.path.lexists(path):
+            continue
+        payload = data(name) if callable(data) else data
+        fd, tmp = tempfile.mkstemp(prefix=f".{name}.", suffix=".tmp", dir=folder)
+        try:
+            with os.fdopen(fd, "wb") as fh:
+                fh.write(payload)
+                fh.flush()
+                os.fsync(fh.fileno())
+            os.chmod(tmp, mode)
+            try:
+                os.link(tmp, path)
+            except FileExistsError:
+                continue  # another writer took this name between the check and the link
+        finally:
+            os.unlink(tmp)
+        _sync_folder(folder)
+        return path
+    raise FileExistsError(errno.EEXIST, f"no free name for {stem}{suffix} after 9999 tries", str(folder))
+
+
+def _sync_folder(folder: Path) -> None:
+    try:  # make the new name itself durable
+        dfd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
         try:
             os.fsync(dfd)
         finally:
@@ -124,12 +178,18 @@ def atomic_write_json(path: Path, obj: Any, mode: int = 0o600) -> None:
     atomic_write_text(path, json.dumps(obj, indent=2, sort_keys=True) + "\n", mode)
 
 
-def read_json(path: Path, default: Any = None) -> Any:
-    """The JSON in ``path``, or ``default`` when missing or not JSON.  A FIFO or device raises
-    ``SpecialFileError`` (an OSError) at once instead of blocking."""
-    from sessions.safe_files import read_regular_text
+def read_json(path: Path, default: Any = None, kind: Any = None) -> Any:
+    """The JSON in ``path`` read by `sessions.safe_files` as ``kind`` (default: any file, 16 MiB at most),
+    or ``default`` when it is missing, too large, not UTF-8, not JSON or nested too deeply.  A FIFO, a
+    device, or (for a private kind) a symlink or hard link raises ``SpecialFileError`` (an OSError) at
+    once instead of blocking or being read."""
+    from sessions import safe_files
 
     try:
-        return json.loads(read_regular_text(path, "file"))
-    except (FileNotFoundError, json.JSONDecodeError):
+        return safe_files.read_json(path, kind or safe_files.ANY_FILE)
+    except (FileNotFoundError, NotADirectoryError):
+        return default
+    except safe_files.SpecialFileError:
+        raise
+    except safe_files.FileRefused:
         return default

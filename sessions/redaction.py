@@ -302,21 +302,14 @@ def write_secrets_file(session_dir: Path, secrets: Iterable[str]) -> None:
 
 def read_secrets_file(session_dir: Path) -> list[str]:
     """The values ``write_secrets_file`` kept (empty when absent or unreadable; never follows a link)."""
-    try:
-        fd = os.open(Path(session_dir) / SECRETS_FILE, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    from sessions import safe_files
+
+    try:  # private: a FIFO, a device, a symlink or a hard link is refused at once
+        data = safe_files.read_json(Path(session_dir) / SECRETS_FILE, safe_files.SECRETS)
+        values = data.get("values", []) if isinstance(data, dict) else []
     except OSError:
         return []
-    try:
-        import stat
-
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            return []
-        raw = os.read(fd, 1 << 20)
-    finally:
-        os.close(fd)
-    try:
-        values = json.loads(raw).get("values", [])
-    except (ValueError, AttributeError):
+    if not isinstance(values, list):
         return []
     return [v for v in values if isinstance(v, str)]
 

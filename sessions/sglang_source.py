@@ -27,6 +27,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from sessions import safe_files
+
 FIND_SPEC_TIMEOUT_S = 15.0
 # A lookup is a Python start-up (tens of ms); the TUI previews commands often, so keep answers briefly.
 LOOKUP_CACHE_TTL_S = 30.0
@@ -252,7 +254,7 @@ def read_version(root: Path) -> str | None:
                     return value
     for dist_info in sorted(root.parent.glob("sglang-*.dist-info")):
         try:
-            for line in (dist_info / "METADATA").read_text(encoding="utf-8").splitlines():
+            for line in safe_files.read_text(dist_info / "METADATA", safe_files.SOURCE).splitlines():
                 if line.startswith("Version:"):
                     return line.split(":", 1)[1].strip()
         except OSError:
@@ -274,7 +276,7 @@ def _parse_cached(path: Path) -> ast.Module:
         hit = _PARSE_CACHE.get(str(path))
     if hit is not None and hit[0] == mtime:
         return hit[1]
-    tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+    tree = ast.parse(safe_files.read_text(path, safe_files.SOURCE), filename=str(path))
     with _CACHE_LOCK:
         _PARSE_CACHE[str(path)] = (mtime, tree)
     return tree

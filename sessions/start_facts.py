@@ -24,7 +24,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from sessions.home import atomic_write_json, read_json
+from sessions import safe_files
+from sessions.home import atomic_write_json
 from sessions.redaction import redact_argv, redact_env, redact_text, secret_values
 
 if TYPE_CHECKING:
@@ -55,8 +56,8 @@ def config_sha256(model_path: str | os.PathLike | None) -> str | None:
     if not model_path:
         return None
     path = Path(os.path.expanduser(str(model_path))) / "config.json"
-    try:
-        return hashlib.sha256(path.read_bytes()).hexdigest()
+    try:  # a FIFO, /dev/zero or a huge file there is refused at once, never hashed
+        return hashlib.sha256(safe_files.read_bytes(path, safe_files.MODEL_CONFIG)).hexdigest()
     except OSError:
         return None
 
@@ -179,11 +180,54 @@ def write(session_dir: Path, facts: Mapping[str, Any]) -> None:
 
 
 def read(session_dir: Path | None) -> dict[str, Any] | None:
-    """The facts a session was launched with; None for a session launched before they were kept."""
+    """The facts a session was launched with; None for a session launched before they were kept, or
+    whose facts cannot be read (`read_checked` says why)."""
+    return read_checked(session_dir)[0]
+
+
+def read_checked(session_dir: Path | None) -> tuple[dict[str, Any] | None, str | None]:
+    """(the facts, None), or (None, the problem) when ``start_facts.json`` is there but cannot be used: a
+    device such as ``/dev/urandom``, a FIFO, a hard link, deep JSON, not an object.  Never raises, so a
+    bad facts file fails only the part of a diagnosis that shows them."""
     if session_dir is None:
-        return None
-    data = read_json(Path(session_dir) / FACTS_FILE, default=None)
-    return data if isinstance(data, dict) else None
+        return None, None
+    path = Path(session_dir) / FACTS_FILE
+    try:
+        data = safe_files.read_json(path, safe_files.START_FACTS)
+    except FileNotFoundError:
+        return None, None
+    except OSError as exc:
+        return None, safe_files.describe_os_error(exc, path)
+    if not isinstance(data, dict):
+        return None, f"{path}: not a JSON object"
+    return checked(data), None
+
+
+_FACT_TEXTS = ("launcher", "sglang_version", "model_path", "model_config_sha256", "draft_config_sha256",
+               "gpu_driver", "gpu_note", "cuda_visible_devices")
+
+
+def checked(facts: Mapping[str, Any]) -> dict[str, Any]:
+    """Facts with the types `diff` relies on; a field of another type is dropped (a damaged or hand-edited
+    file): ``argv`` and ``gpus`` lists of strings, ``env`` strings by name, ``emulator`` scalars."""
+    # scalars are kept as they are (a field added later); the fields `diff` reads are checked below
+    out: dict[str, Any] = {k: v for k, v in facts.items() if v is None or isinstance(v, (str, int, float, bool))}
+    for key in _FACT_TEXTS:
+        if key in out and out[key] is not None and not isinstance(out[key], str):
+            del out[key]
+    for key in ("argv", "gpus", "env", "emulator"):
+        out.pop(key, None)  # collections only; a scalar under these names is damage
+    for key in ("argv", "gpus"):
+        values = safe_files.text_list(facts.get(key), 1 << 16)
+        if values is not None:
+            out[key] = values
+    env = facts.get("env")
+    if isinstance(env, dict):
+        out["env"] = {k: v for k, v in env.items() if isinstance(v, str)}
+    emulator = facts.get("emulator")
+    if isinstance(emulator, dict):
+        out["emulator"] = {k: v for k, v in emulator.items() if v is None or isinstance(v, (str, int, float, bool))}
+    return out
 
 
 # --- diffing --------------------------------------------------------------------------------------------

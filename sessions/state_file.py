@@ -10,14 +10,14 @@ from __future__ import annotations
 
 import json
 import math
-import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from sessions import safe_files
+
 STATE_FILE = "state.json"
-_MAX_STATE_BYTES = 16 << 20  # a state file is a few KiB; a huge one is damage, not a record to parse
 
 
 def _is_int(value: Any) -> bool:
@@ -118,32 +118,24 @@ class StateRead:
 
 
 def read_state(session_dir: Path) -> StateRead:
-    """Read ``<session_dir>/state.json``; never raises for what is in (or missing from) the file."""
+    """Read ``<session_dir>/state.json``; never raises for what is in (or missing from) the file.
+
+    The file is read by `sessions.safe_files` as a private one: a FIFO, a directory, a symlink (to
+    ``/dev/zero`` or anywhere), a hard link, a file over the cap, bad UTF-8 and JSON nested too deeply are
+    each a problem of this session alone."""
     path = Path(session_dir) / STATE_FILE
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+        obj = safe_files.read_json(path, safe_files.STATE)
     except FileNotFoundError:
         return StateRead({}, (f"{path}: missing",), missing=True, unreadable=True)
+    except safe_files.SpecialFileError as exc:
+        return StateRead({}, (f"{path}: cannot be opened ({exc.kind}, not a regular file of its own)",),
+                         unreadable=True)
+    except safe_files.FileRefused as exc:
+        return StateRead({}, (f"{path}: {str(exc).split(': ', 1)[-1]}",), unreadable=True)
     except OSError as exc:
-        return StateRead({}, (f"{path}: cannot be opened ({exc.strerror or exc})",), unreadable=True)
-    try:
-        with os.fdopen(fd, "rb") as fh:
-            if not _is_regular(fh.fileno()):
-                return StateRead({}, (f"{path}: not a regular file",), unreadable=True)
-            data = fh.read(_MAX_STATE_BYTES + 1)
-    except OSError as exc:
-        return StateRead({}, (f"{path}: cannot be read ({exc.strerror or exc})",), unreadable=True)
-    if len(data) > _MAX_STATE_BYTES:
-        return StateRead({}, (f"{path}: larger than {_MAX_STATE_BYTES >> 20} MiB",), unreadable=True)
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        return StateRead({}, (f"{path}: not UTF-8 text (byte {exc.start})",), unreadable=True)
-    try:
-        obj = json.loads(text)
-    except json.JSONDecodeError as exc:
-        where = "empty" if not text.strip() else f"not valid JSON (line {exc.lineno}, column {exc.colno}: {exc.msg})"
-        return StateRead({}, (f"{path}: {where}",), unreadable=True)
+        return StateRead({}, (f"{path}: cannot be opened ({safe_files.describe_os_error(exc, path)})",),
+                         unreadable=True)
     if not isinstance(obj, dict):
         return StateRead({}, (f"{path}: holds a JSON {_json_kind(obj)}, not an object",), unreadable=True)
     record, problems = check_fields(obj)
@@ -161,12 +153,6 @@ def check_fields(obj: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
         else:
             problems.append(f"'{key}' should be {spec[1]}, not {_shown(value)}")
     return record, problems
-
-
-def _is_regular(fd: int) -> bool:
-    import stat
-
-    return stat.S_ISREG(os.fstat(fd).st_mode)
 
 
 def _json_kind(obj: Any) -> str:

@@ -26,6 +26,7 @@ from textual.notifications import SeverityLevel
 from textual.screen import ModalScreen, Screen
 from textual.widgets import Footer, Input, ListItem, ListView, ProgressBar, Static
 
+from sessions import safe_files
 from widgets.confirm_modal import DismissOnce
 from widgets.inputs import InOrderInput
 
@@ -127,7 +128,7 @@ def error_reasons(output_dir: str | Path) -> tuple[tuple[str, int], ...]:
     record (`extract status` and the file itself have every line)."""
     path = Path(output_dir) / "errors.jsonl"
     try:
-        with open(path, "rb") as fh:
+        with safe_files.open_file(path, safe_files.OUTPUT_DATA) as fh:
             size = fh.seek(0, 2)
             fh.seek(max(0, size - ERRORS_TAIL_BYTES))
             data = fh.read(ERRORS_TAIL_BYTES)

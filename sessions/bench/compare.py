@@ -39,6 +39,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from sessions import safe_files
 from sessions.bench.ab_report import (  # noqa: F401 - the report's names, re-exported for callers
     COMPARE_HEAD,
     break_even,
@@ -229,7 +230,7 @@ class _AcceptWatch:
         lengths: list[float] = []
         rates: list[float] = []
         try:
-            with self.log_path.open("rb") as handle:
+            with safe_files.open_file(self.log_path, safe_files.SERVER_LOG) as handle:
                 handle.seek(max(start, end - _LOG_WINDOW_LIMIT))
                 chunk = handle.read(max(0, end - start))
         except OSError:

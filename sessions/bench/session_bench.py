@@ -8,13 +8,13 @@ own command line, redacted too.
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from sessions import safe_files
 from sessions.bench.prompts import Prompt, dataset_prompts, random_id_prompts
 from sessions.bench.runner import BenchError, BenchPlan, Progress, RunHook, prompts_needed, run_bench
 from sessions.home import read_json
@@ -121,9 +121,11 @@ def parse_concurrency(text: str) -> tuple[int, ...]:
 def vocab_size_of(model_path: str | Path) -> int:
     path = Path(model_path).expanduser() / "config.json"
     try:
-        raw = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
-        raise BenchError(f"cannot read the model's vocab size from {path}: {exc}") from None
+        raw = safe_files.read_json(path, safe_files.MODEL_CONFIG)
+    except OSError as exc:
+        raise BenchError(f"cannot read the model's vocab size: {safe_files.describe_os_error(exc, path)}") from None
+    if not isinstance(raw, dict):
+        raise BenchError(f"{path} holds no JSON object: no vocab size")
     for source in (raw, raw.get("text_config") if isinstance(raw.get("text_config"), dict) else {}):
         value = source.get("vocab_size") if isinstance(source, dict) else None
         if isinstance(value, int) and value > 1:
@@ -156,7 +158,7 @@ def bench_session(session: Any, options: BenchOptions, progress: Progress | None
     started = time.time()
     outcome = run_bench(plan, progress, on_run, on_result)
     info = outcome["server_info"]
-    command = (read_json(session.session_dir / "command.json") or {}).get("argv") or []
+    command = (read_json(session.session_dir / "command.json", kind=safe_files.SESSION_RECORD) or {}).get("argv") or []
     # the server's own words, kept only as scalars (a dict or list where a flag should be is dropped)
     speculative = {k.removeprefix("speculative_"): info[k] for k in _SPEC_KEYS
                    if isinstance(info.get(k), (str, int, float)) and not isinstance(info.get(k), bool)}

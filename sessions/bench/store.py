@@ -14,14 +14,14 @@ import json
 import math
 import os
 import re
-import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from sessions.home import Home, ensure_private_dir
+from sessions import safe_files
+from sessions.home import Home, write_new_file
 from sessions.redaction import Redactor
 
 RESULT_VERSION = 1
@@ -54,37 +54,15 @@ def _when(record: dict[str, Any]) -> float:
 
 
 def write_unique(folder: Path, stem: str, build: Callable[[str], dict[str, Any]]) -> Path:
-    """Write ``build(stem)`` as ``<folder>/<stem>[-N].json``, a name no other writer gets, atomically, 0600.
+    """Write ``build(stem)`` as ``<folder>/<stem>[-N].json``, a name no other writer gets, atomically, 0600
+    (`sessions.home.write_new_file`, the result store's one primitive).  Every string in the record goes
+    through the redaction module first: results keep redacted copies only."""
 
-    The content goes to a temp file made with O_EXCL (mkstemp, 0600) and fsynced, then ``link``ed to the
-    final name: a link never replaces an existing file (EEXIST), so two benches saving in the same second
-    can never share a path, and a reader sees either no file or the whole one (never a partial or an
-    empty reserved one, as with creating the final name with O_EXCL and filling it later).  The temp name
-    is then removed, so the kept file has one link.  Every string in the record goes through the
-    redaction module first: results keep redacted copies only."""
-    folder = ensure_private_dir(folder)
-    for n in range(1, 10_000):
-        name = stem if n == 1 else f"{stem}-{n}"
-        path = folder / f"{name}.json"
-        if path.exists() or path.is_symlink():
-            continue
-        data = (json.dumps(_finite(Redactor().json(build(name))), indent=2, sort_keys=True, allow_nan=False,
+    def payload(name: str) -> bytes:
+        return (json.dumps(_finite(Redactor().json(build(name))), indent=2, sort_keys=True, allow_nan=False,
                            default=str) + "\n").encode()
-        fd, tmp = tempfile.mkstemp(prefix=f".{name}.", suffix=".tmp", dir=folder)
-        try:
-            with os.fdopen(fd, "wb") as handle:
-                handle.write(data)
-                handle.flush()
-                os.fsync(handle.fileno())
-            try:
-                os.link(tmp, path)
-            except FileExistsError:
-                continue  # another run took this name between our check and the link: the next one
-        finally:
-            os.unlink(tmp)
-        _sync_dir(folder)
-        return path
-    raise OSError(f"{folder}: no free result name for {stem} after 10000 tries")
+
+    return write_new_file(folder, stem, payload)
 
 
 def _finite(value: Any) -> Any:
@@ -98,41 +76,65 @@ def _finite(value: Any) -> Any:
     return value
 
 
-def _sync_dir(folder: Path) -> None:
-    try:  # make the new name itself durable
-        dfd = os.open(folder, os.O_RDONLY)
-        try:
-            os.fsync(dfd)
-        finally:
-            os.close(dfd)
-    except OSError:
-        pass
-
-
 def load_compares(home: Home) -> tuple[list[dict[str, Any]], list[str]]:
-    """(kept compare reports oldest first, problems)."""
-    folder = bench_dir(home)
+    """(kept compare reports oldest first, each in the shape `compare_report` checks; problems)."""
     out: list[dict[str, Any]] = []
     problems: list[str] = []
-    if not folder.is_dir():
-        return out, problems
-    for path in sorted(folder.glob("compare-*.json")):
+    for path in _result_files(home, problems, "compare-*.json"):
         data = _read_json(path, problems)
-        if isinstance(data, dict) and data.get("kind") == "compare" and isinstance(data.get("runs"), list):
-            out.append(data)
-    out.sort(key=lambda r: r.get("time") or 0.0)
+        if data is None:
+            continue
+        report = compare_report(data)
+        if report is None:
+            problems.append(f"{path}: not a compare report (no runs list); skipped")
+            continue
+        out.append(report)
+    out.sort(key=lambda r: r["time"] or 0.0)
     return out, problems
 
 
-def _read_json(path: Path, problems: list[str]) -> Any:
-    if path.is_symlink():
-        problems.append(f"{path}: is a symlink; skipped")
+def compare_report(data: Any) -> dict[str, Any] | None:
+    """A kept compare report with the types its readers rely on, or None when it is not one: ``time`` a
+    wall clock or None, ``a``/``b`` objects whose ``profile`` is a string or None, ``verdict`` a string
+    or None, ``runs`` objects with an int ``max_concurrency`` and a finite ``speedup`` (else None)."""
+    if not isinstance(data, dict) or data.get("kind") != "compare" or not isinstance(data.get("runs"), list):
         return None
+    sides = {}
+    for side in ("a", "b"):
+        value = data.get(side)
+        value = dict(value) if isinstance(value, dict) else {}
+        value["profile"] = safe_files.text(value.get("profile"), 255)
+        sides[side] = value
+    runs = [dict(run, max_concurrency=safe_files.integer(run.get("max_concurrency"), 0),
+                 speedup=safe_files.finite(run.get("speedup")))
+            for run in data["runs"] if isinstance(run, dict)]
+    return dict(data, **sides, runs=runs, time=safe_files.epoch(data.get("time")),
+                id=safe_files.text(data.get("id"), 255), verdict=safe_files.text(data.get("verdict")))
+
+
+def _result_files(home: Home, problems: list[str], pattern: str = "*.json") -> list[Path]:
+    """The kept files matching ``pattern``; a bench folder that is not a folder is a problem, not a crash."""
+    folder = bench_dir(home)
     try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError) as exc:
-        problems.append(f"{path}: not a readable bench result ({exc})")
-        return None
+        if folder.is_dir():
+            return sorted(folder.glob(pattern))
+        if os.path.lexists(folder):
+            problems.append(f"{folder} is a file where the bench results folder is expected; no result is read")
+    except OSError as exc:
+        problems.append(safe_files.describe_os_error(exc, folder))
+    return []
+
+
+def _read_json(path: Path, problems: list[str]) -> Any:
+    """The JSON of one kept file, or None with its problem noted: a FIFO, a device, a symlink, a hard
+    link, a file over the cap, bad UTF-8 or deep JSON is skipped alone (`sessions.safe_files`)."""
+    try:
+        return safe_files.read_json(path, safe_files.BENCH_RESULT)
+    except safe_files.FileRefused as exc:
+        problems.append(f"{exc}; skipped")
+    except OSError as exc:
+        problems.append(f"{safe_files.describe_os_error(exc, path)}; skipped")
+    return None
 
 
 @dataclass(frozen=True)
@@ -171,41 +173,52 @@ class HistoryRow:
         }
 
 
+def _run_of(run: dict[str, Any]) -> dict[str, Any]:
+    """One run of a kept result with the fields the table reads checked: a number that is not a finite
+    one (a string, NaN, 1e300, a bool) is None, ``max_concurrency`` an int or None."""
+    checked = {key: safe_files.finite(run.get(key), 0.0, 1e15) for key in _RUN_FIGURES}
+    failed = run.get("failed")
+    # A failure count that is not a count is taken as a failure: such a result is never ranked best.
+    failed = 0 if failed is None else safe_files.integer(failed, 0, 1 << 31) if safe_files.integer(failed, 0) is not None else 1
+    return dict(run, **checked, max_concurrency=safe_files.integer(run.get("max_concurrency"), 0, 1 << 31),
+                failed=failed)
+
+
+_RUN_FIGURES = ("output_throughput", "median_ttft_ms", "input_throughput", "request_throughput", "median_itl_ms",
+                "median_e2e_latency_ms", "p99_ttft_ms", "p99_itl_ms", "mean_ttft_ms", "mean_itl_ms", "duration_s")
+
+
 def row_of(result: dict[str, Any], fallback_id: str = "") -> HistoryRow:
-    runs = sorted((r for r in result.get("runs") or [] if isinstance(r, dict)),
-                  key=lambda r: r.get("max_concurrency") or 0)
-    single = next((r for r in runs if r.get("max_concurrency") == 1), None)
+    """The history row of one kept result, its fields checked (`sessions.safe_files`' typed fields): a
+    result of an unexpected shape is shown with what it has, never a crash."""
+    runs = [_run_of(r) for r in result.get("runs") or () if isinstance(r, dict)]
+    runs.sort(key=lambda r: r["max_concurrency"] or 0)
+    result = dict(result, runs=runs)
+    single = next((r for r in runs if r["max_concurrency"] == 1), None)
     top = runs[-1] if runs else None
+    command = safe_files.text_list(result.get("command")) or []
     return HistoryRow(
-        id=str(result.get("id") or fallback_id),
-        profile=str(result.get("profile") or "?"),
-        time=float(result.get("time") or 0.0),
-        sglang_version=result.get("sglang_version"),
-        single_stream_tok_s=single.get("output_throughput") if single else None,
-        ttft_ms=runs[0].get("median_ttft_ms") if runs else None,
-        top_concurrency=top.get("max_concurrency") if top else None,
-        top_throughput=top.get("output_throughput") if top else None,
-        command=tuple(str(a) for a in result.get("command") or ()),
-        profile_toml=result.get("profile_toml"),
+        id=safe_files.text(result.get("id"), 255) or fallback_id,
+        profile=safe_files.text(result.get("profile"), 255) or "?",
+        time=safe_files.epoch(result.get("time")) or 0.0,
+        sglang_version=safe_files.text(result.get("sglang_version"), 64),
+        single_stream_tok_s=single["output_throughput"] if single else None,
+        ttft_ms=runs[0]["median_ttft_ms"] if runs else None,
+        top_concurrency=top["max_concurrency"] if top else None,
+        top_throughput=top["output_throughput"] if top else None,
+        command=tuple(command),
+        profile_toml=safe_files.text(result.get("profile_toml"), 1 << 20),
         result=result,
     )
 
 
 def load_history(home: Home, profile: str | None = None) -> tuple[list[HistoryRow], list[str]]:
     """(rows oldest first, problems): a file that is not a bench result is named, not fatal."""
-    folder = bench_dir(home)
     rows: list[HistoryRow] = []
     problems: list[str] = []
-    if not folder.is_dir():
-        return rows, problems
-    for path in sorted(folder.glob("*.json")):
-        if path.is_symlink():
-            problems.append(f"{path}: is a symlink; skipped")
-            continue
-        try:
-            data = json.loads(path.read_text())
-        except (OSError, ValueError) as exc:
-            problems.append(f"{path}: not a readable bench result ({exc})")
+    for path in _result_files(home, problems):
+        data = _read_json(path, problems)
+        if data is None:
             continue
         if isinstance(data, dict) and data.get("kind") == "compare":
             continue  # a compare report (`load_compares`); its sides are kept as results of their own

@@ -17,6 +17,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
+from sessions import safe_files
+
 PLUGINS_FILE = "srt/plugins/__init__.py"
 HOOK_REGISTRY_FILE = "srt/plugins/hook_registry.py"
 SCHEDULER_FILE = "srt/managers/scheduler.py"
@@ -97,7 +99,7 @@ class _Files:
     def tree(self, relpath: str) -> ast.Module | None:
         if relpath not in self._trees:
             try:
-                text = (self.root / relpath).read_text(encoding="utf-8")
+                text = safe_files.read_text(self.root / relpath, safe_files.SOURCE)
                 self._trees[relpath] = ast.parse(text, filename=str(self.root / relpath))
             except (OSError, SyntaxError, UnicodeDecodeError):
                 self._trees[relpath] = None
@@ -379,8 +381,8 @@ def _class_index(models_dir: Path) -> dict[str, list[str]]:
     index: dict[str, list[str]] = {}
     for path in sorted(models_dir.glob("*.py")):
         try:
-            text = path.read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError):
+            text = safe_files.read_text(path, safe_files.SOURCE)
+        except OSError:
             continue
         for name in _CLASS_RE.findall(text):
             index.setdefault(name, []).append(str(path))

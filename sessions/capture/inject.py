@@ -18,6 +18,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
+from sessions import safe_files
 from sessions.home import Home, ensure_private_dir, resolve_home
 
 PLUGIN_SOURCE_DIR = Path(__file__).resolve().parent / "plugin" / "eagle3_capture"
@@ -30,7 +31,7 @@ def _plugin_files() -> dict[str, bytes]:
     """Relative path → content of everything the generated folder holds."""
     files: dict[str, bytes] = {}
     for path in sorted(PLUGIN_SOURCE_DIR.glob("*.py")):
-        files[f"{PLUGIN_NAME}/{path.name}"] = path.read_bytes()
+        files[f"{PLUGIN_NAME}/{path.name}"] = safe_files.read_bytes(path, safe_files.SOURCE)
     dist = f"{PLUGIN_NAME}-{PLUGIN_VERSION}.dist-info"
     files[f"{dist}/METADATA"] = (
         f"Metadata-Version: 2.1\nName: {PLUGIN_NAME}\nVersion: {PLUGIN_VERSION}\n"
@@ -56,7 +57,7 @@ def _matches(folder: Path, files: dict[str, bytes]) -> bool:
         }
         if present != set(files):
             return False
-        return all((folder / name).read_bytes() == data for name, data in files.items())
+        return all(safe_files.read_bytes(folder / name, safe_files.SOURCE) == data for name, data in files.items())
     except OSError:
         return False
 

@@ -94,10 +94,9 @@ def diagnose(
     ``baseline`` is the session id (or unique prefix) of a good start to compare with instead of the one
     `sessions.baseline.choose_baseline` picks; a bad one raises `sessions.baseline.BaselineError` first.
     """
-    try:
-        facts = start_facts.read(Path(getattr(session, "session_dir", "") or "."))
-    except OSError:  # (SpecialFileError: a FIFO in its place): this start's settings are unknown
-        facts = None
+    # a bad start_facts.json (a device, a FIFO, deep JSON) leaves this start's settings unknown, and fails
+    # only the "changes since the baseline" section
+    facts, facts_problem = start_facts.read_checked(Path(getattr(session, "session_dir", "") or "."))
     chosen = baselines.chosen_baseline(session.home, baseline, facts) if baseline else None
     start = time.monotonic()
     taken_at = time.time()
@@ -134,7 +133,7 @@ def diagnose(
         )
     )
     unranked = _unique_hints(hint_list, redactor)
-    changes, changes_note = _changes_since_last_good(facts, choice, unranked, redactor)
+    changes, changes_note = _changes_since_last_good(facts, choice, unranked, redactor, facts_problem)
     hints = rank_hints(unranked, changes, choice)
     return Diagnosis(
         session_id=status.session_id,

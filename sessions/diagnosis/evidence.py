@@ -4,14 +4,13 @@ last good start.  Nothing here raises for what it probes.
 """
 from __future__ import annotations
 
-import json
 import re
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from sessions import history, stacks, start_facts
+from sessions import history, safe_files, stacks, start_facts
 from sessions.baseline import BaselineChoice
 from sessions.diagnosis.model import GpuProcessReport, GpuReport, HintView
 from sessions.diagnosis.predicates import RuntimeEvidence
@@ -175,7 +174,7 @@ def split_progress(lines: Sequence[str]) -> tuple[list[str], list[str]]:
 
 def _changes_since_last_good(
     facts: Mapping[str, Any] | None, choice: BaselineChoice | None, hints: Sequence[HintView],
-    redactor: _Redactor,
+    redactor: _Redactor, facts_problem: str | None = None,
 ) -> tuple[tuple[start_facts.Change, ...] | None, str | None]:
     """The changes from the baseline to this start (``facts``), each marked with the known causes naming it."""
     if choice is None:
@@ -183,6 +182,8 @@ def _changes_since_last_good(
                       "TP/PP/DP and SGLang version: nothing to compare with (diagnose --baseline SESSION, or p "
                       "on the diagnosis screen, picks one)")
     baseline = choice.record
+    if facts_problem is not None:  # only this section fails: the rest of the diagnosis stands
+        return None, f"this start's settings cannot be read: {facts_problem}"
     if facts is None:
         return None, "this start's settings were not recorded (launched by an older eagle3-tui)"
     if not baseline.facts:
@@ -212,9 +213,9 @@ def _redact_argv_values(argv: Sequence[str]) -> list[str]:
 
 def _command_argv(session: Any) -> list[str]:
     try:
-        data = json.loads((Path(session.session_dir) / "command.json").read_text())
+        data = safe_files.read_json(Path(session.session_dir) / "command.json", safe_files.SESSION_RECORD)
         return [str(a) for a in data.get("argv", [])]
-    except (OSError, ValueError, AttributeError):
+    except (OSError, ValueError, AttributeError, TypeError):
         return []
 
 

@@ -31,6 +31,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from sessions import safe_files
 from sessions.home import atomic_write_json
 
 STATUSES = ("ok", "skipped", "error", "failed")
@@ -109,7 +110,7 @@ class _CrcWriter:
 
 def file_crc32(path: Path) -> str:
     crc = 0
-    with open(path, "rb") as fh:
+    with safe_files.open_file(path, safe_files.OUTPUT_DATA) as fh:
         while chunk := fh.read(1 << 22):
             crc = zlib.crc32(chunk, crc)
     return f"crc32:{crc:08x}"
@@ -175,7 +176,7 @@ class OutputDir:
 
     def owner_job_id(self) -> str | None:
         try:
-            return json.loads(self.dataset_json_path.read_text()).get("job_id")
+            return safe_files.read_json(self.dataset_json_path, safe_files.OUTPUT_RECORD).get("job_id")
         except (OSError, ValueError, AttributeError):
             return None
 
@@ -193,7 +194,7 @@ class OutputDir:
         entries: dict[int, ManifestEntry] = {}
         bad = 0
         try:
-            text = self.manifest_path.read_text(encoding="utf-8", errors="replace")
+            text = safe_files.read_text(self.manifest_path, safe_files.MANIFEST, errors="replace")
         except FileNotFoundError:
             return entries, 0
         for raw in text.splitlines():
@@ -336,8 +337,9 @@ class OutputDir:
 
     def read_dataset_json(self) -> dict[str, Any] | None:
         try:
-            return json.loads(self.dataset_json_path.read_text())
-        except (OSError, ValueError):
+            data = safe_files.read_json(self.dataset_json_path, safe_files.OUTPUT_RECORD)
+            return data if isinstance(data, dict) else None
+        except OSError:
             return None
 
     def token_counts(self, entries: Iterable[ManifestEntry]) -> dict[int, int]:

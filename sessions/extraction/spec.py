@@ -295,10 +295,10 @@ def _similar(a: str, b: str) -> bool:
 
 def load_job_spec(path: Path | str) -> JobSpec:
     """Read a spec file; raises ``JobSpecError`` (problems name key and line) or ``OSError``."""
-    from sessions.safe_files import read_regular_text
+    from sessions import safe_files
 
     path = Path(path).expanduser()
-    text = read_regular_text(path, "job spec")  # a FIFO or device is refused at once (SpecialFileError)
+    text = safe_files.read_text(path, safe_files.JOB_SPEC)  # a FIFO, a device, over 1 MiB: refused at once
     spec = parse_job_spec(text, source=str(path), base_dir=path.parent.resolve())
     return replace(spec, source_path=path.resolve())
 

@@ -13,7 +13,6 @@
 """
 from __future__ import annotations
 
-import json
 import re
 import uuid
 from collections.abc import Callable
@@ -21,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from sessions import safe_files
 from sessions.extraction.output import ManifestEntry, OutputDir, file_crc32
 
 _CHECKSUM_RE = re.compile(r"^crc32:([0-9a-f]{8})$")
@@ -194,9 +194,12 @@ def _read_dataset_json(out: OutputDir, problems: list[VerifyProblem]) -> dict[st
 def _read_manifest(out: OutputDir, problems: list[VerifyProblem]) -> dict[int, ManifestEntry]:
     """The manifest's entries by line index; unreadable lines and repeated indexes or sample ids are problems."""
     try:
-        raw_lines = out.manifest_path.read_text(encoding="utf-8").splitlines()
+        raw_lines = safe_files.read_text(out.manifest_path, safe_files.MANIFEST).splitlines()
     except FileNotFoundError:
         problems.append(VerifyProblem("manifest.jsonl", "missing"))
+        return {}
+    except OSError as exc:  # a FIFO, a device, over the cap, not UTF-8: named, never waited on
+        problems.append(VerifyProblem("manifest.jsonl", safe_files.describe_os_error(exc, out.manifest_path)))
         return {}
     entries: dict[int, ManifestEntry] = {}
     seen_ids: dict[str, int] = {}
@@ -343,13 +346,15 @@ def load_lm_head(model_path: Path) -> Any:
     """Only the lm_head weight (or the tied embedding) from the model's safetensors, [vocab, H]."""
     from safetensors import safe_open
 
-    config = json.loads((model_path / "config.json").read_text()) if (model_path / "config.json").is_file() else {}
+    config = safe_files.read_json(model_path / "config.json", safe_files.MODEL_CONFIG) \
+        if (model_path / "config.json").is_file() else {}
+    config = config if isinstance(config, dict) else {}
     tied = bool(config.get("tie_word_embeddings") or (config.get("text_config") or {}).get("tie_word_embeddings"))
     keys = _LM_HEAD_KEYS + (_EMBED_KEYS if tied else ())
     index = model_path / "model.safetensors.index.json"
     files: list[Path]
     if index.is_file():
-        weight_map = json.loads(index.read_text()).get("weight_map", {})
+        weight_map = (safe_files.read_json(index, safe_files.WEIGHT_INDEX) or {}).get("weight_map", {})
         for key in keys:
             if key in weight_map:
                 with safe_open(str(model_path / weight_map[key]), "pt") as fh:

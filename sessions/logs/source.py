@@ -39,11 +39,15 @@ def open_log(path: str | Path, *, follow_symlinks: bool = True) -> int:
     The opening itself is `sessions.safe_files`' (the one rule for every input file); this words it for logs.
     """
     try:
-        return open_regular_fd(path, "log", nofollow=not follow_symlinks)
+        # single_link: a log with a second name (a hard link to /etc/shadow) is never read (issue 22)
+        return open_regular_fd(path, "log", nofollow=not follow_symlinks, single_link=True)
     except FileNotFoundError:
         raise
     except SpecialFileError as exc:
         err = exc.errno or errno.EINVAL
+        if exc.kind == "a hard link":
+            raise LogFileError(path, "has more than one name (a hard link): its lines may be another file's, "
+                                     "so it is not read", err) from None
         if exc.kind == "a symlink":
             raise LogFileError(path, "is a symbolic link, which is not followed here", err) from None
         raise LogFileError(path, f"is {exc.kind}, not a log file (only regular files are read)", err) from None

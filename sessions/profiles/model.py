@@ -60,7 +60,10 @@ _PER_PHASE_GRAPH_FLAGS = ("--disable-decode-cuda-graph", "--disable-prefill-cuda
 # argparse's test for a negative number that is a value, not an option (Lib/argparse.py).
 _NEGATIVE_NUMBER = re.compile(r"^-\d+$|^-\d*\.\d+$")
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-_PROFILE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+# At most 200 characters: the file (<name>.toml) and the session folders (<name>-<date>-<time>-<hex>) must
+# stay under the 255 a file name may have (a longer name failed with ENAMETOOLONG deep in a command).
+PROFILE_NAME_MAX = 200
+_PROFILE_NAME = re.compile(rf"^[A-Za-z0-9][A-Za-z0-9._-]{{0,{PROFILE_NAME_MAX - 1}}}$")
 
 
 # --- problems --------------------------------------------------------------------------------------------

@@ -1,7 +1,6 @@
 """The model's ``config.json``, read for the fields a launch needs (`read_model_config`)."""
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -29,21 +28,17 @@ class ModelShape:
 
 def read_model_config(model_path: str | Path) -> ModelShape:
     """Read ``<model_path>/config.json`` (both flat and ``text_config``-nested shapes)."""
-    from sessions.safe_files import SpecialFileError, read_regular_text
+    from sessions import safe_files
 
     path = Path(model_path).expanduser() / "config.json"
-    try:
-        raw = json.loads(read_regular_text(path, "model config"))  # a FIFO or /dev/zero: refused at once
+    try:  # a FIFO, /dev/zero, over 16 MiB, deep JSON: refused at once, never waited on
+        raw = safe_files.read_json(path, safe_files.MODEL_CONFIG)
     except FileNotFoundError:
         raise ModelConfigError(f"{path} does not exist") from None
-    except SpecialFileError as exc:
-        raise ModelConfigError(exc.strerror) from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ModelConfigError(f"cannot read {path}: {exc}") from None
-    except json.JSONDecodeError as exc:
-        raise ModelConfigError(f"{path} is not valid JSON: {exc.msg} at line {exc.lineno}") from None
-    except RecursionError:
-        raise ModelConfigError(f"{path} is nested too deeply to read") from None
+    except safe_files.FileRefused as exc:
+        raise ModelConfigError(str(exc)) from None
+    except OSError as exc:
+        raise ModelConfigError(f"cannot read {path}: {exc.strerror or exc}") from None
     if not isinstance(raw, dict):
         raise ModelConfigError(f"{path} must hold a JSON object")
     text_config = raw.get("text_config")

@@ -8,6 +8,7 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
+from sessions import safe_files
 from sessions.home import Home, atomic_write_text, ensure_private_dir, resolve_home
 from sessions.profiles.fields import _toml_type, field_problems
 from sessions.profiles.model import (
@@ -39,6 +40,9 @@ def list_profiles(home: Home | None = None) -> list[str]:
     """The profile names in ``<profiles_dir>``, sorted (editor temp files and hidden files skipped)."""
     folder = (home or resolve_home()).profiles_dir
     if not folder.is_dir():
+        if os.path.lexists(folder):  # a file where the folder should be: say so, never "no profiles"
+            raise NotADirectoryError(errno.ENOTDIR, f"{folder} is a file where the profiles folder is expected",
+                                     str(folder))
         return []
     return sorted(p.stem for p in folder.glob("*.toml") if not p.name.startswith(".") and p.is_file())
 
@@ -66,11 +70,10 @@ def load_profile(name_or_path: str | Path, home: Home | None = None) -> LaunchPr
             message = f"no profile file {path}"
         raise ProfileError([Problem("profile", message)], path)
     try:
-        from sessions.safe_files import read_regular_text
-
-        text = read_regular_text(path, "profile")
-    except UnicodeDecodeError as exc:
-        raise ProfileError([Problem("toml", f"not UTF-8 text ({exc.reason} at byte {exc.start})")], path) from None
+        text = safe_files.read_text(path, safe_files.PROFILE)  # a FIFO, /dev/zero, over 1 MiB: refused at once
+    except safe_files.FileRefused as exc:
+        where = "toml" if exc.kind == "not UTF-8" else "profile"
+        raise ProfileError([Problem(where, str(exc).replace(f"profile {path}: ", ""))], path) from None
     except OSError as exc:
         raise ProfileError([Problem("profile", f"cannot read {path}: {exc.strerror or exc}")], path) from None
     return parse_profile(text, name=path.stem, path=path)
@@ -153,8 +156,8 @@ def _profile_text(profile: LaunchProfile, target: Path) -> str:
     from sessions.profile_toml import updated_toml
 
     try:
-        original = target.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError):
+        original = safe_files.read_text(target, safe_files.PROFILE)
+    except OSError:
         return profile.to_toml()
     edited = updated_toml(original, profile.to_doc(), tuple(SECTIONS))
     if edited is None:

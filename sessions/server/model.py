@@ -7,6 +7,7 @@ DESIGN §3's state.  Nothing here reads a process, a port or a file.
 from __future__ import annotations
 
 import dataclasses
+import errno
 import math
 import time
 from dataclasses import dataclass, field
@@ -48,6 +49,19 @@ class SessionError(Exception):
 
 class SessionNotFound(SessionError):
     code = 2
+
+
+class SessionsFolderError(SessionError, NotADirectoryError):
+    """The sessions folder is not a folder (a file stands where it should be): no session can be listed.
+    Also an OSError, so that a command without a SessionError handler still words it (app.cli)."""
+
+    def __init__(self, folder: Path) -> None:
+        message = f"{folder} is a file where the sessions folder is expected; move it away"
+        NotADirectoryError.__init__(self, errno.ENOTDIR, message, str(folder))
+        self.message = message
+
+    def __str__(self) -> str:
+        return self.message
 
 
 class LaunchError(SessionError):

@@ -159,6 +159,16 @@ def find_marked_servers(home: Home) -> dict[str, tuple[int, float]]:
     return found
 
 
+def has_state_entry(session_dir: Path) -> bool:
+    """Whether ``session_dir`` has a ``state.json`` entry of any kind: a FIFO, a folder or a link to
+    ``/dev/zero`` there is still a session, listed with its problem, never one that silently vanishes."""
+    try:
+        os.lstat(Path(session_dir) / STATE_FILE)
+    except OSError:
+        return False
+    return True
+
+
 def _marked_main(home: Home, session_id: str) -> tuple[int, float] | None:
     return find_marked_servers(home).get(session_id)
 

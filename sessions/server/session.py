@@ -43,10 +43,17 @@ from sessions.server.model import (
     LaunchError,
     SessionError,
     SessionNotFound,
+    SessionsFolderError,
     SessionStatus,
     StopReport,
 )
-from sessions.server.record import _SAFE_SESSION_ID, _create_time_of, _pgid_of, find_marked_servers
+from sessions.server.record import (
+    _SAFE_SESSION_ID,
+    _create_time_of,
+    _pgid_of,
+    find_marked_servers,
+    has_state_entry,
+)
 from sessions.server.status import SessionReader
 from sessions.server.stopping import _gpu_pids_left, _identities, _stop_message, _wait_gone
 
@@ -71,7 +78,7 @@ class ServerSession(SessionReader):
         """Reattach to a session by its exact id."""
         home = home or resolve_home()
         session_dir = home.sessions_dir / session_id
-        if not session_id or "/" in session_id or not (session_dir / STATE_FILE).is_file():
+        if not session_id or "/" in session_id or len(session_id) > 255 or not has_state_entry(session_dir):
             raise SessionNotFound(f"no session '{session_id}' in {home.sessions_dir}")
         return cls(session_dir, home)
 
@@ -386,10 +393,12 @@ def list_sessions(home: Home | None = None, include_ended: bool = True) -> list[
         dirs = {
             d.name: d
             for d in home.sessions_dir.iterdir()
-            if not d.is_symlink() and d.is_dir() and (d / STATE_FILE).is_file()
+            if not d.is_symlink() and d.is_dir() and has_state_entry(d)
         }
     except FileNotFoundError:
         dirs = {}
+    except NotADirectoryError:  # `<state>/sessions` is a file: say so, never a traceback
+        raise SessionsFolderError(home.sessions_dir) from None
     marked = find_marked_servers(home)
     for session_id in marked:
         dirs.setdefault(session_id, home.sessions_dir / session_id)
@@ -462,7 +471,9 @@ def _record_pid(session: ServerSession, pid: int) -> None:
 def find_session(ref: str, home: Home | None = None) -> ServerSession:
     """A session by its id or a unique prefix of it (the CLI's SESSION argument)."""
     home = home or resolve_home()
-    if ref and _SAFE_SESSION_ID.fullmatch(ref) and (home.sessions_dir / ref / STATE_FILE).is_file():
+    if len(ref) > 255:
+        raise SessionNotFound(f"no session '{ref[:40]}…' ({len(ref)} characters; a session id has at most 255)")
+    if ref and _SAFE_SESSION_ID.fullmatch(ref) and has_state_entry(home.sessions_dir / ref):
         return ServerSession.load(ref, home)
     matches = [s for s in list_sessions(home) if s.session_id.startswith(ref)] if ref else []
     exact = [s for s in matches if s.session_id == ref]

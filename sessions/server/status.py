@@ -14,7 +14,7 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
-from sessions import probes, start_facts
+from sessions import probes, safe_files, start_facts
 from sessions.history import last_good, record_start
 from sessions.home import Home, read_json
 from sessions.logs import LogFileError, read_increment
@@ -249,7 +249,10 @@ class SessionReader(SessionRecord):
 
     def _metrics_enabled(self) -> bool:
         if self._has_metrics is None:
-            command = read_json(self.session_dir / COMMAND_FILE)
+            try:  # a command.json that is a FIFO or a hard link is refused: no metrics, not a failed status
+                command = read_json(self.session_dir / COMMAND_FILE, kind=safe_files.SESSION_RECORD)
+            except OSError:
+                command = None
             argv = command.get("argv") if isinstance(command, dict) else None
             argv = [str(a) for a in argv] if isinstance(argv, list) else []
             self._has_metrics = "--enable-metrics" in argv
@@ -432,16 +435,20 @@ class SessionReader(SessionRecord):
 
         self._update_state(claim)
         if claimed.get("ok"):
-            record_start(
-                self.home,
-                self.profile_name,
-                self.session_id,
-                summary,
-                rec.get("phase_entered_at", {}),
-                outcome,
-                started_at=rec.get("started_at"),
-                facts=start_facts.read(self.session_dir),
-            )
+            try:
+                record_start(
+                    self.home,
+                    self.profile_name,
+                    self.session_id,
+                    summary,
+                    rec.get("phase_entered_at", {}),
+                    outcome,
+                    started_at=rec.get("started_at"),
+                    facts=start_facts.read(self.session_dir),
+                )
+            except OSError:  # the history folder or file is not writable (a file, a folder in its place):
+                # this status stands, and a later one tries again
+                self._update_state(lambda state_rec: state_rec.__setitem__("history_recorded", False))
 
 def ended_at_of(rec: dict, state: str) -> float | None:
     """When the session ended, from its record: a stop's time for ``stopped``, else ``ended_at``."""
@@ -460,7 +467,10 @@ def _gpu_index_by_pid(gpu_snapshot: Any, session_dir: Path) -> dict[int, int]:
             for proc in sample.processes:
                 mapping.setdefault(proc.pid, sample.index)
         return mapping
-    data = read_json(session_dir / EMULATED_GPUS_FILE)
+    try:
+        data = read_json(session_dir / EMULATED_GPUS_FILE, kind=safe_files.SESSION_RECORD)
+    except OSError:  # refused (a FIFO, a hard link): no GPU column, not a failed status
+        data = None
     if isinstance(data, dict):
         for gpu in data.get("gpus", []) or []:
             try:
