@@ -212,7 +212,10 @@ def _weights(config: dict, seed: int, spoken_ids: list[int] | None = None) -> di
         state[p + "mlp.down_proj.weight"] = normal(h, inter)
         state[p + "input_layernorm.weight"] = torch.ones(h, dtype=torch.bfloat16)
         state[p + "post_attention_layernorm.weight"] = torch.ones(h, dtype=torch.bfloat16)
-    state["model.norm.weight"] = torch.ones(h, dtype=torch.bfloat16)
+    # The final norm's gains are seeded and far from 1 (log-normal), as a trained model's are: with gains
+    # of 1 the pre-norm state is the post-norm one times a positive scalar and has the same top-1, so
+    # `--lm-head-check` could not tell a pre-norm capture from the right one.
+    state["model.norm.weight"] = torch.exp(torch.randn(h, generator=gen)).to(torch.bfloat16)
     if not config.get("tie_word_embeddings"):
         head = normal(vocab, h)
         if spoken_ids:
