@@ -128,14 +128,31 @@ def _write_progress(path: Path, **fields: Any) -> None:
     atomic_write_json(path / PROGRESS_FILE, current)
 
 
-def _preflight_output_dir(spec: JobSpec) -> None:
-    """Refuse, before spawning, an output dir that holds anything (a fresh job needs an empty one)."""
+def _preflight_output_dir(spec: JobSpec, home: Home) -> None:
+    """Refuse, before spawning, an output dir that holds anything (a fresh job needs an empty one).
+
+    The hint says what the data there is: a finished job's (run again into another folder, or delete it),
+    or an unfinished one's (resume that job).  Resuming a done job does nothing, so it is never offered."""
     out = spec.output_dir
     if out.is_dir() and any(out.iterdir()):
         from sessions.extraction.output import OutputDir
 
         owner = OutputDir(out).owner_job_id()
-        hint = f"; it holds job {owner}'s dataset: `eagle3-tui extract resume {owner}`" if owner else ""
+        again = "delete it or set another output_dir to run the spec again"
+        hint = f"; {again}"
+        if owner:
+            try:
+                owner_progress: JobProgress | None = read_progress(job_dir(owner, home))
+            except JobError:
+                owner_progress = None
+            if owner_progress is not None and owner_progress.state == "done" \
+                    and not owner_progress.extraction_failures:
+                hint = f"; it holds the finished dataset of job {owner} (done); {again}"
+            elif owner_progress is not None:
+                hint = (f"; it holds job {owner}'s unfinished dataset ({owner_progress.state}): "
+                        f"`eagle3-tui extract resume {owner}` continues it, or {again}")
+            else:
+                hint = f"; it holds the dataset of job {owner}, which this home does not know; {again}"
         raise JobError(f"output_dir {out} is not empty{hint}", code=1)
 
 
@@ -153,7 +170,7 @@ def create_job(spec_path: Path | str, home: Home | None = None) -> tuple[str, Pa
         raise JobError(f"{spec_path}: " + "; ".join(str(p) for p in problems), code=2)
     resolved = resolve_spec(spec, home)  # a named session must exist and have capture on
     check_job_python(job_python(resolved))
-    _preflight_output_dir(spec)
+    _preflight_output_dir(spec, home)
     job_id = new_job_id(spec.name)
     path = ensure_private_dir(home.jobs_dir / job_id)
     write_spec_copy(replace(spec, python=resolved.python), path / SPEC_FILE)
@@ -226,6 +243,19 @@ def _job_pythonpath(python: str, home_state: Path) -> str:
     return str(folder)
 
 
+def open_job_log(path: Path) -> int:
+    """``job.log`` for appending, private (0600) like everything else in the home: it holds the job's
+    paths, server URL and tracebacks.  A log left 0644 by an older version is made private too; a link
+    in its place is refused (O_NOFOLLOW)."""
+    fd = os.open(path / LOG_FILE, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    try:
+        os.fchmod(fd, 0o600)
+    except OSError:
+        os.close(fd)
+        raise
+    return fd
+
+
 def spawn(path: Path, resume: bool) -> int:
     """Start the job process detached; return its pid (also recorded in progress.json)."""
     import psutil
@@ -242,9 +272,12 @@ def spawn(path: Path, resume: bool) -> int:
     if resume:
         argv.append("--resume")
     atomic_write_json(path / CONTROL_FILE, {"pause": False, "cancel": False})
-    with open(path / LOG_FILE, "ab") as log:
-        proc = subprocess.Popen(argv, cwd=path, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+    log_fd = open_job_log(path)
+    try:
+        proc = subprocess.Popen(argv, cwd=path, stdin=subprocess.DEVNULL, stdout=log_fd, stderr=subprocess.STDOUT,
                                 env=env, start_new_session=True, close_fds=True)
+    finally:
+        os.close(log_fd)
     try:
         create_time = psutil.Process(proc.pid).create_time()
     except psutil.NoSuchProcess:
@@ -315,7 +348,8 @@ def cancel_job(job_id: str, home: Home | None = None, grace_s: float = 30.0) -> 
     path = Path(progress.job_dir)
     if not progress.is_live:
         if progress.state in ("done", "cancelled"):
-            return progress
+            # Nothing runs: saying "cancelled" of a done job would misreport its data.
+            raise JobError(f"job {job_id} is already {progress.state}: nothing to cancel", code=1)
         _write_progress(path, state="cancelled", reason="cancelled while not running", finished_at=time.time())
         return job_status(job_id, home)
     _control(path, cancel=True)

@@ -25,6 +25,11 @@ if TYPE_CHECKING:  # type-only: the runner imports these (collector and renderin
     from sessions.extraction.spec import JobSpec
 
 
+# The fields of a resumed job's last progress file that stand until the new run has counted its manifest.
+CARRIED_FIELDS = ("name", "total", "done", "ok", "skipped", "failed_lines", "extraction_failures", "tokens",
+                  "supervised_tokens", "bytes")
+
+
 class RunReport:
     """The reporting of a job run (its state is set in `JobRun.__init__` and its start-up)."""
 
@@ -54,6 +59,8 @@ class RunReport:
     done_at_pipeline_start: int
     dims: ModelDims
     renderer: ChatRenderer
+    carried: dict[str, Any]  # the last run's name and counts, shown until this run has counted
+    counted: bool
 
     def log(self, message: str) -> None:
         print(f"{time.strftime('%Y-%m-%d %H:%M:%S')} [{self.job_id}] {message}", flush=True)
@@ -75,9 +82,9 @@ class RunReport:
         fill = None
         if gate is not None and gate._usage is not None:
             fill = round(gate._usage.fill, 4)
-        return {
+        snapshot = {
             "job_id": self.job_id,
-            "name": spec.name if spec else "",
+            "name": spec.name if spec else self.carried.get("name", ""),
             "pid": os.getpid(),
             "create_time": _own_create_time(),
             "python": str(spec.python) if spec and spec.python else sys.executable,
@@ -117,6 +124,9 @@ class RunReport:
             "pipeline_started_at": self.pipeline_started_at,
             "done_this_run": self.done - self.done_at_pipeline_start if self.pipeline_started_at else 0,
         }
+        if not self.counted:
+            snapshot.update({k: v for k, v in self.carried.items() if k != "name" and (k != "total" or not self.total)})
+        return snapshot
 
     def write_progress(self) -> None:
         atomic_write_json(self.job_dir / PROGRESS_FILE, self.snapshot())

@@ -45,7 +45,8 @@ from sessions.extraction.datasets import DatasetLineError, count_lines, dataset_
 from sessions.extraction.job import CONTROL_FILE, JOB_FILE, SPEC_FILE, JobError, resolve_spec
 from sessions.extraction.model_dims import bytes_per_token, read_model_dims
 from sessions.extraction.output import ManifestEntry, OutputDir, OutputDirError
-from sessions.extraction.progress import RateMeter
+from sessions.extraction.progress import PROGRESS_FILE, RateMeter
+from sessions.extraction.run_report import CARRIED_FIELDS
 from sessions.extraction.spec import JobSpec, JobSpecError, load_job_spec
 from sessions.home import atomic_write_json, read_json, resolve_home
 
@@ -98,6 +99,13 @@ class JobRun(OutputBookkeeping):
         self.done_at_pipeline_start = 0
         self._uncommitted: list[ManifestEntry] = []
         self._unappended: list[ManifestEntry] = []  # non-ok outcomes waiting for room on the output disk
+        # Until this run has counted the manifest (seconds: the tokenizer loads, the output reconciles), its
+        # progress file shows what the last run recorded, not 0/0 and a nameless job.
+        previous = read_json(job_dir / PROGRESS_FILE, default={}) or {}
+        self.carried = {k: previous[k] for k in CARRIED_FIELDS if k in previous} if resume else {}
+        if isinstance(previous.get("name"), str):
+            self.carried["name"] = previous["name"]
+        self.counted = False
 
     # -- start-up ----------------------------------------------------------------------------------------
     def setup(self) -> Iterator[Any]:
@@ -134,6 +142,7 @@ class JobRun(OutputBookkeeping):
                      f"{report.removed_tmp} tmp files removed, {report.retried_failed} failed samples to retry")
         for entry in report.entries.values():
             self._count(entry, rate=False)
+        self.counted = True
         # resolve_spec filled model_path from the session; the spec check requires it with server_url
         assert spec.model_path is not None
         self.dims = read_model_dims(spec.model_path)
