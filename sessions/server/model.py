@@ -136,6 +136,7 @@ class SessionStatus:
     problem: str | None = None  # what is wrong with the session's record (damaged state.json, ...)
     taken_at: float = field(default_factory=time.time)
     serving: Any = None  # sessions.serving.ServingSnapshot once a stats line was logged
+    launch_tp_size: int | None = None  # the TP size the session was launched with (its state.json)
 
     @property
     def rank_count(self) -> int | None:
