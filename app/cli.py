@@ -37,6 +37,14 @@ class CliError(Exception):
         self.code = code
 
 
+def say_on_stderr(line: str) -> None:
+    """A progress line on the terminal (stderr: stdout stays for a command's own output)."""
+    try:
+        print(f"eagle3-tui: {line}", file=sys.stderr, flush=True)
+    except OSError:  # no terminal any more (a hangup): the work goes on without the line
+        pass
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="eagle3-tui",
@@ -73,7 +81,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             from sessions.demo import ensure_demo_home
             from sessions.home import resolve_home
 
-            ensure_demo_home(resolve_home(demo=True))
+            ensure_demo_home(resolve_home(demo=True), progress=say_on_stderr)
         if args.command is None:
             from app.tui import run_tui
 

@@ -21,6 +21,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypedDict
@@ -258,7 +259,13 @@ def ensure_demo_home(home: Home | None = None, progress: Progress | None = None)
     `Home`.  Files that exist are kept as they are (the user may have edited them).  ``progress`` gets one
     line per slow step (the first start writes the tiny model: seconds, which a terminal must not spend
     blank)."""
-    say = progress or _quiet
+    started = time.monotonic()
+    said: list[str] = []
+
+    def say(line: str) -> None:
+        said.append(line)
+        (progress or _quiet)(line)
+
     home = (home or resolve_home(demo=True)).ensure()
     model_dir = ensure_private_dir(demo_root(home) / "models" / MODEL_DIR_NAME)
     config_path = model_dir / "config.json"
@@ -272,6 +279,8 @@ def ensure_demo_home(home: Home | None = None, progress: Progress | None = None)
         text = _PROFILE_TEMPLATE.format(title=DEMO_TITLES[name], model_path=_toml_string(model_dir), **filled)
         atomic_write_text(path, text)
     _ensure_capture_demo(home, say)
+    if said and progress is not None:
+        progress(f"demo home ready in {time.monotonic() - started:.1f} s: {demo_root(home)}")
     return home
 
 
