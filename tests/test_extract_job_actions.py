@@ -136,3 +136,57 @@ def test_job_log_is_private_also_when_an_older_version_left_it_readable(home, tm
         assert stat.S_IMODE(log.stat().st_mode) == 0o600
     finally:
         stop_job(job_id, home)
+
+
+# -- a refused capture folder refuses the job (issue 22 item 18) ---------------------------------------------
+def _refused_dirs(tmp_path: Path) -> dict[str, tuple[Path, str]]:
+    """Capture folders the plugin refuses, each with the word its reason must hold."""
+    real = tmp_path / "real-capture"
+    real.mkdir(mode=0o700)
+    link = tmp_path / "link-capture"
+    link.symlink_to(real)
+    foreign = tmp_path / "foreign-capture"
+    foreign.mkdir(mode=0o700)
+    os.chown(foreign, 65534, 65534)  # nobody's: the tests run as root, who can give a folder away
+    open_dir = tmp_path / "open-capture"
+    open_dir.mkdir()
+    os.chmod(open_dir, 0o777)
+    a_file = tmp_path / "file-capture"
+    a_file.write_text("not a folder")
+    return {"symlink": (link, "symlink"), "foreign": (foreign, "owned by uid 65534"),
+            "open": (open_dir, "0777"), "file": (a_file, "not a directory")}
+
+
+def test_a_refused_capture_folder_refuses_the_job_before_any_request(home, cli_env, tmp_path, model_dir) -> None:
+    from _extract_support import DownServerStandIn, free_port
+
+    port = free_port()
+    dataset = write_dataset(tmp_path / "data.jsonl", chat_rows(4))
+    with DownServerStandIn(port) as server:
+        for name, (folder, why) in _refused_dirs(tmp_path).items():
+            spec = write_spec(tmp_path / f"{name}.toml", name=name, server_url=f"http://127.0.0.1:{port}",
+                              dataset=dataset, output_dir=tmp_path / f"out-{name}", capture_dir=folder,
+                              model_path=model_dir)
+            refused = run_cli(["extract", "run", str(spec)], cli_env)
+            assert refused.returncode == 2, (name, refused.stderr)
+            assert str(folder) in refused.stderr and why in refused.stderr, (name, refused.stderr)
+            assert "nothing was sent" in refused.stderr
+        assert not home.jobs_dir.exists() or not any(home.jobs_dir.iterdir())  # no job was made
+
+        # A folder refused after the job was made (here: replaced by a link before it starts) fails the
+        # run at its start-up, naming the folder and why, and still nothing reaches the server.
+        capture = tmp_path / "later"
+        spec = write_spec(tmp_path / "later.toml", name="later", server_url=f"http://127.0.0.1:{port}",
+                          dataset=dataset, output_dir=tmp_path / "out-later", capture_dir=capture,
+                          model_path=model_dir)
+        job_id, path = create_job(spec, home)  # a missing capture dir is fine: the server makes it
+        capture.symlink_to(tmp_path / "real-capture")
+        spawn(path, resume=False)
+        try:
+            failed = wait_for(lambda: (p := job_status(job_id, home)).state in ("failed", "done") and p,
+                              "the job refused", 120)
+        finally:
+            stop_job(job_id, home)
+        assert failed.state == "failed" and str(capture) in failed.reason and "symlink" in failed.reason
+        assert f"extract resume {job_id}" in failed.reason
+        assert server.requests == []  # not one request: no /model_info, no /generate

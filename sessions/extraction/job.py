@@ -121,6 +121,22 @@ def resolve_spec(spec: JobSpec, home: Home) -> JobSpec:
     )
 
 
+def capture_dir_problem(capture_dir: Path | None) -> str | None:
+    """Why the job's capture dir would be refused (the plugin's own rules: a symlink, not a folder, another
+    user's, group/other bits), or None.  Checked before anything is sent: a refused dir would fail every
+    sample.  A missing one is fine (the server makes it 0700 on its first dump)."""
+    if capture_dir is None:
+        return None
+    from sessions.capture.writer import CaptureDirError, check_capture_dir
+
+    try:
+        check_capture_dir(capture_dir)
+    except CaptureDirError as exc:
+        return (f"job.capture_dir: {exc}; nothing was sent. Give a private folder of yours (0700, not a "
+                "link), the one the server captures into")
+    return None
+
+
 def _write_progress(path: Path, **fields: Any) -> None:
     current = read_json(path / PROGRESS_FILE, default={}) or {}
     current.update(fields)
@@ -170,6 +186,9 @@ def create_job(spec_path: Path | str, home: Home | None = None) -> tuple[str, Pa
         raise JobError(f"{spec_path}: " + "; ".join(str(p) for p in problems), code=2)
     resolved = resolve_spec(spec, home)  # a named session must exist and have capture on
     check_job_python(job_python(resolved))
+    problem = capture_dir_problem(resolved.capture_dir)
+    if problem:
+        raise JobError(f"{spec_path}: {problem}", code=2)
     _preflight_output_dir(spec, home)
     job_id = new_job_id(spec.name)
     path = ensure_private_dir(home.jobs_dir / job_id)
@@ -256,7 +275,7 @@ def open_job_log(path: Path) -> int:
     return fd
 
 
-def spawn(path: Path, resume: bool) -> int:
+def spawn(path: Path, resume: bool, accept_server: bool = False) -> int:
     """Start the job process detached; return its pid (also recorded in progress.json)."""
     import psutil
 
@@ -271,7 +290,7 @@ def spawn(path: Path, resume: bool) -> int:
     argv = [python, "-m", "sessions.extraction.runner", "--job-dir", str(path)]
     if resume:
         argv.append("--resume")
-    atomic_write_json(path / CONTROL_FILE, {"pause": False, "cancel": False})
+    atomic_write_json(path / CONTROL_FILE, {"pause": False, "cancel": False, "accept_server": accept_server})
     log_fd = open_job_log(path)
     try:
         proc = subprocess.Popen(argv, cwd=path, stdin=subprocess.DEVNULL, stdout=log_fd, stderr=subprocess.STDOUT,
@@ -322,19 +341,25 @@ def pause_job(job_id: str, home: Home | None = None) -> JobProgress:
     return progress
 
 
-def resume_job(job_id: str, home: Home | None = None) -> JobProgress:
+def resume_job(job_id: str, home: Home | None = None, accept_server: bool = False) -> JobProgress:
     """``extract resume``: a live job paused by the user continues; a stopped one (or a done one with failed
-    samples, which are retried) gets a new process that continues from the manifest under the same id."""
+    samples, which are retried) gets a new process that continues from the manifest under the same id.
+
+    ``accept_server`` (``--accept-server``): the server that answers at the job's URL now becomes the job's,
+    even where its identity differs from the one the job started with; the job records the change."""
     progress = job_status(job_id, home)
     path = Path(progress.job_dir)
     if progress.is_live:
+        if accept_server:
+            _control(path, accept_server=True, pause=False)
+            return progress
         if progress.paused_by_user or (read_json(path / CONTROL_FILE, default={}) or {}).get("pause"):
             _control(path, pause=False)
             return progress
         raise JobError(f"job {job_id} is already {progress.state} (pid {progress.pid})", code=1)
     if progress.state == "done" and not progress.extraction_failures:
         raise JobError(f"job {job_id} is done: nothing to resume", code=1)
-    spawn(path, resume=True)
+    spawn(path, resume=True, accept_server=accept_server)
     return job_status(job_id, home)
 
 

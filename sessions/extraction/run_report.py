@@ -164,6 +164,10 @@ class RunReport:
                         "aux_hidden_state": "bfloat16 [1, T, K*H] ascending capture points"},
             "sglang_version": (shape.sglang_version if shape else None) or previous.get("sglang_version"),
             "server_url": spec.server_url,
+            # What the hidden states came from (sessions.extraction.identity), and every server change an
+            # `extract resume --accept-server` let into this dataset.
+            "server_identity": self.meta.get("server_identity"),
+            "accepted_server_changes": list(self.meta.get("accepted_server_changes") or []),
             "session": spec.session,
             "rid_prefix": spec.rid_prefix,
             "dataset": {**(self.meta.get("dataset") or {}), "format": spec.dataset_format},
