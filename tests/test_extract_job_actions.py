@@ -103,7 +103,7 @@ def test_rerunning_a_finished_spec_never_suggests_resuming_the_done_job(home, tm
 
 def test_a_resumed_job_shows_its_name_and_last_counts_before_it_has_counted(home, tmp_path, model_dir) -> None:
     spec = _spec(tmp_path, tmp_path / "out", model_dir)
-    job_id, path = create_job(spec, home)
+    _job_id, path = create_job(spec, home)
     last = {**json.loads((path / "progress.json").read_text()), "state": "interrupted", "total": 4, "done": 3,
             "ok": 2, "failed_lines": 1, "tokens": 120, "bytes": 4096}
     (path / "progress.json").write_text(json.dumps(last))

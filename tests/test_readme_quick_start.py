@@ -31,4 +31,4 @@ def test_both_quick_start_commands_make_and_use_a_venv_and_ci_runs_the_same_test
     ci = (ROOT / ".ci" / "run").read_text(encoding="utf-8")
     ran = [line for line in ci.splitlines() if not line.startswith("#") and "pytest" in line]
     assert ran == [tests.replace(".venv", "$venv")], ran
-    assert re.search(r"^venv=\.venv-ci$", ci, re.M)
+    assert re.search(r"^venv=\.venv-ci$", ci, re.MULTILINE)
