@@ -34,6 +34,7 @@ def models(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
             write_demo_model(root / "other", num_layers=8, hidden_size=64, seed=7))
 
 
+@pytest.mark.timeout(1200)  # seven server starts of a real model on a shared CPU
 def test_any_change_of_what_shapes_hidden_states_pauses_the_job_and_accept_server_lets_it_on_record(
         home, cli_env, make_emulator_profile, launched, models, tmp_path) -> None:
     from sessions import probes
@@ -107,12 +108,18 @@ def test_any_change_of_what_shapes_hidden_states_pauses_the_job_and_accept_serve
         template = tmp_path / "other.jinja"
         template.write_text("{% for m in messages %}{{ m['content'] }}{% endfor %}")
         against(serve("template", mine, extra_args=["--chat-template", str(template)]), "chat_template: sha256:")
-        # A recorded SGLang version that the server no longer has (the job started under 0.5.22).
+        # A recorded SGLang version that the server no longer has: the job, stopped, is made to have started
+        # under 0.5.22 (the running one keeps its identity in memory), and its resume pauses at once.
+        stop_job(job_id, home)
+        assert job_status(job_id, home).state == "cancelled"
         meta = json.loads(job_json.read_text())
         meta["server_identity"]["sglang_version"] = "0.5.22"
         job_json.write_text(json.dumps(meta))
         same = serve("same", mine)
+        resumed = run_cli(["extract", "resume", job_id], cli_env)
+        assert resumed.returncode == 0, resumed.stderr
         paused_naming("sglang_version: 0.5.22 → 0.5.23")
+        assert job_status(job_id, home).done == held[0]
         kill(same)
 
         # The explicit override: the other model's server is accepted, and the job finishes against it.
