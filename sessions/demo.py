@@ -413,10 +413,10 @@ def _write_tiny_model(model_dir: Path, draft_dir: Path | None = None, target_dir
         for path in stagings:
             shutil.rmtree(path, ignore_errors=True)
         return problem
-    for path, final in ((staging, model_dir), (draft_staging, draft_dir)):
-        if path is not None and final is not None:
-            shutil.rmtree(final, ignore_errors=True)  # a partial folder from an interrupted earlier run
-            os.replace(path, final)  # complete or absent: `model.safetensors` marks a finished model
+    moves = [(staging, model_dir)] + ([(draft_staging, draft_dir)] if draft_staging and draft_dir else [])
+    for made, final in moves:
+        shutil.rmtree(final, ignore_errors=True)  # a partial folder from an interrupted earlier run
+        os.replace(made, final)  # complete or absent: `model.safetensors` marks a finished model
     return None
 
 
