@@ -81,6 +81,9 @@ def test_any_change_of_what_shapes_hidden_states_pauses_the_job_and_accept_serve
         assert recorded["weights"] and "model.safetensors" in recorded["weights"]
         assert recorded["capture_layers"] == "default" and recorded["chat_template"].startswith("sha256:")
         kill(first)
+        # Dumps of requests in flight at the kill may be left; a killed server writes nothing more, so any
+        # dump folder beyond these would be a request that reached another server.
+        leftovers = {p.name for p in capture.iterdir()}
         # Samples answered before the kill may still be recorded after it: the count is taken once the job
         # stands paused against the first other server, and must not move after that.
         held: list[int] = []
@@ -88,7 +91,7 @@ def test_any_change_of_what_shapes_hidden_states_pauses_the_job_and_accept_serve
         def against(session, *words: str) -> None:
             paused = paused_naming("different server", *words)
             assert f"extract resume {job_id} --accept-server" in paused.reason
-            assert not [p for p in capture.iterdir() if p.name.startswith("eagle3-")]  # no request got through
+            assert {p.name for p in capture.iterdir()} <= leftovers  # no request got through
             held.append(job_status(job_id, home).done)
             kill(session)
             assert len(set(held)) == 1 and held[0] < rows, held
