@@ -133,3 +133,26 @@ def test_the_demo_jobs_output_passes_the_lm_head_check_and_planted_wrong_final_s
         assert bad.lm_head.top1 < 0.5, (name, bad.summary())
         result = run_cli(["extract", "verify", str(planted), "--lm-head-check"], cli_env)
         assert result.returncode == 1 and "the final states look wrong" in result.stdout, (name, result.stdout)
+
+
+def test_a_demo_home_whose_model_differs_gets_that_models_own_answers(home, monkeypatch, tmp_path) -> None:
+    """Another torch could draw other weights from the same seed: the committed answers would not be that
+    model's, so the demo home generates its own (a child process), says so, and the dataset holds them."""
+    from sessions.demo import DEMO_DATASET_NAME, demo_root, ensure_demo_home, tiny_model_dir
+    from sessions.demo_model import write_demo_model
+    from sessions.home import resolve_home
+
+    monkeypatch.setenv("EAGLE3_TUI_DEMO", "1")
+    demo = ensure_demo_home(resolve_home())
+    model = tiny_model_dir(demo)
+    dataset = demo_root(demo) / "datasets" / DEMO_DATASET_NAME
+    shutil.rmtree(model)
+    write_demo_model(model, **{**TINY_MODEL_SHAPE, "seed": 5})  # "another torch": other weights
+    dataset.unlink()
+    said: list[str] = []
+    ensure_demo_home(demo, progress=said.append)
+    assert any("generating its own answers" in line for line in said), said
+    first = json.loads(dataset.read_text().splitlines()[0])
+    (entry,) = generate_answers(model, demo_conversation_plans()[:1])  # the first row's one answer, made here
+    assert first["conversations"][2] == {"from": "gpt", "value": entry["answer"]}
+    assert entry["answer"] not in load_book()[1].values()
