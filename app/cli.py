@@ -37,14 +37,6 @@ class CliError(Exception):
         self.code = code
 
 
-def say_on_stderr(line: str) -> None:
-    """A progress line on the terminal (stderr: stdout stays for a command's own output)."""
-    try:
-        print(f"eagle3-tui: {line}", file=sys.stderr, flush=True)
-    except OSError:  # no terminal any more (a hangup): the work goes on without the line
-        pass
-
-
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="eagle3-tui",
@@ -78,7 +70,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.demo and args.command is not None:
             # Every entry point creates the demo home on first use, as opening the TUI does; otherwise
             # `--demo profile list` on a fresh machine would list nothing.
-            from sessions.demo import ensure_demo_home
+            from sessions.demo import ensure_demo_home, say_on_stderr
             from sessions.home import resolve_home
 
             ensure_demo_home(resolve_home(demo=True), progress=say_on_stderr)

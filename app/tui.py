@@ -312,8 +312,7 @@ def run_tui(demo: bool = False) -> int:
     from sessions.home import resolve_home
 
     if demo:
-        from app.cli import say_on_stderr
-        from sessions.demo import ensure_demo_home
+        from sessions.demo import ensure_demo_home, say_on_stderr
 
         # Before the TUI takes the screen: the first start writes the tiny model, and says so meanwhile.
         resolved = ensure_demo_home(resolve_home(demo=True), progress=say_on_stderr)

@@ -288,6 +288,15 @@ def _quiet(_line: str) -> None:
     """The default `Progress`: say nothing."""
 
 
+def say_on_stderr(line: str) -> None:
+    """The `Progress` of the CLI and the TUI: a line on the terminal before anything else is drawn (stderr:
+    stdout stays for a command's own output)."""
+    try:
+        print(f"eagle3-tui: {line}", file=sys.stderr, flush=True)
+    except OSError:  # no terminal any more (a hangup): the work goes on without the line
+        pass
+
+
 def demo_note(home: Home) -> str | None:
     """One line for the TUI when the capture + extraction demo was skipped (why), else None."""
     try:
