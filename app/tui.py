@@ -315,9 +315,10 @@ def run_tui(demo: bool = False) -> int:
     from sessions.home import resolve_home
 
     if demo:
-        from sessions.demo import ensure_demo_home
+        from sessions.demo import ensure_demo_home, say_on_stderr
 
-        resolved = ensure_demo_home(resolve_home(demo=True))
+        # Before the TUI takes the screen: the first start writes the tiny model, and says so meanwhile.
+        resolved = ensure_demo_home(resolve_home(demo=True), progress=say_on_stderr)
     else:
         resolved = resolve_home().ensure()
     app = Eagle3App(resolved, demo=demo)

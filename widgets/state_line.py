@@ -204,11 +204,14 @@ class StateLine(TextLines):
     def _ranks_text(self, status: SessionStatus, width: int) -> Text:
         text = Text()
         schedulers = [r for r in status.ranks if r.rank is not None]
-        expected = getattr(status.summary, "ranks_expected", None) or len(schedulers)
+        # How many there should be: the start's server_args line, else the TP size it was launched with.
+        # Unknown (a record without either), the count stands alone: never "ranks 0/n/a".
+        expected = (getattr(status.summary, "ranks_expected", None) or status.launch_tp_size
+                    or len(schedulers))
         alive = [r for r in schedulers if r.status not in ("zombie", "dead")]
         bad = self.get_component_rich_style("state--bad")
         text.append(
-            f"ranks {len(alive)}/{expected or units.NA}",
+            f"ranks {len(alive)}/{expected}" if expected else f"ranks {len(alive)}",
             style=bad if expected and len(alive) < expected and status.alive else "",
         )
         if not status.ranks:

@@ -355,6 +355,9 @@ class JobsScreen(Screen):
         if job is None:
             self.notify("No job selected.", severity="warning")
             return
+        if job.state in ("done", "cancelled"):  # nothing runs: no question, and never "cancelled" of done data
+            self.notify(f"Job {job.job_id} is already {job.state}: nothing to cancel.", severity="warning")
+            return
         from widgets.confirm_modal import ConfirmModal
 
         def answered(yes: bool | None) -> None:
@@ -400,10 +403,11 @@ class JobsScreen(Screen):
 
         functions = {"pause": jobs.pause_job, "resume": jobs.resume_job, "cancel": jobs.cancel_job}
         try:
-            functions[action](job_id, self.home)
+            progress = functions[action](job_id, self.home)
         except jobs.JobError as exc:
             self.app.call_from_thread(self.notify, str(exc), severity="warning")
             return
-        past = {"pause": "pausing", "resume": "resumed", "cancel": "cancelled"}[action]
-        self.app.call_from_thread(self.notify, f"Job {job_id} {past}.")
+        # What happened, from the job's own record: a cancel may find it already ended on its own.
+        said = {"pause": "pausing", "resume": "resumed", "cancel": f"is {progress.state}"}[action]
+        self.app.call_from_thread(self.notify, f"Job {job_id} {said}.")
         self.app.call_from_thread(self.poll)

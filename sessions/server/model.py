@@ -171,6 +171,7 @@ class SessionStatus:
     # When an ended session ended (stopped_at for a stop, else ended_at of state.json), read with the
     # record in status(): widgets draw it and never open state.json themselves.
     ended_at: float | None = None
+    launch_tp_size: int | None = None  # the TP size the session was launched with (its state.json)
 
     @property
     def rank_count(self) -> int | None:
