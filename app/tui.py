@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from textual.command import DiscoveryHit, Hit, Hits, Provider
+from textual.driver import Driver
 
 from app.keymap import APP_KEYS, bindings, load_keymap
 from app.typeahead import TypeAheadApp
@@ -132,6 +133,18 @@ class Eagle3App(TypeAheadApp[int]):
         self.user_keymap: dict[str, str] = {}
         self.hangup_received = False
         self.crash_file: Path | None = None
+
+    def get_driver_class(self) -> type[Driver]:
+        """Textual's driver, except on Linux/macOS terminals: the one that ignores bytes that are not UTF-8
+        (`app.terminal_input`; Textual's own exits the app on one 0xFF byte)."""
+        driver_class = super().get_driver_class()
+        from textual.drivers.linux_driver import LinuxDriver
+
+        if driver_class is LinuxDriver:
+            from app.terminal_input import ByteSafeLinuxDriver
+
+            return ByteSafeLinuxDriver
+        return driver_class
 
     def on_mount(self) -> None:
         from app.feed import DashboardFeed
