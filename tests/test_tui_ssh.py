@@ -106,7 +106,9 @@ def test_bytes_that_are_not_utf8_are_ignored_and_the_keys_around_them_still_work
         assert b"Help \xc2\xb7 eagle3-tui" in _read_until(fd, b"Help \xc2\xb7 eagle3-tui"), "no help drawn"
         done, _status = os.waitpid(pid, os.WNOHANG)
         assert done == 0, "the TUI exited after the undecodable bytes"
-        os.write(fd, b"qq")  # the first closes help, the second quits
+        os.write(fd, b"\x1b")  # close help
+        _read_until(fd, b"Profiles")
+        os.write(fd, b"q")
         code = _wait_exit(pid)
     finally:
         os.close(fd)
