@@ -163,11 +163,14 @@ class Eagle3App(TypeAheadApp[int]):
             from sessions.demo import HEALTHY_PROFILE
 
             initial = HEALTHY_PROFILE
+        from app.selection import load_selection
+
         self.dashboard = DashboardScreen(
             DashboardFeed(self.home, self._gpu_source),
             demo=self.demo,
             refresh_s=self.refresh_s,
             initial_profile=initial,
+            initial=load_selection(self.home),  # reattach: the last TUI's selection and focused pane
         )
         self.push_screen(self.dashboard)
         for problem in self.keymap_problems:

@@ -24,6 +24,7 @@ from textual.worker import Worker, WorkerState, get_current_worker
 
 from app.feed import DashboardFeed, DashboardSnapshot, PollRequest
 from app.keymap import DASHBOARD_KEYS, KEYS_BY_ID, bindings
+from app.selection import Selection, save_selection
 from app.screens.dashboard_messages import (  # re-exported: listeners import them from here too
     ActionFailed,
     CaptureToggled,
@@ -36,7 +37,7 @@ from sessions.logs import MAIN_RANK, LogFilter
 from widgets.confirm_modal import ConfirmModal
 from widgets.gpu_panel import GpuPanel
 from widgets.inputs import InOrderInput
-from widgets.lists import PageSafeSelect, ProfileList, SessionList
+from widgets.lists import PageSafeSelect, ProfileList, SessionEntry, SessionList
 from widgets.log_view import LogPane, LogView
 from widgets.phase_timeline import PhaseTimeline
 from widgets.serving_line import ServingLine
@@ -111,13 +112,17 @@ class DashboardScreen(Screen):
         demo: bool = False,
         refresh_s: float = REFRESH_S,
         initial_profile: str | None = None,
+        initial: Selection | None = None,
     ) -> None:
         super().__init__()
         self.feed = feed
         self.demo = demo
         self.refresh_s = refresh_s
-        self.selected_session: str | None = None
-        self.selected_profile: str | None = initial_profile
+        kept = initial or Selection()  # what the last TUI had selected (`app.selection`), restored
+        self.selected_session: str | None = kept.session
+        self.selected_profile: str | None = kept.profile or initial_profile
+        self._initial_pane = kept.pane
+        self._saved_selection = kept
         self.last_snapshot: DashboardSnapshot | None = None
         self.poll_count = 0
         self._timer: Timer | None = None
@@ -127,7 +132,9 @@ class DashboardScreen(Screen):
         self._seen_problems: set[str] = set()
         self._last_states: dict[str, str] | None = None
         self._titles: dict[str, tuple[str, str | None]] = {}
-        self._rendered_session: str | None = None  # the session the last drawn snapshot showed
+        # The session the last drawn snapshot showed; a restored one counts as shown, so its profile does not
+        # take the profile cursor from the restored profile.
+        self._rendered_session: str | None = kept.session
 
     # -- layout -------------------------------------------------------------------------------------------
 
@@ -162,6 +169,8 @@ class DashboardScreen(Screen):
         self._update_log_title()
         self.query_one("#gpu-pane").can_focus = True
         self.query_one(ProfileList).focus()
+        if self._initial_pane is not None:
+            self.action_focus_pane(self._initial_pane)
         self._schedule_poll(0)
 
     def on_resize(self) -> None:
@@ -285,6 +294,7 @@ class DashboardScreen(Screen):
             if log_view.needs_scan:  # another session's log, or a rotated one, under an active filter
                 self.set_log_filter(log_view.log_filter, reset=False)
         self._update_log_title()
+        self._keep_selection()
         for problem in snapshot.problems:
             self._notify_problem(problem)
         self._notify_transitions(snapshot)
@@ -357,6 +367,78 @@ class DashboardScreen(Screen):
         self.query_one(SessionList).select_id(session_id)
         self.poll_now()
 
+    # -- targets: what a key acts on -------------------------------------------------------------------------
+
+    def _target_session(self, verb: str, live_only: bool = True, quiet: bool = False) -> SessionEntry | None:
+        """The session a key acts on: the one under the cursor of the pane that has focus, as on screen.
+
+        Profiles pane: the highlighted profile's running session (``live_only`` False: else its newest one).
+        Sessions pane: the highlighted session.  Elsewhere (GPUs, log): the session the card and the log show.
+        When there is none, it says so (unless ``quiet``) and returns None: `s` on a profile with no server
+        stopped the session pane's one, another profile's (issue 21)."""
+        snapshot = self.last_snapshot
+        if snapshot is None:
+            if not quiet:
+                self.notify(f"Nothing to {verb} yet: the first refresh has not finished.", severity="warning")
+            return None
+        focused = self.focused
+        if isinstance(focused, ProfileList):
+            name = focused.highlighted_id
+            profile = next((p for p in snapshot.profiles if p.name == name), None)
+            session_id = profile.live_session if profile is not None else None
+            if session_id is None and not live_only:
+                session_id = next((s.session_id for s in snapshot.sessions if s.profile == name), None)
+            if session_id is None:
+                if not quiet:
+                    what = "running session" if live_only else "session"
+                    self.notify(f"Profile {name or '(none)'} has no {what} to {verb}"
+                                f"{' (l launches it)' if name else ''}.", severity="warning")
+                return None
+        elif isinstance(focused, SessionList):
+            session_id = focused.highlighted_id
+        else:
+            session_id = self.selected_session
+        entry = next((s for s in snapshot.sessions if s.session_id == session_id), None)
+        if entry is None:
+            if not quiet:
+                self.notify(f"No session selected to {verb}.", severity="warning")
+            return None
+        if entry.session_id != self.selected_session:
+            self._select_session(entry.session_id)  # the card and the log show what the key acts on
+        return entry
+
+    def _target_profile(self) -> str | None:
+        """The profile a key acts on: the highlighted one in the profiles pane, the highlighted session's in
+        the sessions pane, else the one the profile cursor is on."""
+        focused = self.focused
+        if isinstance(focused, SessionList) and self.last_snapshot is not None:
+            session = next((s for s in self.last_snapshot.sessions if s.session_id == focused.highlighted_id),
+                           None)
+            profiles = {p.name for p in self.last_snapshot.profiles}
+            if session is not None and session.profile in profiles:
+                return session.profile
+        if isinstance(focused, ProfileList) and focused.highlighted_id:
+            return focused.highlighted_id
+        return self.selected_profile or self.query_one(ProfileList).highlighted_id
+
+    def focused_pane(self) -> int | None:
+        """1-4: the pane that has focus (None: the filter bar or nothing)."""
+        focused = self.focused
+        for number, pane in ((1, ProfileList), (2, SessionList), (4, LogView)):
+            if isinstance(focused, pane):
+                return number
+        return 3 if focused is not None and focused.id == "gpu-pane" else None
+
+    def _keep_selection(self) -> None:
+        """Write the selection to the state dir when it changed (a thread: never the UI's disk wait)."""
+        selection = Selection(self.selected_profile, self.selected_session,
+                              self.focused_pane() or self._saved_selection.pane)
+        if selection == self._saved_selection:
+            return
+        self._saved_selection = selection
+        self.run_worker(partial(save_selection, self.feed.home, selection), name="selection-save",
+                        group="selection-save", thread=True, exit_on_error=False)
+
     def selected_status(self) -> Any:
         snapshot = self.last_snapshot
         if snapshot is None or snapshot.status is None or snapshot.selected != self.selected_session:
@@ -366,7 +448,7 @@ class DashboardScreen(Screen):
     # -- actions: lifecycle --------------------------------------------------------------------------------
 
     def action_launch(self) -> None:
-        name = self.selected_profile or self.query_one(ProfileList).highlighted_id
+        name = self._target_profile()
         if not name:
             self.notify("No profile to launch: create one in <config>/profiles.", severity="warning")
             return
@@ -425,36 +507,31 @@ class DashboardScreen(Screen):
         self.notify(message, title=what, severity="error", timeout=15)
         self.post_message(ActionFailed(what, message))
 
-    def _require_session(self, verb: str) -> Any:
-        status = self.selected_status()
-        if status is None:
-            self.notify(f"No session selected to {verb}.", severity="warning")
-        return status
-
     def action_stop(self) -> None:
-        status = self._require_session("stop")
-        if status is None:
+        target = self._target_session("stop")
+        if target is None:
             return
-        if not status.alive:
-            self.notify(f"{status.session_id} is not running ({status.state}).", severity="warning")
+        if not target.alive:
+            self.notify(f"{target.session_id} ({target.names()}) is not running ({target.state}).",
+                        severity="warning")
             return
-        detail = (
-            f"profile {status.profile} · pid {status.pid} · port {status.port}\n"
-            f"SIGTERM to the main process; SIGKILL to what is left after {STOP_GRACE_S:.0f} s."
-        )
+        status = self.selected_status()
+        pid = f"pid {status.pid} · " if status is not None and status.session_id == target.session_id else ""
+        detail = f"{pid}SIGTERM to the main process; SIGKILL to what is left after {STOP_GRACE_S:.0f} s."
+        session_id = target.session_id
 
         def answered(yes: bool | None) -> None:
             if yes:
-                self.notify(f"Stopping {status.session_id}…", timeout=3)
+                self.notify(f"Stopping {session_id}…", timeout=3)
                 self.run_worker(
-                    partial(self._stop, status.session_id),
+                    partial(self._stop, session_id),
                     name="stop",
                     group="action",
                     thread=True,
                     exit_on_error=False,
                 )
 
-        self.app.push_screen(ConfirmModal(f"Stop {status.session_id}?", detail), answered)
+        self.app.push_screen(ConfirmModal(f"Stop {session_id} ({target.names()})?", detail), answered)
 
     def _stop(self, session_id: str) -> None:
         try:
@@ -476,20 +553,21 @@ class DashboardScreen(Screen):
         self.poll_now()
 
     def action_restart(self) -> None:
-        status = self._require_session("restart")
-        if status is None:
+        target = self._target_session("restart")
+        if target is None:
             return
         self.run_worker(
-            partial(self._restart_diff, status.session_id),
+            partial(self._restart_diff, target),
             name="restart-diff",
             group="action",
             thread=True,
             exit_on_error=False,
         )
 
-    def _restart_diff(self, session_id: str) -> None:
+    def _restart_diff(self, target: SessionEntry) -> None:
         from sessions.server import flag_diff
 
+        session_id = target.session_id
         try:
             session = self.feed.session(session_id)
             new_profile = session.current_profile()
@@ -497,9 +575,10 @@ class DashboardScreen(Screen):
         except Exception as exc:  # noqa: BLE001
             self.app.call_from_thread(self._report_failure, f"Restart of {session_id} refused", exc)
             return
-        self.app.call_from_thread(self._confirm_restart, session_id, new_profile, diff)
+        self.app.call_from_thread(self._confirm_restart, target, new_profile, diff)
 
-    def _confirm_restart(self, session_id: str, new_profile: Any, diff: list[str]) -> None:
+    def _confirm_restart(self, target: SessionEntry, new_profile: Any, diff: list[str]) -> None:
+        session_id = target.session_id
         if diff:
             detail = "Flags that change (+ added, - removed, ~ changed):\n" + "\n".join(diff)
         else:
@@ -517,7 +596,7 @@ class DashboardScreen(Screen):
                     exit_on_error=False,
                 )
 
-        self.app.push_screen(ConfirmModal(f"Restart {session_id}?", detail), answered)
+        self.app.push_screen(ConfirmModal(f"Restart {session_id} ({target.names()})?", detail), answered)
 
     def _restart(self, session_id: str, new_profile: Any) -> None:
         try:
@@ -540,7 +619,7 @@ class DashboardScreen(Screen):
     # -- actions: editing and other screens -----------------------------------------------------------------
 
     def action_edit(self) -> None:
-        name = self.selected_profile or self.query_one(ProfileList).highlighted_id
+        name = self._target_profile()
         if not name:
             self.notify("No profile selected to edit.", severity="warning")
             return
@@ -556,10 +635,10 @@ class DashboardScreen(Screen):
     def action_diagnose(self) -> None:
         from app.screens.diagnose import DiagnoseScreen
 
-        status = self._require_session("diagnose")
-        if status is None:
+        target = self._target_session("diagnose", live_only=False)  # a crashed start is worth diagnosing
+        if target is None:
             return
-        self.app.push_screen(DiagnoseScreen(status.session_id, home=self.feed.home))
+        self.app.push_screen(DiagnoseScreen(target.session_id, home=self.feed.home))
 
     def action_jobs(self) -> None:
         from app.screens.jobs import JobsScreen
@@ -570,16 +649,20 @@ class DashboardScreen(Screen):
         """b: bench the selected session when it is ready; the kept results either way."""
         from app.screens.bench import BenchScreen
 
-        status = self.selected_status()
-        ready = status is not None and status.state == "ready"
-        if status is not None and not ready:
-            self.notify(f"{status.session_id} is {status.state}: showing kept bench results only",
-                        severity="warning")
-        self.app.push_screen(BenchScreen(self.feed.home, status.session_id if ready else None))
+        target = self._target_session("bench", quiet=True)
+        ready = target is not None and target.state == "ready"
+        if target is None:
+            where = (f"profile {self.query_one(ProfileList).highlighted_id} has no running session"
+                     if isinstance(self.focused, ProfileList) else "no session selected")
+            self.notify(f"Nothing to bench ({where}): showing kept bench results only", severity="warning")
+        elif not ready:
+            self.notify(f"{target.session_id} ({target.names()}) is {target.state}: showing kept bench "
+                        "results only", severity="warning")
+        self.app.push_screen(BenchScreen(self.feed.home, target.session_id if target and ready else None))
 
     def action_capture(self) -> None:
         """c: show what toggling capture changes in the launch command, then ask y/N before saving."""
-        name = self.selected_profile or self.query_one(ProfileList).highlighted_id
+        name = self._target_profile()
         if not name:
             self.notify("No profile selected.", severity="warning")
             return
