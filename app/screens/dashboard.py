@@ -448,7 +448,10 @@ class DashboardScreen(Screen):
     # -- actions: lifecycle --------------------------------------------------------------------------------
 
     def action_launch(self) -> None:
-        name = self._target_profile()
+        self.launch_profile(self._target_profile())
+
+    def launch_profile(self, name: str | None) -> None:
+        """Launch ``name`` as a detached server (l on it; the palette's "Launch profile NAME")."""
         if not name:
             self.notify("No profile to launch: create one in <config>/profiles.", severity="warning")
             return
