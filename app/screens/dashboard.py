@@ -45,6 +45,8 @@ from widgets.state_line import StateLine
 
 REFRESH_S = 1.0
 STOP_GRACE_S = 30.0
+TALL_AT = 32  # rows: below, the capture panel is cut to two scrollable lines (the log pane keeps 5)
+FOOTER_LAST = ("dashboard.filter", "dashboard.fullscreen")  # shown last in the footer (see BINDINGS)
 WIDE_AT = 110  # columns: from here on the lists sit left of the session pane (HORIZONTAL_BREAKPOINTS)
 LISTS_MIN_WIDTH = 44
 LISTS_MAX_SHARE = 0.45  # the left column grows to its longest name, up to this share of the screen
@@ -62,14 +64,21 @@ class DashboardScreen(Screen):
 
     # Help and Quit first in the footer: app bindings would come after the screen's own, and an 80-column
     # footer cuts the last ones off.
+    # Then the keys that act on profiles and sessions; the log's own (/ and f) last, so an 80-column footer
+    # cuts those off first (it hid x and b).
     BINDINGS: ClassVar[list[BindingType]] = [
         dataclasses.replace(KEYS_BY_ID["app.help"].binding(), action="app.help"),
         dataclasses.replace(KEYS_BY_ID["app.quit"].binding(), action="app.quit"),
-        *bindings(DASHBOARD_KEYS),
+        *bindings(tuple(s for s in DASHBOARD_KEYS if s.id not in FOOTER_LAST)),
+        *bindings(tuple(s for s in DASHBOARD_KEYS if s.id in FOOTER_LAST)),
     ]
     # Textual annotates this "ClassVar[...] | None", which mypy reads as an instance variable.
     HORIZONTAL_BREAKPOINTS: ClassVar[list[tuple[int, str]]] = (  # type: ignore[misc]
         [(0, "-narrow"), (WIDE_AT, "-wide")]
+    )
+    # Short terminals (80x24): the capture panel gets two scrollable lines, so the log keeps its rows.
+    VERTICAL_BREAKPOINTS: ClassVar[list[tuple[int, str]]] = (  # type: ignore[misc]
+        [(0, "-short"), (TALL_AT, "-tall")]
     )
     DEFAULT_CSS = """
     DashboardScreen { layout: vertical; }
@@ -104,6 +113,9 @@ class DashboardScreen(Screen):
     DashboardScreen.-narrow .pane { border: none; border-top: solid $panel-lighten-2; padding: 0; }
     DashboardScreen.-narrow .pane:focus-within { border: none; border-top: heavy $accent; }
     DashboardScreen.-narrow #gpu-pane { max-height: 5; }
+
+    DashboardScreen.-short #capture-slot { max-height: 3; overflow-y: auto; }
+    DashboardScreen.-short #log-pane { min-height: 6; }
     """
 
     def __init__(
