@@ -25,12 +25,11 @@ from __future__ import annotations
 import os
 import selectors
 from codecs import getincrementaldecoder
-
-from textual._loop import loop_last
-from textual._parser import ParseError
 from collections.abc import Iterable
 
 from textual import events
+from textual._loop import loop_last
+from textual._parser import ParseError
 from textual._xterm_parser import XTermParser
 from textual.drivers.linux_driver import LinuxDriver
 from textual.keys import _character_to_key

@@ -147,10 +147,11 @@ class TypeAheadApp(App[_R], Generic[_R]):
         state = self.typeahead
         while state.pending and state.in_flight is None and state.settling is None and not self._awaiting():
             head = state.pending.popleft()
-            split = split_alt(head) if isinstance(head, events.Key) else None
-            if split is not None and head.key not in self.screen.active_bindings:
-                head, then = split  # Esc now; the key waits first in line, after what Esc changes
-                state.pending.appendleft(then)
+            if isinstance(head, events.Key) and head.key not in self.screen.active_bindings:
+                split = split_alt(head)
+                if split is not None:
+                    head, then = split  # Esc now; the key waits first in line, after what Esc changes
+                    state.pending.appendleft(then)
             event = _tracked(head, self._finished)
             state.in_flight = event
             state.flight_timer = asyncio.get_running_loop().call_later(

@@ -556,15 +556,15 @@ def test_l_then_y_in_one_burst_answers_the_gpus_in_use_question(home, make_emula
 async def terminal_burst(pilot, data: str) -> None:
     """Send ``data`` as one packet read from the terminal: parsed by Textual's xterm parser (which turns Esc
     followed by a letter into alt+letter, as it must for a real alt+letter), all queued at once."""
-    import time as clock
-
     from textual import constants
     from textual._xterm_parser import XTermParser
 
     app = pilot.app
     parser = XTermParser()
     events_read = list(parser.feed(data))
-    clock.sleep(constants.ESCAPE_DELAY * 2)  # as the driver's next tick: an Esc sequence that did not go on
+    # The parser's own rule: an Esc sequence that does not go on is known only once its delay has passed
+    # (the driver then ticks the parser); this is that delay, not a wait for the app.
+    await asyncio.sleep(constants.ESCAPE_DELAY * 2)
     for event in events_read + list(parser.tick()):
         event.set_sender(app)
         app._driver.send_message(event)

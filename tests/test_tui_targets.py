@@ -216,8 +216,8 @@ def test_reattaching_restores_the_selection_and_the_focused_pane(home, two_serve
                 assert dashboard.focused is sessions and sessions.highlighted_id == alpha.session_id
                 assert dashboard.selected_session == alpha.session_id and profiles.highlighted_id == "alpha"
                 await burst(pilot, "s")
-                assert seen.questions == [f"Stop {alpha.session_id} (profile alpha, "
-                                          f"port {alpha.profile.server.port})?"]
+                port = alpha.profile.server.port
+                assert seen.questions == [f"Stop {alpha.session_id} (profile alpha, port {port})?"]
 
     run(leave)
     assert (home.state_root / SELECTION_FILE).stat().st_mode & 0o777 == 0o600

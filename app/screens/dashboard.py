@@ -24,7 +24,6 @@ from textual.worker import Worker, WorkerState, get_current_worker
 
 from app.feed import DashboardFeed, DashboardSnapshot, PollRequest
 from app.keymap import DASHBOARD_KEYS, KEYS_BY_ID, bindings
-from app.selection import Selection, save_selection
 from app.screens.dashboard_messages import (  # re-exported: listeners import them from here too
     ActionFailed,
     CaptureToggled,
@@ -33,6 +32,7 @@ from app.screens.dashboard_messages import (  # re-exported: listeners import th
     SessionLaunched,
     SessionStopped,
 )
+from app.selection import Selection, save_selection
 from sessions.logs import MAIN_RANK, LogFilter
 from widgets.confirm_modal import ConfirmModal
 from widgets.gpu_panel import GpuPanel
