@@ -259,3 +259,28 @@ def test_a_job_started_on_the_jobs_screen_gets_the_cursor(home, tmp_path: Path) 
     finally:
         for job_id in jobs:
             stop_job(job_id, home)
+
+
+def test_a_profile_saved_as_a_new_name_gets_the_cursor(home, make_emulator_profile):
+    make_emulator_profile("emu", tp=1)
+    make_emulator_profile("zzz", tp=1)
+
+    async def scenario() -> None:
+        app = _app(home)
+        seen = _Recorder(app)
+        async with app.run_test(size=(80, 24)) as pilot:
+            await first_poll(pilot, app)
+            await _profiles_cursor(pilot, app, "emu")
+            await burst(pilot, "e")
+            await wait_until(pilot, lambda: isinstance(app.screen, ProfileEditorScreen) and app.screen.last_check,
+                             "the editor")
+            await burst(pilot, "f2", "enter", "escape")  # save as emu-copy (the name offered), close
+            profiles = app.dashboard.query_one(ProfileList)
+            await wait_until(pilot, lambda: app.screen is app.dashboard and profiles.highlighted_id == "emu-copy",
+                             "the new profile under the cursor")
+            await burst(pilot, "e")
+            await wait_until(pilot, lambda: isinstance(app.screen, ProfileEditorScreen)
+                             and app.screen.profile_name == "emu-copy", "e edits the new profile")
+            assert len(seen.opened) == 2  # the editor on emu (renamed by its save as), then on emu-copy
+
+    run(scenario)
