@@ -363,7 +363,7 @@ class JobsScreen(Screen):
             if yes:
                 self._act("cancel")
 
-        self.app.push_screen(ConfirmModal(f"Cancel job {job.job_id}?",
+        self.app.push_screen(ConfirmModal(f"Cancel job {job.job_id} ({job.name or 'unnamed'}, {job.state})?",
                                           "Requests in flight finish and are kept; `resume` continues later."),
                              answered)
 
