@@ -433,6 +433,12 @@ class DashboardScreen(Screen):
             return focused.highlighted_id
         return self.selected_profile or self.query_one(ProfileList).highlighted_id
 
+    def select_profile(self, name: str) -> None:
+        """Put the profile cursor on ``name`` (a new or saved-as profile; the palette): keys act on the cursor,
+        so it moves now, not at the next refresh (which keeps it there, or puts it there once listed)."""
+        self.selected_profile = name
+        self.query_one(ProfileList).select_id(name)
+
     def focused_pane(self) -> int | None:
         """1-4: the pane that has focus (None: the filter bar or nothing)."""
         focused = self.focused
@@ -642,7 +648,7 @@ class DashboardScreen(Screen):
 
         def closed(saved_as: str | None) -> None:
             if saved_as:
-                self.selected_profile = saved_as
+                self.select_profile(saved_as)
             self.poll_now()
 
         self.app.push_screen(ProfileEditorScreen(name, self.feed.home), closed)
