@@ -60,10 +60,13 @@ def _human(path: str, summary, hints) -> str:
     if summary.events:
         out.append("  phases:   " + ", ".join(f"{e.phase} (line {e.line_no})" for e in summary.events))
     if summary.error is not None:
-        out.append(f"  error:    line {summary.error_line}: {_printable(summary.error)[:300]}")
+        who = f" (TP{summary.error_rank})" if summary.error_rank is not None else ""
+        out.append(f"  error:    line {summary.error_line}{who}: {_printable(summary.error)[:300]}")
+        if summary.error_cause:
+            out.append(f"  cause:    line {summary.error_cause_line}: {_printable(summary.error_cause)[:300]}")
         first = next((e for e in summary.errors if e.fatal), None)
-        if first is not None and first.detail:
-            out.append(f"            {_printable(first.detail)[:300]}")
+        if first is not None and first.detail and first.line_no != summary.error_line:
+            out.append(f"  raised:   line {first.line_no}: {_printable(first.text)[:300]}")
     expected = summary.ranks_expected
     loaded = list(summary.ranks_loaded)
     if loaded or expected:
@@ -123,6 +126,8 @@ def _inspect_log(args: argparse.Namespace) -> int:
             "outcome": summary.outcome,
             "error": summary.error,
             "error_line": summary.error_line,
+            "error_rank": summary.error_rank,
+            "error_cause": summary.error_cause,
             "ranks_loaded": list(summary.ranks_loaded),
             "ranks_expected": summary.ranks_expected,
             "hints": [h.to_json() for h in hints],

@@ -47,8 +47,11 @@ def test_a_crashed_fixture_names_its_key_line_as_the_first_fatal_error(row):
     key = row["key_line"].rstrip()
     expected_line = next(i for i, line in enumerate(lines, start=1) if line.rstrip() == key)
     summary = summarize_file(path)
-    assert summary.error == key
-    assert summary.error_line == expected_line
+    first = next(e for e in summary.errors if e.fatal)
+    assert (first.text, first.line_no) == (key, expected_line)
+    # the summary's error is the exception that ended the traceback under that line, when one was printed
+    assert summary.error == (first.detail or key)
+    assert lines[summary.error_line - 1].endswith(summary.error)
 
 
 _LOAD_END = re.compile(r"^\[([^\]]*)\] Load weight end\b")
