@@ -4,7 +4,8 @@
 hints, and ``serving`` (the figures of the last Decode/Prefill batch lines, or null).  Without it, a short
 summary for people.  Any file content is accepted (binary junk, invalid UTF-8, one huge line, an empty
 file); a missing or unreadable file, a directory, a FIFO, a device or a
-socket is bad input (exit 2), answered at once (the log core never waits on a special file).
+socket is bad input (exit 2), answered at once (the log core never waits on a special file).  The exit
+status says the outcome: 0 ready, 3 crashed, 4 incomplete.
 Only argparse is imported here; the engine is imported inside the handler (fast `--help`).
 """
 from __future__ import annotations
@@ -18,6 +19,13 @@ _HINT_WHOLE_FILE_BYTES = 8 << 20
 _HINT_HEAD_BYTES = 4 << 20
 _HINT_TAIL_BYTES = 4 << 20
 
+# Exit status by outcome, so that a script can branch on it without parsing (1 and 2 are the CLI's own:
+# an internal failure, bad input).
+EXIT_READY = 0
+EXIT_CRASHED = 3
+EXIT_INCOMPLETE = 4
+_EXIT_OF_OUTCOME = {"ready": EXIT_READY, "crashed": EXIT_CRASHED, "incomplete": EXIT_INCOMPLETE}
+
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
@@ -28,6 +36,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "hang from a start still running), the first fatal error with its line number, which TP ranks "
         "logged 'Load weight end', the TP size from the server_args line, and hints from the catalogue "
         "of known causes.",
+        epilog="exit status: 0 the log reached ready, 3 it crashed, 4 incomplete (it stops before ready "
+        "without a fatal error, an empty log too), 2 bad input (a missing or unreadable file, a directory, "
+        "a FIFO, a device or a socket), 1 an internal failure.  With --json the report is printed first "
+        "in every one of these outcomes.",
     )
     p.add_argument("file", metavar="FILE", help="the log file")
     p.add_argument("--json", action="store_true", help="print one JSON object: outcome, last phase, error line, ranks and hints")
@@ -126,8 +138,6 @@ def _inspect_log(args: argparse.Namespace) -> int:
             "outcome": summary.outcome,
             "error": summary.error,
             "error_line": summary.error_line,
-            "error_rank": summary.error_rank,
-            "error_cause": summary.error_cause,
             "ranks_loaded": list(summary.ranks_loaded),
             "ranks_expected": summary.ranks_expected,
             "hints": [h.to_json() for h in hints],
@@ -136,7 +146,7 @@ def _inspect_log(args: argparse.Namespace) -> int:
         _write(json.dumps(result) + "\n")
     else:
         _write(_human(path, summary, hints) + _human_serving(served))
-    return 0
+    return _EXIT_OF_OUTCOME.get(summary.outcome, EXIT_INCOMPLETE)
 
 
 def _human_serving(served) -> str:
