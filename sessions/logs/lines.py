@@ -121,6 +121,17 @@ _HEADER_ANYWHERE_RE = re.compile(
 _REPEATED_RE = re.compile(r"\s*\[repeated \d+x across cluster\]\s*$")  # Ray's log deduplication
 
 
+def own_header(text: str, pos: int = 0) -> re.Match[str] | None:
+    """SGLang's ``[<time> <ranks>] `` header at ``pos``, or None.  A bracketed time followed at once by
+    another bracket (``[<time>][<file>:<line>][INFO]: ``) is a deployment's own format, not SGLang's."""
+    if not text.startswith("[", pos):
+        return None
+    m = PREFIX_RE.match(text, pos)
+    if m is None or text.startswith("[", m.end()) and text[m.end() - 1] == "]":
+        return None
+    return m
+
+
 def strip_wrapper(text: str) -> tuple[str, str]:
     """(wrapper, message): whatever a deployment put in front of SGLang's own line, split off.
 
@@ -129,7 +140,7 @@ def strip_wrapper(text: str) -> tuple[str, str]:
     ``[<time>][<file>:<line>][INFO]: ``) are peeled off; then, for an unknown one, the text before SGLang's
     own ``[<date> <time> …] `` header.  A line that is SGLang's own (it starts with ``[`` and its header)
     has no wrapper.  Where the message starts is never a reason not to read it."""
-    if text[:1] == "[" and PREFIX_RE.match(text) is not None:
+    if own_header(text) is not None:
         return "", text
     if "repeated" in text and "across cluster]" in text:
         text = _REPEATED_RE.sub("", text)
@@ -139,7 +150,7 @@ def strip_wrapper(text: str) -> tuple[str, str]:
         if m is None or m.end() == pos:
             break
         pos = m.end()
-        if text.startswith("[", pos) and PREFIX_RE.match(text, pos) is not None:
+        if text.startswith("[", pos) and own_header(text, pos) is not None:
             return text[:pos], text[pos:]
     if "[" in text:
         h = _HEADER_ANYWHERE_RE.search(text, pos)
@@ -161,12 +172,12 @@ def _tag_of(ranks: str) -> Tag:
 
 def _tag_and_stamp(text: str) -> tuple[Tag | None, bool]:
     """(the explicit tag of a cleaned line or None, whether the line has SGLang's ``[<time>]`` prefix)."""
-    m = PREFIX_RE.match(text) if text[:1] == "[" else None
+    m = own_header(text)
     if m is None:
-        _, text = strip_wrapper(text)  # a wrapper never hides the line's own tag
+        wrapper, text = strip_wrapper(text)  # a wrapper never hides the line's own tag
         if not text.startswith("["):
             return None, False
-        m = PREFIX_RE.match(text)
+        m = PREFIX_RE.match(text) if wrapper else own_header(text)
     if m is not None:
         ranks = m.group("ranks")
         return (_tag_of(ranks) if ranks else None), True

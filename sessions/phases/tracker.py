@@ -21,6 +21,7 @@ from sessions.logs.lines import (
     collapse_cr,
     own_tag,
     strip_ansi,
+    own_header,
     strip_wrapper,
 )
 from sessions.phases.catalogue import (
@@ -263,7 +264,7 @@ class StartupTracker:
         if "\x1b" in text:  # colours (docker compose paints its prefixes) would split the keywords
             text = ANSI_RE.sub("", text)
         wrapper = ""
-        if text[:1] != "[" or PREFIX_RE.match(text) is None:
+        if own_header(text) is None:
             wrapper, text = self._unwrap(text)
         if self._phase is not StartupPhase.READY and "batch" in text:
             self._serving_line(text, line_no)
@@ -304,7 +305,7 @@ class StartupTracker:
             if m is not None and m.end():
                 return text[: m.end()], text[m.end():]
         wrapper, rest = strip_wrapper(text)
-        if wrapper and rest[:1] == "[" and PREFIX_RE.match(rest) is not None:
+        if wrapper and own_header(rest) is not None:
             self._wrapper_re = re.compile(re.sub(r"\d+", r"\\d+", re.escape(wrapper)))
         return wrapper, rest
 
@@ -376,6 +377,8 @@ class StartupTracker:
             em = EXCEPTION_LINE_RE.match(msg)
             if em is not None and em.group("colon") and em.group("name").endswith(EXCEPTION_SUFFIXES):
                 self._bare_exception = (line_no, msg, rank)  # fatal if it ends the log (`summary`)
+                if exception_kind(msg) == "negative_kv":  # no room for the KV pool: the start got that far
+                    self._advance(StartupPhase.KV_CACHE, line_no)
         self._errors_in(s, msg, line_no, rank, shown)
         self._markers_in(msg, line_no, rank)
         if "%" in msg:
