@@ -252,7 +252,8 @@ def test_an_emulated_crash_reads_as_crashed_at_its_first_error(emulator, fault, 
     assert summary.outcome == "crashed", emu.tail()
     assert summary.phase in phases
     first = next(e for e in summary.errors if e.fatal)
-    assert first.kind == kind and summary.error_line == first.line_no
+    assert first.kind == kind and summary.error_line == first.exception_line
+    assert summary.error == first.exception and "Traceback (most recent call last)" not in summary.error
     rank = failing_rank(Fault(fault), TP)
     if rank is not None:
         assert first.rank == rank

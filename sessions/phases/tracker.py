@@ -189,16 +189,21 @@ class StartupTracker:
         base = self._line_no
         starts = {begin} if NOISE_LINE_BYTES_RE.match(buf, begin, end) is None else set()
         starts.update(m.start() + 1 for m in NOT_NOISE_START_RE.finditer(buf, begin, end - 1))
+        serving: set[int] = set()
         if self._phase is not StartupPhase.READY:
             # serving lines are noise once ready; before, the first few are evidence that the start finished
             for n, m in enumerate(BATCH_LINE_BYTES_RE.finditer(buf, begin, end)):
                 if n == 3:
                     break
-                starts.add(buf.rfind(b"\n", begin, m.start()) + 1 or begin)
+                serving.add(buf.rfind(b"\n", begin, m.start()) + 1 or begin)
+            starts |= serving
         counted_to = begin  # the newlines before this offset are counted in `lines`
         lines = 0
         self._scan_buf, self._scan_begin = buf, begin
         for start in sorted(starts):
+            if (start in serving and self._phase is StartupPhase.READY
+                    and NOISE_LINE_BYTES_RE.match(buf, start, end) is not None):
+                continue  # noise after all: the start was found finished on a line before it
             lines += buf.count(b"\n", counted_to, start)
             counted_to = start
             self._scan_start = start
