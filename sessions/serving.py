@@ -31,7 +31,7 @@ from sessions.logs.lines import RANK_TOKEN_RE, clean, strip_wrapper
 
 HISTORY_POINTS = 60  # gen-throughput samples kept for the sparkline
 _MARKER_RE = re.compile(r"(?P<kind>Decode|Prefill) batch(?: \[\d+\])?[.,] ?")
-_FIELD_RE = re.compile(r"\s*(?P<name>[^:,]+?):\s*(?P<value>[^,]*?)\s*(?:,|$)")
+_FIELD_RE = re.compile(r"\s*(?P<name>[^:,]+?):\s*(?P<value>[^,]*?)\s*(?P<end>,|$)")
 _BRACKET_RE = re.compile(
     r"\[(?P<ts>(?:\d{4}-\d\d-\d\d[ T])?\d\d:\d\d:\d\d(?:[.,]\d+)?)?(?P<ranks>(?: ?[A-Z_]+\d+)*)\] ?$"
 )
@@ -121,7 +121,7 @@ _REPEATED_RE = re.compile(r"\s*\[repeated \d+x across cluster\]\s*$")  # Ray's l
 def _complete(name: str, value: str, terminated: bool) -> bool:
     """Whether a field's value was written in full: a "%.2f" figure has its two decimals, and a field not
     followed by a comma is one that ends SGLang's lines."""
-    if name in _TWO_DECIMALS and not _TWO_DECIMALS_RE.match(value):
+    if name in _TWO_DECIMALS and (len(value) < 4 or value[-3] != "." or not _TWO_DECIMALS_RE.match(value)):
         return False
     return terminated or name in _LAST_FIELDS
 
@@ -153,7 +153,7 @@ def parse_batch_line(text: str) -> BatchLine | None:
     fields: dict[str, Any] = {}
     for part in _FIELD_RE.finditer(body):
         name = part.group("name").strip()
-        if name and _complete(name, part.group("value"), part.group(0).rstrip().endswith(",")):
+        if name and _complete(name, part.group("value"), part.group("end") == ","):
             fields[name] = _value(part.group("value"))
     kind = match.group("kind").lower()
     if "#running-req" not in fields and "#new-seq" not in fields:
@@ -226,16 +226,23 @@ class _RankState:
     updated_at: float | None = None
 
     def update(self, line: BatchLine) -> None:
-        for name in ("running_reqs", "queue_reqs", "token_usage"):
-            value = getattr(line, name)
-            if value is not None:
-                setattr(self, name, value)
+        running = line.running_reqs
+        if running is not None:
+            self.running_reqs = running
+        queued = line.queue_reqs
+        if queued is not None:
+            self.queue_reqs = queued
+        usage = line.token_usage
+        if usage is not None:
+            self.token_usage = usage
         if line.kind == "decode":
-            for name in ("gen_throughput", "accept_length", "accept_rate"):
-                value = getattr(line, name)
-                if value is not None:
-                    setattr(self, name, value)
-        elif line.input_throughput is not None:
+            fields = line.fields
+            if "gen throughput (token/s)" in fields:
+                self.gen_throughput = line.gen_throughput
+            if "accept len" in fields:
+                self.accept_length = line.accept_length
+                self.accept_rate = line.accept_rate if "accept rate" in fields else self.accept_rate
+        elif "input throughput (token/s)" in line.fields:
             self.input_throughput = line.input_throughput
 
 

@@ -42,7 +42,9 @@ from sessions.phases.catalogue import (
     LINE_HEAD_BYTES,
     LINE_TAIL_BYTES,
     NOISE_LINE_BYTES_RE,
-    NOT_NOISE_START_RE,
+    GLUED_BRACKET_RE,
+    NOT_STAMPED_RE,
+    NOT_TEMPLATE_RE,
     PHASE_OF_PROGRESS,
     PYLOG_TS_RE,
     REGISTER_GRAPH_RE,
@@ -187,8 +189,13 @@ class StartupTracker:
         """The whole lines in ``buf[begin:end]`` (ending with ``\\n``); runtime noise is skipped without a
         Python loop (regex scans and ``bytes.count`` over the buffer, no copy)."""
         base = self._line_no
-        starts = {begin} if NOISE_LINE_BYTES_RE.match(buf, begin, end) is None else set()
-        starts.update(m.start() + 1 for m in NOT_NOISE_START_RE.finditer(buf, begin, end - 1))
+        starts = {begin}
+        starts.update(m.start() + 1 for m in NOT_STAMPED_RE.finditer(buf, begin, end))
+        starts.update(buf.rfind(b"\n", begin, m.start()) + 1 or begin
+                      for m in NOT_TEMPLATE_RE.finditer(buf, begin, end))
+        starts.update(buf.rfind(b"\n", begin, m.start()) + 1 or begin
+                      for m in GLUED_BRACKET_RE.finditer(buf, begin, end))
+        starts.discard(end)
         serving: set[int] = set()
         if self._phase is not StartupPhase.READY:
             # serving lines are noise once ready; before, the first few are evidence that the start finished
@@ -201,9 +208,11 @@ class StartupTracker:
         lines = 0
         self._scan_buf, self._scan_begin = buf, begin
         for start in sorted(starts):
-            if (start in serving and self._phase is StartupPhase.READY
-                    and NOISE_LINE_BYTES_RE.match(buf, start, end) is not None):
-                continue  # noise after all: the start was found finished on a line before it
+            if NOISE_LINE_BYTES_RE.match(buf, start, end) is not None and (
+                    start not in serving or self._phase is StartupPhase.READY):
+                continue  # noise (a serving line is read while it may prove the start finished)
+            if start == begin and buf.startswith(b"[20", start) and not self._may_matter(buf, start, end):
+                continue
             lines += buf.count(b"\n", counted_to, start)
             counted_to = start
             self._scan_start = start
@@ -213,6 +222,11 @@ class StartupTracker:
         last_start = buf.rfind(b"\n", begin, end - 1) + 1 or begin
         self._last_line = truncate_bytes(buf[last_start: end - 1])
         self._note_last_ts(buf, begin, end)
+
+    @staticmethod
+    def _may_matter(buf: bytes, start: int, end: int) -> bool:
+        """A line starting with "[20" may carry a fact only with a "]" in it (its header, or a wrapper's)."""
+        return buf.find(b"]", start, buf.find(b"\n", start, end)) >= 0
 
     def _line_before(self) -> bytes:
         """The line before the one being read, when the tracker skipped it unread (runtime noise)."""
