@@ -19,15 +19,14 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "benches"))
-from bench_logs import write_log  # noqa: E402  (the same synthetic log as the log-view bench)
+from bench_logs import write_log
 
 sys.path.insert(0, os.environ.get("BENCH_REPO") or str(REPO))
 
 
 def _wrapped(src: Path, dst: Path) -> None:
     with open(src, "rb") as fin, open(dst, "wb", buffering=1 << 20) as fout:
-        for line in fin:
-            fout.write(b"2026-05-01T10:00:00.123456789Z stdout F " + line)
+        fout.writelines(b"2026-05-01T10:00:00.123456789Z stdout F " + line for line in fin)
 
 
 def _best(fn, path: Path, rounds: int) -> tuple[float, object]:

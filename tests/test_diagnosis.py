@@ -8,8 +8,8 @@ that rank in ``_read_shard`` while the others wait in ``all_reduce``; in graph c
 from __future__ import annotations
 
 import json
-import re
 import os
+import re
 import stat
 import subprocess
 import sys

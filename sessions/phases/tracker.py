@@ -19,9 +19,9 @@ from sessions.logs.lines import (
     PREFIX_RE,
     clean,
     collapse_cr,
+    own_header,
     own_tag,
     strip_ansi,
-    own_header,
     strip_wrapper,
 )
 from sessions.phases.catalogue import (
@@ -35,6 +35,7 @@ from sessions.phases.catalogue import (
     EXCEPTION_SUFFIXES,
     FRAME_FUNCS,
     FRAME_RE,
+    GLUED_BRACKET_RE,
     GRAPH_BEGIN_RE,
     GRAPH_END_RE,
     HEADER_RE,
@@ -42,7 +43,6 @@ from sessions.phases.catalogue import (
     LINE_HEAD_BYTES,
     LINE_TAIL_BYTES,
     NOISE_LINE_BYTES_RE,
-    GLUED_BRACKET_RE,
     NOT_STAMPED_RE,
     NOT_TEMPLATE_RE,
     PHASE_OF_PROGRESS,
