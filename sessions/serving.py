@@ -19,6 +19,7 @@ and the per-rank figures are kept.  `parse_metrics` reads the same gauges from `
 
 from __future__ import annotations
 
+import functools
 import re
 import time
 from collections import deque
@@ -161,6 +162,7 @@ def parse_batch_line(text: str) -> BatchLine | None:
     return BatchLine(kind, dp_rank, log_time, fields)
 
 
+@functools.lru_cache(maxsize=4096)  # lines of one second share their stamp; strptime was half the cost
 def log_time_epoch(log_time: str | None) -> float | None:
     """``2026-05-01 10:00:00`` (local time, as SGLang writes it) -> epoch seconds; None for time-only."""
     if not log_time:

@@ -9,9 +9,8 @@ Everything here is pure: patterns, tables and functions of one line.  The state 
 traceback is open) is the tracker's (`sessions.phases.tracker`).
 
 Speed: a log is mostly runtime noise (``Decode batch``, access lines).  Those lines carry no startup facts,
-so the tracker skips them by one anchored regex (`NOISE_LINE_BYTES_RE`); `NOT_STAMPED_RE`, `NOT_TEMPLATE_RE`
-and `GLUED_BRACKET_RE` find the other lines of a big buffer with C-speed searches.  Every other line passes a
-cheap substring test (`KEYWORD_RE`) before any other regex runs.
+so the tracker skips them by one anchored regex (`NOISE_LINE_BYTES_RE`); `NOT_STAMPED_RE` and `NOT_TEMPLATE_RE` find
+the other lines of a big buffer with C-speed searches.  Every other line passes a cheap substring test (`KEYWORD_RE`) before any other regex runs.
 """
 
 from __future__ import annotations
@@ -42,13 +41,12 @@ NOISE_LINE_BYTES_RE = re.compile(_NOISE_BODY)
 # Finding the other lines fast: the start of every line that is not runtime noise, in one C-speed scan (a
 # negative look-ahead at each newline).  Only SGLang's own noise lines are skipped: a line that starts any
 # other way (a wrapper of any form before the message, issue 23) is read.
-# Three C-speed searches find them: lines not starting with "[20"; lines with a "] " not followed by a runtime
-# template; lines with "][" (``[<time>][<file>:<line>][INFO]: ``, a deployment's own format; a literal, so
-# the search is as fast as ``bytes.find``).  Each is then checked against the noise pattern.  A line that starts with
-# "[20" and has no "]" at all can be neither a marker nor an error line.
+# Two C-speed searches find them: lines not starting with "[20"; lines with a "] " or "]: " not followed by
+# a runtime template (the second form is a deployment's own ``[<time>][<file>:<line>][INFO]: `` wrapper).
+# Each is then checked against the noise pattern.  A line that starts with "[20" and has no "] " or "]: "
+# at all can be neither a marker nor an error line.
 NOT_STAMPED_RE = re.compile(rb"\n(?!\[20)")
-NOT_TEMPLATE_RE = re.compile(rb"\] (?!Decode batch|Prefill batch|INFO: +[\d\[:]|Receive: |Finish: )")
-GLUED_BRACKET_RE = re.compile(rb"\]\[")
+NOT_TEMPLATE_RE = re.compile(rb"\]:? (?!Decode batch|Prefill batch|INFO: +[\d\[:]|Receive: |Finish: )")
 # Serving stats lines, wherever they stand in a line: proof that the start has finished (issue 23 class 2)
 BATCH_LINE_BYTES_RE = re.compile(rb"(?:Decode|Prefill) batch(?: \[\d+\])?[.,] ")
 

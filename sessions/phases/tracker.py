@@ -35,7 +35,6 @@ from sessions.phases.catalogue import (
     EXCEPTION_SUFFIXES,
     FRAME_FUNCS,
     FRAME_RE,
-    GLUED_BRACKET_RE,
     GRAPH_BEGIN_RE,
     GRAPH_END_RE,
     HEADER_RE,
@@ -189,12 +188,10 @@ class StartupTracker:
         """The whole lines in ``buf[begin:end]`` (ending with ``\\n``); runtime noise is skipped without a
         Python loop (regex scans and ``bytes.count`` over the buffer, no copy)."""
         base = self._line_no
-        starts = {begin}
+        starts = {begin} if not buf.startswith(b"[20", begin) else set()
         starts.update(m.start() + 1 for m in NOT_STAMPED_RE.finditer(buf, begin, end))
         starts.update(buf.rfind(b"\n", begin, m.start()) + 1 or begin
                       for m in NOT_TEMPLATE_RE.finditer(buf, begin, end))
-        starts.update(buf.rfind(b"\n", begin, m.start()) + 1 or begin
-                      for m in GLUED_BRACKET_RE.finditer(buf, begin, end))
         starts.discard(end)
         serving: set[int] = set()
         if self._phase is not StartupPhase.READY:
@@ -211,8 +208,6 @@ class StartupTracker:
             if NOISE_LINE_BYTES_RE.match(buf, start, end) is not None and (
                     start not in serving or self._phase is StartupPhase.READY):
                 continue  # noise (a serving line is read while it may prove the start finished)
-            if start == begin and buf.startswith(b"[20", start) and not self._may_matter(buf, start, end):
-                continue
             lines += buf.count(b"\n", counted_to, start)
             counted_to = start
             self._scan_start = start
@@ -222,11 +217,6 @@ class StartupTracker:
         last_start = buf.rfind(b"\n", begin, end - 1) + 1 or begin
         self._last_line = truncate_bytes(buf[last_start: end - 1])
         self._note_last_ts(buf, begin, end)
-
-    @staticmethod
-    def _may_matter(buf: bytes, start: int, end: int) -> bool:
-        """A line starting with "[20" may carry a fact only with a "]" in it (its header, or a wrapper's)."""
-        return buf.find(b"]", start, buf.find(b"\n", start, end)) >= 0
 
     def _line_before(self) -> bytes:
         """The line before the one being read, when the tracker skipped it unread (runtime noise)."""
@@ -267,8 +257,9 @@ class StartupTracker:
         ts = timestamp_of(text)
         if ts is not None:
             self._last_ts = ts
+        candidate = not raw.startswith(b"[20") or NOT_TEMPLATE_RE.search(raw) is not None  # as `_scan` finds
         noise = NOISE_LINE_BYTES_RE.match(raw) is not None
-        if not noise or (self._phase is not StartupPhase.READY and BATCH_LINE_BYTES_RE.search(raw)):
+        if (candidate and not noise) or (self._phase is not StartupPhase.READY and BATCH_LINE_BYTES_RE.search(raw)):
             self._line(text, line_no)
         else:
             self._last_line = raw
