@@ -397,16 +397,14 @@ def _base_names(cls: ast.ClassDef) -> Iterable[str]:
             yield base.attr
 
 
-def architecture_support(root: str | os.PathLike, architecture: str) -> ArchitectureSupport:
-    """Whether SGLang's model class ``architecture`` (or a base class) defines set_eagle3_layers_to_capture."""
+def find_method_class(root: str | os.PathLike, architecture: str, method: str) -> tuple[ast.ClassDef, str] | None:
+    """The model class (``architecture`` or a base class) whose body defines ``method``, with its file."""
     models_dir = Path(root) / MODELS_DIR
     index = _class_index(models_dir)
-    if not index:
-        return ArchitectureSupport(None, f"no model sources under {models_dir}")
     files = _Files(models_dir)
     seen: set[str] = set()
 
-    def search(name: str, depth: int) -> ArchitectureSupport | None:
+    def search(name: str, depth: int) -> tuple[ast.ClassDef, str] | None:
         if name in seen or depth > 12:
             return None
         seen.add(name)
@@ -414,19 +412,37 @@ def architecture_support(root: str | os.PathLike, architecture: str) -> Architec
             cls = _top_class(files.tree(os.path.basename(path)), name)
             if cls is None:
                 continue
-            if _method(cls, "set_eagle3_layers_to_capture") is not None:
-                return ArchitectureSupport(True, f"{name} defines set_eagle3_layers_to_capture", path)
+            if _method(cls, method) is not None:
+                return cls, path
             for base in _base_names(cls):
                 found = search(base, depth + 1)
-                if found is not None and found.supported:
-                    return ArchitectureSupport(True, f"{architecture} inherits it from {base}: {found.detail}",
-                                               found.path)
+                if found is not None:
+                    return found
         return None
 
-    found = search(architecture, 0)
+    return search(architecture, 0)
+
+
+def architecture_support(root: str | os.PathLike, architecture: str) -> ArchitectureSupport:
+    """Whether SGLang's model class ``architecture`` (or a base class) defines set_eagle3_layers_to_capture."""
+    models_dir = Path(root) / MODELS_DIR
+    index = _class_index(models_dir)
+    if not index:
+        return ArchitectureSupport(None, f"no model sources under {models_dir}")
+    found = find_method_class(root, architecture, "set_eagle3_layers_to_capture")
     if found is not None:
-        return found
+        cls, path = found
+        if cls.name == architecture:
+            return ArchitectureSupport(True, f"{architecture} defines set_eagle3_layers_to_capture", path)
+        return ArchitectureSupport(True, f"{architecture} inherits it from {cls.name}", path)
     if architecture not in index:
         return ArchitectureSupport(False, f"no model class {architecture} in {models_dir}")
     return ArchitectureSupport(False, f"{architecture} (nor any base class) defines set_eagle3_layers_to_capture",
                                index[architecture][0])
+
+
+def supporting_architectures(root: str | os.PathLike) -> list[str]:
+    """Every model class in ``root``'s model zoo that has set_eagle3_layers_to_capture (itself or inherited)."""
+    index = _class_index(Path(root) / MODELS_DIR)
+    return sorted(name for name in index
+                  if find_method_class(root, name, "set_eagle3_layers_to_capture") is not None)
