@@ -206,3 +206,105 @@ def test_final_rows_are_never_taken_from_another_output(tmp_path) -> None:
     other = types.SimpleNamespace(hidden_states=torch.ones(2, 12))
     assert state._take_final_rows(other) is None
     assert state._take_final_rows(seen) is None  # the slot is cleared by the first take
+
+
+# -- the toggle and profile validation on each version ---------------------------------------------------
+LLAMA_CONFIG = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "num_hidden_layers": 32,
+                "hidden_size": 4096}
+GPT_OSS_CONFIG = {"architectures": ["GptOssForCausalLM"], "model_type": "gpt_oss", "num_hidden_layers": 24,
+                  "hidden_size": 2880}
+
+
+@pytest.fixture
+def sglang_profile(make_emulator_profile, tmp_path):
+    """A launcher = sglang profile whose Python finds the given version's wheel (PYTHONPATH = its site)."""
+
+    def make(version: str, config: dict = LLAMA_CONFIG, layers=None, extra_args=(), draft_ids=None):
+        model = tmp_path / "model"
+        model.mkdir(exist_ok=True)
+        (model / "config.json").write_text(json.dumps(config))
+        if draft_ids is not None:
+            draft = tmp_path / "draft"
+            draft.mkdir(exist_ok=True)
+            (draft / "config.json").write_text(json.dumps({
+                "architectures": ["LlamaForCausalLMEagle3"],
+                "eagle_config": {"eagle_aux_hidden_state_layer_ids": draft_ids, "use_aux_hidden_state": True}}))
+        capture = {"enabled": True, "dir": str(tmp_path / "cap")}
+        if layers is not None:
+            capture["layers"] = layers
+        return make_emulator_profile(model_path=str(model), capture=capture, launcher="sglang",
+                                     extra_args=list(extra_args),
+                                     env={"PYTHONPATH": str(sglang_root_of(version).parent)})
+
+    return make
+
+
+def _errors(problems) -> list[str]:
+    return [f"{p.field}: {p.message}" for p in problems if p.is_error]
+
+
+@pytest.mark.parametrize("version", OLD_VERSIONS)
+def test_old_sglang_without_a_draft_is_told_what_works_there(sglang_profile, version) -> None:
+    from sessions.capture.toggle import capture_additions, capture_problems, toggle_summary, toggled
+
+    p = sglang_profile(version, layers=[2, 16, 29])
+    argv, _env = capture_additions(p)
+    # never a flag this SGLang lacks
+    assert "--enable-return-aux-hidden-states" not in argv and "--return-aux-hidden-state-layer-ids" not in argv
+    errors = _errors(capture_problems(p))
+    assert any(f"SGLang {version} has no capture-only mode" in e and "--speculative-draft-model-path" in e
+               and "eagle_aux_hidden_state_layer_ids = [1, 15, 28]" in e for e in errors), errors
+    off = toggled(p)
+    summary = toggle_summary(off, toggled(off))
+    assert any(f"SGLang {version} has no capture-only mode" in line for line in summary), summary
+    assert any(line.startswith("will refuse to launch:") and "no capture-only mode" in line for line in summary)
+
+
+@pytest.mark.parametrize("version", OLD_VERSIONS)
+def test_old_sglang_with_a_draft_naming_the_layers_validates(sglang_profile, version, tmp_path) -> None:
+    from sessions.capture.toggle import capture_additions, capture_problems
+    from sessions.profiles.validation import validate_profile
+
+    draft = str(tmp_path / "draft")
+    p = sglang_profile(version, layers=[2, 16, 29], draft_ids=[1, 15, 28],
+                       extra_args=["--speculative-draft-model-path", draft])
+    argv, _env = capture_additions(p)
+    assert argv == ["--speculative-algorithm", "EAGLE3", "--disable-radix-cache"]
+    assert not _errors(capture_problems(p))
+    assert not [e for e in _errors(validate_profile(p)) if "capture" in e or "extra_args" in e]
+    # a draft whose ids capture other layers is refused with both sides named
+    bad = sglang_profile(version, layers=[2, 16, 29], draft_ids=[2, 16, 29],
+                         extra_args=["--speculative-draft-model-path", draft])
+    assert any("differ from what the draft's eagle_aux_hidden_state_layer_ids [2, 16, 29] capture" in e
+               and "[3, 17, 30]" in e for e in _errors(capture_problems(bad)))
+
+
+@pytest.mark.parametrize("version", OLD_VERSIONS)
+def test_validation_refuses_capture_only_flags_through_the_flag_reader(sglang_profile, version) -> None:
+    from sessions.profiles.validation import validate_profile
+
+    p = sglang_profile(version, extra_args=["--enable-return-aux-hidden-states"])
+    errors = _errors(validate_profile(p))
+    assert any(f"SGLang {version} has no flag --enable-return-aux-hidden-states" in e for e in errors), errors
+
+
+def test_gpt_oss_ids_follow_each_versions_rule(sglang_profile) -> None:
+    """The plan's rule comes from each version's own gpt_oss.py: unconditional +1 in 0.5.14, verbatim when
+    max(ids) == L from 0.5.18 on (the table alone says the latter for every version)."""
+    from sessions.capture.toggle import layer_plan, layer_rule
+
+    rules = {v: layer_rule(sglang_profile(v, GPT_OSS_CONFIG), "GptOssForCausalLM") for v in SGLANG_VERSIONS}
+    assert rules == {"0.5.14": LayerRule.PLUS_ONE, "0.5.18": LayerRule.KEEP_IF_MAX_IS_L,
+                     "0.5.23": LayerRule.KEEP_IF_MAX_IS_L}
+    plan = layer_plan(sglang_profile("0.5.14", GPT_OSS_CONFIG, layers=[2, 12, 21]))
+    assert plan is not None and plan.rule is LayerRule.PLUS_ONE and plan.ids == (1, 11, 20)
+
+
+def test_capture_only_flags_stay_on_0_5_23(sglang_profile) -> None:
+    from sessions.capture.toggle import capture_additions, capture_problems
+
+    p = sglang_profile("0.5.23", layers=[2, 16, 29])
+    argv, _env = capture_additions(p)
+    assert argv == ["--enable-return-aux-hidden-states", "--speculative-algorithm", "EAGLE3",
+                    "--disable-radix-cache", "--return-aux-hidden-state-layer-ids", "1", "15", "28"]
+    assert not [e for e in _errors(capture_problems(p)) if "capture-only" in e or "would pass" in e]

@@ -475,11 +475,14 @@ def _base_names(cls: ast.ClassDef) -> Iterable[str]:
             yield base.attr
 
 
-def find_method_class(root: str | os.PathLike, architecture: str, method: str) -> tuple[ast.ClassDef, str] | None:
-    """The model class (``architecture`` or a base class) whose body defines ``method``, with its file."""
+def find_method_class(root: str | os.PathLike, architecture: str, method: str,
+                      files: _Files | None = None) -> tuple[ast.ClassDef, str] | None:
+    """The model class (``architecture`` or a base class) whose body defines ``method``, with its file.
+
+    ``files``: parsed model files to share between calls (parsing the model zoo dominates the cost)."""
     models_dir = Path(root) / MODELS_DIR
     index = _class_index(models_dir)
-    files = _Files(models_dir)
+    files = files if files is not None else _Files(models_dir)
     seen: set[str] = set()
 
     def search(name: str, depth: int) -> tuple[ast.ClassDef, str] | None:
@@ -522,5 +525,6 @@ def architecture_support(root: str | os.PathLike, architecture: str) -> Architec
 def supporting_architectures(root: str | os.PathLike) -> list[str]:
     """Every model class in ``root``'s model zoo that has set_eagle3_layers_to_capture (itself or inherited)."""
     index = _class_index(Path(root) / MODELS_DIR)
+    files = _Files(Path(root) / MODELS_DIR)
     return sorted(name for name in index
-                  if find_method_class(root, name, "set_eagle3_layers_to_capture") is not None)
+                  if find_method_class(root, name, "set_eagle3_layers_to_capture", files) is not None)
