@@ -308,3 +308,16 @@ def test_capture_only_flags_stay_on_0_5_23(sglang_profile) -> None:
     assert argv == ["--enable-return-aux-hidden-states", "--speculative-algorithm", "EAGLE3",
                     "--disable-radix-cache", "--return-aux-hidden-state-layer-ids", "1", "15", "28"]
     assert not [e for e in _errors(capture_problems(p)) if "capture-only" in e or "would pass" in e]
+
+
+def test_the_logits_hook_is_registered_only_where_the_output_lacks_the_final_rows(versioned_root, tmp_path,
+                                                                                  monkeypatch) -> None:
+    """The plugin decides from the installed SGLang's own logits_processor.py, without importing it."""
+    version, root = versioned_root
+    monkeypatch.syspath_prepend(str(root.parent))
+    unload_fake_sglang()
+    try:
+        assert hook_module.output_lacks_last_hidden_states() is (version in OLD_VERSIONS)
+        assert "sglang.srt.layers.logits_processor" not in sys.modules
+    finally:
+        unload_fake_sglang()

@@ -104,11 +104,38 @@ def register() -> CaptureHook | None:
         state = CaptureHook(spec)
         HookRegistry.register(FORWARD_TARGET, state.after_forward, HookType.AFTER)
         HookRegistry.register(LOADED_TARGET, state.after_model_loaded, HookType.AFTER)
-        if "last" in spec.dump:
+        if "last" in spec.dump and output_lacks_last_hidden_states():
             HookRegistry.register(LOGITS_TARGET, state.after_logits, HookType.AFTER)
         _registered_state = state
         atexit.register(state.close)
         return state
+
+
+def output_lacks_last_hidden_states() -> bool:
+    """True when this SGLang's ``LogitsProcessorOutput`` declares no ``last_hidden_states`` (0.5.14, 0.5.18).
+
+    Read from the source with ``ast`` (``find_spec`` locates the package without importing it): importing
+    ``logits_processor`` here, inside ``load_plugins()``, would pull torch and half of SGLang before the
+    scheduler has set up its process.  False when the file cannot be read (nothing to hook then)."""
+    import ast
+    import importlib.util
+    import os
+
+    try:
+        found = importlib.util.find_spec("sglang")
+        origin = found.origin if found is not None else None
+        if origin is None:
+            return False
+        path = os.path.join(os.path.dirname(origin), "srt", "layers", "logits_processor.py")
+        with open(path, encoding="utf-8") as fh:
+            tree = ast.parse(fh.read(), filename=path)
+    except (OSError, SyntaxError, ValueError, ImportError):
+        return False
+    for node in tree.body:
+        if isinstance(node, ast.ClassDef) and node.name == "LogitsProcessorOutput":
+            return not any(isinstance(item, ast.AnnAssign) and isinstance(item.target, ast.Name)
+                           and item.target.id == "last_hidden_states" for item in node.body)
+    return False
 
 
 # -- the hook -----------------------------------------------------------------------------------------
