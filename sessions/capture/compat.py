@@ -92,8 +92,9 @@ class CompatReport:
         if self.ok and not self.limits:
             return f"compatible ({version}; {len(self.checks)} symbols checked)"
         if self.ok:
-            lines = [f"compatible with limits ({version}; {len(self.checks)} symbols checked, "
-                     f"{len(self.limits)} missing with a way around)"]
+            head = (f"compatible with limits ({version}; {len(self.checks)} symbols checked, "
+                    f"{len(self.limits)} missing with a way around)")
+            lines = [head]
         else:
             lines = [f"incompatible ({version}): {len(self.failures)} of {len(self.checks)} symbols"]
         for c in self.failures:

@@ -58,8 +58,8 @@ def _assignments(node: ast.AST) -> list[tuple[ast.Assign, list[ast.expr]]]:
             for child in n.orelse:
                 visit(child, [*tests, ast.UnaryOp(op=ast.Not(), operand=n.test)])
             return
-        for child in ast.iter_child_nodes(n):
-            visit(child, tests)
+        for sub in ast.iter_child_nodes(n):
+            visit(sub, tests)
 
     visit(node, [])
     return out
