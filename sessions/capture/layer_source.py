@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import ast
 import os
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -190,8 +191,31 @@ def _init_class_of(cls: ast.ClassDef, attr: str) -> str | None:
     return None
 
 
+_RULE_CACHE: dict[tuple[str, str, int], SourceRule] = {}
+_RULE_LOCK = threading.Lock()
+
+
 def source_rule(root: str | os.PathLike, architecture: str, depth: int = 0) -> SourceRule:
-    """The layer rule of ``architecture`` in the SGLang package folder ``root`` (falling back to the table)."""
+    """The layer rule of ``architecture`` in the SGLang package folder ``root`` (falling back to the table).
+
+    Cached by (root, architecture, mtime of the models folder): the capture panel asks on every poll, and
+    parsing deepseek_v2.py alone takes tens of milliseconds."""
+    try:
+        mtime = (Path(root) / MODELS_DIR).stat().st_mtime_ns
+    except OSError:
+        mtime = -1
+    key = (str(root), architecture, mtime)
+    with _RULE_LOCK:
+        hit = _RULE_CACHE.get(key)
+    if hit is not None:
+        return hit
+    found = _source_rule(root, architecture, depth)
+    with _RULE_LOCK:
+        _RULE_CACHE[key] = found
+    return found
+
+
+def _source_rule(root: str | os.PathLike, architecture: str, depth: int) -> SourceRule:
     from sessions.capture.compat import find_method_class
 
     fallback = rule_for(architecture)
