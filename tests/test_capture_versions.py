@@ -321,3 +321,13 @@ def test_the_logits_hook_is_registered_only_where_the_output_lacks_the_final_row
         assert "sglang.srt.layers.logits_processor" not in sys.modules
     finally:
         unload_fake_sglang()
+
+
+def test_capture_check_with_a_model_names_that_versions_rule(versioned_root, tmp_path) -> None:
+    version, root = versioned_root
+    (tmp_path / "config.json").write_text(json.dumps(GPT_OSS_CONFIG))
+    report = check_sglang(root, model_path=tmp_path)
+    check = next(c for c in report.checks if c.symbol == "GptOssForCausalLM.set_eagle3_layers_to_capture")
+    assert check.ok
+    expected = LayerRule.PLUS_ONE if version == "0.5.14" else LayerRule.KEEP_IF_MAX_IS_L
+    assert f"rule {expected.value} (" in check.role

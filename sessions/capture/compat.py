@@ -387,8 +387,13 @@ def check_sglang(root: str | os.PathLike, model_path: str | os.PathLike | None =
             checks.append(SymbolCheck("model architecture", "the model to capture", str(model_path), False,
                                       f"unknown: {error}"))
         else:
+            from sessions.capture.layer_source import source_rule
+
             found = architecture_support(root, arch)
-            checks.append(SymbolCheck(f"{arch}.set_eagle3_layers_to_capture", "sets the capture layers",
+            rule = source_rule(root, arch) if found.supported else None
+            role = "sets the capture layers" + (
+                f"; rule {rule.rule.value} ({rule.detail})" if rule is not None and rule.rule is not None else "")
+            checks.append(SymbolCheck(f"{arch}.set_eagle3_layers_to_capture", role,
                                       found.path or str(root / MODELS_DIR), bool(found.supported),
                                       "" if found.supported else found.detail))
     return CompatReport(str(root), source.version, tuple(checks))
