@@ -244,6 +244,7 @@ def capture_problems(profile: LaunchProfile) -> list[Problem]:
             "server.radix_cache",
             "radix_cache = true cannot be used with capture: a cached prefix is not recomputed, so its "
             "hidden states would be missing; remove the key (capture adds --disable-radix-cache)"))
+    source = installed_sglang(profile)
     pp = [v for opt in _PP_FLAGS for v in _option_values(extra, opt)]
     for value in pp:
         try:
@@ -251,11 +252,11 @@ def capture_problems(profile: LaunchProfile) -> list[Problem]:
         except ValueError:
             continue
         if size > 1:
+            why = ("SGLang's capture-only mode requires pp_size == 1 (arg_groups/validation_hook.py)"
+                   if has_capture_only_mode(source) else
+                   f"eagle3-tui has not checked draft-mode capture under PP on SGLang {source.version or '?'}")
             problems.append(_problem(
-                "server.extra_args",
-                f"pipeline parallelism (PP {size}) is not supported with capture: SGLang's capture-only mode "
-                "requires pp_size == 1 (arg_groups/validation_hook.py)"))
-    source = installed_sglang(profile)
+                "server.extra_args", f"pipeline parallelism (PP {size}) is not supported with capture: {why}"))
     if not has_capture_only_mode(source):
         problems += _draft_mode_problems(profile, source)
     elif _draft_path(extra) is not None:
