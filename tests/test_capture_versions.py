@@ -20,8 +20,8 @@ import torch
 from _sglang_wheel import SGLANG_VERSIONS
 from _sglang_wheel import sglang_root as sglang_root_of
 
-from sessions.capture.compat import check_sglang, supporting_architectures
-from sessions.capture.layer_source import source_rule
+from sessions.capture.compat import check_sglang
+from sessions.capture.layer_source import source_rule, supporting_architectures
 from sessions.capture.layers import LayerRule
 from sessions.capture.plugin.eagle3_capture import hook as hook_module
 from sessions.capture.plugin.eagle3_capture.spec import CaptureSpec

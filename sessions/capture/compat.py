@@ -11,9 +11,7 @@ from __future__ import annotations
 
 import ast
 import os
-import re
-import threading
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -445,75 +443,12 @@ class ArchitectureSupport:
     path: str | None = None  # the file whose class implements (or lacks) the method
 
 
-_CLASS_RE = re.compile(r"^class\s+(\w+)\s*[(:]", re.MULTILINE)
-_INDEX_CACHE: dict[str, tuple[int, dict[str, list[str]]]] = {}
-_INDEX_LOCK = threading.Lock()
-
-
-def _class_index(models_dir: Path) -> dict[str, list[str]]:
-    """Class name -> model files defining it (text scan, cached by the folder's mtime)."""
-    try:
-        mtime = models_dir.stat().st_mtime_ns
-    except OSError:
-        return {}
-    with _INDEX_LOCK:
-        hit = _INDEX_CACHE.get(str(models_dir))
-    if hit is not None and hit[0] == mtime:
-        return hit[1]
-    index: dict[str, list[str]] = {}
-    for path in sorted(models_dir.glob("*.py")):
-        try:
-            text = path.read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError):
-            continue
-        for name in _CLASS_RE.findall(text):
-            index.setdefault(name, []).append(str(path))
-    with _INDEX_LOCK:
-        _INDEX_CACHE[str(models_dir)] = (mtime, index)
-    return index
-
-
-def _base_names(cls: ast.ClassDef) -> Iterable[str]:
-    for base in cls.bases:
-        if isinstance(base, ast.Name):
-            yield base.id
-        elif isinstance(base, ast.Attribute):
-            yield base.attr
-
-
-def find_method_class(root: str | os.PathLike, architecture: str, method: str,
-                      files: _Files | None = None) -> tuple[ast.ClassDef, str] | None:
-    """The model class (``architecture`` or a base class) whose body defines ``method``, with its file.
-
-    ``files``: parsed model files to share between calls (parsing the model zoo dominates the cost)."""
-    models_dir = Path(root) / MODELS_DIR
-    index = _class_index(models_dir)
-    files = files if files is not None else _Files(models_dir)
-    seen: set[str] = set()
-
-    def search(name: str, depth: int) -> tuple[ast.ClassDef, str] | None:
-        if name in seen or depth > 12:
-            return None
-        seen.add(name)
-        for path in index.get(name, []):
-            cls = _top_class(files.tree(os.path.basename(path)), name)
-            if cls is None:
-                continue
-            if _method(cls, method) is not None:
-                return cls, path
-            for base in _base_names(cls):
-                found = search(base, depth + 1)
-                if found is not None:
-                    return found
-        return None
-
-    return search(architecture, 0)
-
-
 def architecture_support(root: str | os.PathLike, architecture: str) -> ArchitectureSupport:
     """Whether SGLang's model class ``architecture`` (or a base class) defines set_eagle3_layers_to_capture."""
+    from sessions.capture.layer_source import class_index, find_method_class
+
     models_dir = Path(root) / MODELS_DIR
-    index = _class_index(models_dir)
+    index = class_index(models_dir)
     if not index:
         return ArchitectureSupport(None, f"no model sources under {models_dir}")
     found = find_method_class(root, architecture, "set_eagle3_layers_to_capture")
@@ -526,11 +461,3 @@ def architecture_support(root: str | os.PathLike, architecture: str) -> Architec
         return ArchitectureSupport(False, f"no model class {architecture} in {models_dir}")
     return ArchitectureSupport(False, f"{architecture} (nor any base class) defines set_eagle3_layers_to_capture",
                                index[architecture][0])
-
-
-def supporting_architectures(root: str | os.PathLike) -> list[str]:
-    """Every model class in ``root``'s model zoo that has set_eagle3_layers_to_capture (itself or inherited)."""
-    index = _class_index(Path(root) / MODELS_DIR)
-    files = _Files(Path(root) / MODELS_DIR)
-    return sorted(name for name in index
-                  if find_method_class(root, name, "set_eagle3_layers_to_capture", files) is not None)

@@ -12,13 +12,16 @@ The rule differs between families *and between SGLang versions* (GPT-OSS adds 1 
   (Kimi-K2.5's ``language_model = DeepseekV3ForCausalLM(...)``); ``self.model.set_...([v + 1 for v in ids])``
   → `LayerRule.PLUS_ONE` (the inner model stores what it is given).
 
-Anything else reads as unknown (None), and callers fall back to the table.
+Anything else reads as unknown (None), and callers fall back to the table.  This module also owns the model
+zoo's class index (`find_method_class`, `supporting_architectures`), which ``capture check`` uses too.
 """
 from __future__ import annotations
 
 import ast
 import os
+import re
 import threading
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -26,6 +29,103 @@ from sessions.capture.layers import LayerRule, rule_for
 
 METHOD = "set_eagle3_layers_to_capture"
 MODELS_DIR = "srt/models"
+
+
+# -- the model zoo --------------------------------------------------------------------------------------
+class ModelFiles:
+    """Parsed files of one ``srt/models`` folder; a missing or unparsable file reads as None."""
+
+    def __init__(self, models_dir: Path) -> None:
+        self.models_dir = models_dir
+        self._trees: dict[str, ast.Module | None] = {}
+
+    def tree(self, name: str) -> ast.Module | None:
+        if name not in self._trees:
+            path = self.models_dir / name
+            try:
+                self._trees[name] = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+            except (OSError, SyntaxError, UnicodeDecodeError, ValueError):
+                self._trees[name] = None
+        return self._trees[name]
+
+    def top_class(self, name: str, class_name: str) -> ast.ClassDef | None:
+        tree = self.tree(name)
+        if tree is None:
+            return None
+        return next((n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == class_name), None)
+
+
+_CLASS_RE = re.compile(r"^class\s+(\w+)\s*[(:]", re.MULTILINE)
+_INDEX_CACHE: dict[str, tuple[int, dict[str, list[str]]]] = {}
+_INDEX_LOCK = threading.Lock()
+
+
+def class_index(models_dir: Path) -> dict[str, list[str]]:
+    """Class name -> model files defining it (text scan, cached by the folder's mtime)."""
+    try:
+        mtime = models_dir.stat().st_mtime_ns
+    except OSError:
+        return {}
+    with _INDEX_LOCK:
+        hit = _INDEX_CACHE.get(str(models_dir))
+    if hit is not None and hit[0] == mtime:
+        return hit[1]
+    index: dict[str, list[str]] = {}
+    for path in sorted(models_dir.glob("*.py")):
+        try:
+            text = path.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError):
+            continue
+        for name in _CLASS_RE.findall(text):
+            index.setdefault(name, []).append(str(path))
+    with _INDEX_LOCK:
+        _INDEX_CACHE[str(models_dir)] = (mtime, index)
+    return index
+
+
+def _base_names(cls: ast.ClassDef) -> Iterable[str]:
+    for base in cls.bases:
+        if isinstance(base, ast.Name):
+            yield base.id
+        elif isinstance(base, ast.Attribute):
+            yield base.attr
+
+
+def find_method_class(root: str | os.PathLike, architecture: str, method: str,
+                      files: ModelFiles | None = None) -> tuple[ast.ClassDef, str] | None:
+    """The model class (``architecture`` or a base class) whose body defines ``method``, with its file.
+
+    ``files``: parsed model files to share between calls (parsing the model zoo dominates the cost)."""
+    models_dir = Path(root) / MODELS_DIR
+    index = class_index(models_dir)
+    files = files if files is not None else ModelFiles(models_dir)
+    seen: set[str] = set()
+
+    def search(name: str, depth: int) -> tuple[ast.ClassDef, str] | None:
+        if name in seen or depth > 12:
+            return None
+        seen.add(name)
+        for path in index.get(name, []):
+            cls = files.top_class(os.path.basename(path), name)
+            if cls is None:
+                continue
+            if any(isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n.name == method for n in cls.body):
+                return cls, path
+            for base in _base_names(cls):
+                found = search(base, depth + 1)
+                if found is not None:
+                    return found
+        return None
+
+    return search(architecture, 0)
+
+
+def supporting_architectures(root: str | os.PathLike) -> list[str]:
+    """Every model class in ``root``'s model zoo that has set_eagle3_layers_to_capture (itself or inherited)."""
+    index = class_index(Path(root) / MODELS_DIR)
+    files = ModelFiles(Path(root) / MODELS_DIR)
+    return sorted(name for name in index
+                  if find_method_class(root, name, "set_eagle3_layers_to_capture", files) is not None)
 
 
 @dataclass(frozen=True)
@@ -216,8 +316,6 @@ def source_rule(root: str | os.PathLike, architecture: str, depth: int = 0) -> S
 
 
 def _source_rule(root: str | os.PathLike, architecture: str, depth: int) -> SourceRule:
-    from sessions.capture.compat import find_method_class
-
     fallback = rule_for(architecture)
     found = find_method_class(root, architecture, METHOD)
     if found is None:
