@@ -226,19 +226,25 @@ def _job_pythonpath(python: str, home_state: Path) -> str:
     return str(folder)
 
 
-def spawn(path: Path, resume: bool) -> int:
-    """Start the job process detached; return its pid (also recorded in progress.json)."""
+def update_progress(path: Path, **fields: Any) -> None:
+    """Merge ``fields`` into the job's progress file (the regeneration job writes the same file)."""
+    _write_progress(path, **fields)
+
+
+def spawn(path: Path, resume: bool, module: str = "sessions.extraction.runner", python: str | None = None) -> int:
+    """Start the job process (``python -m <module> --job-dir DIR``) detached; return its pid (also recorded
+    in progress.json).  ``python`` defaults to the extraction spec's interpreter."""
     import psutil
 
-    spec = load_job_spec(path / SPEC_FILE)
-    python = job_python(spec)
+    if python is None:
+        python = job_python(load_job_spec(path / SPEC_FILE))
     env = dict(os.environ)
     entry = _job_pythonpath(python, path.parent.parent)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (entry, env.get("PYTHONPATH", "")) if p)
     env.setdefault("HF_HUB_OFFLINE", "1")  # local files only: a job never reaches a hub
     env.setdefault("TRANSFORMERS_OFFLINE", "1")
     env["PYTHONUNBUFFERED"] = "1"
-    argv = [python, "-m", "sessions.extraction.runner", "--job-dir", str(path)]
+    argv = [python, "-m", module, "--job-dir", str(path)]
     if resume:
         argv.append("--resume")
     atomic_write_json(path / CONTROL_FILE, {"pause": False, "cancel": False})
