@@ -31,7 +31,7 @@ from sessions.extraction.progress import (
     process_alive,
     read_progress,
 )
-from sessions.extraction.spec import JobSpec, JobSpecError, check_paths, load_job_spec
+from sessions.extraction.spec import JOB_DATASET_PREFIX, JobSpec, JobSpecError, check_paths, load_job_spec
 from sessions.home import (
     Home,
     atomic_write_json,
@@ -139,6 +139,25 @@ def _preflight_output_dir(spec: JobSpec) -> None:
         raise JobError(f"output_dir {out} is not empty{hint}", code=1)
 
 
+def resolve_job_dataset(spec: JobSpec, home: Home) -> JobSpec:
+    """``dataset = "job:<id>"``: the success file of that (finished) regeneration job, with the sample ids
+    following its row ids."""
+    text = str(spec.dataset)
+    if not text.startswith(JOB_DATASET_PREFIX):
+        return spec
+    from sessions.regeneration.job import regen_output
+
+    source_id = text[len(JOB_DATASET_PREFIX):]
+    try:
+        output, progress = regen_output(source_id, home)
+    except JobError as exc:
+        raise JobError(f"job.dataset: {exc}", code=2) from None
+    if progress.state != "done":
+        raise JobError(f"job.dataset: regeneration job {source_id} is {progress.state}, not done; extract from "
+                       "it once it has finished (`eagle3-tui regenerate status " + source_id + "`)", code=2)
+    return replace(spec, dataset=output, sample_ids="row")
+
+
 def create_job(spec_path: Path | str, home: Home | None = None) -> tuple[str, Path]:
     """Check the spec and make the job dir (no process yet); returns (job id, job dir)."""
     home = (home or resolve_home()).ensure()
@@ -148,6 +167,7 @@ def create_job(spec_path: Path | str, home: Home | None = None) -> tuple[str, Pa
         raise JobError(f"job spec {spec_path} not found", code=2) from None
     except JobSpecError as exc:
         raise JobError(str(exc), code=2) from None
+    spec = resolve_job_dataset(spec, home)
     problems = check_paths(spec)
     if problems:
         raise JobError(f"{spec_path}: " + "; ".join(str(p) for p in problems), code=2)
