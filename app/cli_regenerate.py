@@ -61,15 +61,10 @@ def human(p: Any) -> str:
     eta = f", ETA {p.eta_s:.0f} s" if p.eta_s else ""
     line = (f"{p.job_id}  {p.state:<11} {pct}  {p.done}/{p.total} rows: {p.ok} success, {p.failed_lines} error, "
             f"{p.skipped} skipped; {p.tokens_per_s:.0f} tok/s{eta}")
-    s = p.stats or {}
-    if s.get("answers"):
-        finish = ", ".join(f"{k} {v}" for k, v in sorted((s.get("finish_reasons") or {}).items()))
-        line += (f"\n    answers: {s['answers']} ({finish}); mean chars {s.get('mean_answer_chars_before')} before, "
-                 f"{s.get('mean_answer_chars_after')} after; {100 * (s.get('empty_share') or 0):.1f}% empty")
-        servers = s.get("servers") or {}
-        if len(servers) > 1:
-            for url, row in servers.items():
-                line += f"\n    {url}: {row['rows']} rows, {row.get('error', 0)} error, {row['tokens']} tokens"
+    from sessions.regeneration.stats import shape_lines
+
+    for extra in shape_lines(p.stats):
+        line += f"\n    {extra}"
     if p.reason:
         line += f"\n    {p.reason}"
     return line

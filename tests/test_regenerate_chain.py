@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+
 import pytest
 from _extract_support import run_cli, stop_job, wait_for, write_spec
 from test_extract_job import capture_dir, demo_model, manifest, start_server  # noqa: F401 - fixtures

@@ -43,8 +43,7 @@ def two_turn_rows(count: int) -> list[dict]:
 
 def write_lines(path: Path, rows: list) -> Path:
     with open(path, "w") as fh:
-        for row in rows:
-            fh.write((row if isinstance(row, str) else json.dumps(row)) + "\n")
+        fh.writelines((row if isinstance(row, str) else json.dumps(row)) + "\n" for row in rows)
     return path
 
 

@@ -145,13 +145,14 @@ def resolve_job_dataset(spec: JobSpec, home: Home) -> JobSpec:
     text = str(spec.dataset)
     if not text.startswith(JOB_DATASET_PREFIX):
         return spec
-    from sessions.regeneration.job import regen_output
-
     source_id = text[len(JOB_DATASET_PREFIX):]
     try:
-        output, progress = regen_output(source_id, home)
+        progress = job_status(source_id, home)  # the regeneration job records its output path there
     except JobError as exc:
         raise JobError(f"job.dataset: {exc}", code=2) from None
+    if progress.mode != "regenerate":
+        raise JobError(f"job.dataset: job {source_id} is an extraction job, not a regeneration job", code=2)
+    output = Path(progress.output_dir)
     if progress.state != "done":
         raise JobError(f"job.dataset: regeneration job {source_id} is {progress.state}, not done; extract from "
                        "it once it has finished (`eagle3-tui regenerate status " + source_id + "`)", code=2)
@@ -251,13 +252,20 @@ def update_progress(path: Path, **fields: Any) -> None:
     _write_progress(path, **fields)
 
 
-def spawn(path: Path, resume: bool, module: str = "sessions.extraction.runner", python: str | None = None) -> int:
+# The job process of each kind of job (job.json's "mode"), so that pause/resume/cancel serve both.
+RUNNERS = {"extract": "sessions.extraction.runner", "regenerate": "sessions.regeneration.runner"}
+
+
+def spawn(path: Path, resume: bool, module: str | None = None, python: str | None = None) -> int:
     """Start the job process (``python -m <module> --job-dir DIR``) detached; return its pid (also recorded
-    in progress.json).  ``python`` defaults to the extraction spec's interpreter."""
+    in progress.json).  By default the module is the one of the job's mode and ``python`` the extraction
+    spec's interpreter (a regeneration job needs only httpx: this one)."""
     import psutil
 
+    mode = str((read_json(path / JOB_FILE, default={}) or {}).get("mode") or "extract")
+    module = module or RUNNERS.get(mode, RUNNERS["extract"])
     if python is None:
-        python = job_python(load_job_spec(path / SPEC_FILE))
+        python = sys.executable if mode == "regenerate" else job_python(load_job_spec(path / SPEC_FILE))
     env = dict(os.environ)
     entry = _job_pythonpath(python, path.parent.parent)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (entry, env.get("PYTHONPATH", "")) if p)

@@ -6,7 +6,6 @@ torch; the job process needs only httpx, so it runs under this interpreter.
 """
 from __future__ import annotations
 
-import sys
 import time
 from pathlib import Path
 
@@ -24,8 +23,6 @@ from sessions.extraction.spec import JobSpecError
 from sessions.home import Home, atomic_write_json, atomic_write_text, ensure_private_dir, resolve_home
 from sessions.regeneration.runner import SERVERS_FILE
 from sessions.regeneration.spec import RegenSpec, load_regen_spec
-
-RUNNER = "sessions.regeneration.runner"
 
 
 def _session_url(session_id: str, home: Home) -> str:
@@ -80,7 +77,7 @@ def create_regen_job(spec_path: Path | str, home: Home | None = None) -> tuple[s
 def run_regen_job(spec_path: Path | str, home: Home | None = None) -> str:
     """``regenerate run``: create and spawn; returns the job id."""
     job_id, path, _spec = create_regen_job(spec_path, home)
-    spawn(path, resume=False, module=RUNNER, python=sys.executable)
+    spawn(path, resume=False)  # the runner and interpreter of job.json's mode
     return job_id
 
 
@@ -93,17 +90,5 @@ def regen_status(job_id: str, home: Home | None = None) -> JobProgress:
 
 def resume_regen_job(job_id: str, home: Home | None = None) -> JobProgress:
     """A paused live job continues; a stopped one gets a new process that skips the rows already written."""
-    progress = regen_status(job_id, home)
-    if progress.is_live:
-        return resume_job(job_id, home)  # the control-file path, shared with extraction
-    if progress.state == "done":
-        raise JobError(f"job {job_id} is done: nothing to resume", code=1)
-    spawn(Path(progress.job_dir), resume=True, module=RUNNER, python=sys.executable)
-    return job_status(job_id, home)
-
-
-def regen_output(job_id: str, home: Home | None = None) -> tuple[Path, JobProgress]:
-    """The success file of a regeneration job (for ``dataset = "job:<id>"`` in an extraction spec)."""
-    progress = regen_status(job_id, home)
-    spec = load_regen_spec(Path(progress.job_dir) / SPEC_FILE)
-    return spec.output, progress
+    regen_status(job_id, home)
+    return resume_job(job_id, home)  # shared with extraction: spawn picks the runner from job.json's mode

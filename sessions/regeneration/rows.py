@@ -139,8 +139,8 @@ def output_problem(row: dict[str, Any], reasoning: str = "none") -> str | None:
         return "status must be 'success'"
     messages = row.get("conversations")
     problem = input_problem(messages)
-    if problem:
-        return problem
+    if problem or not isinstance(messages, list):
+        return problem or "conversations must be a non-empty list"
     assistants = 0
     for index, message in enumerate(messages):
         if message.get("role") != "assistant":

@@ -226,14 +226,14 @@ class RegenRun:
         done = self.files.total()
         rows_s, tokens_s, _ = self.meter.rates()
         left = self.total - done
-        fields: dict[str, Any] = dict(
-            state=state, mode="regenerate", total=self.total, done=done, ok=counts["success"],
-            skipped=counts["skipped"], failed_lines=counts["error"], tokens=self.stats.tokens,
-            samples_per_s=rows_s, tokens_per_s=tokens_s,
-            eta_s=(left / rows_s) if rows_s > 0 and left > 0 else None, in_flight=self.in_flight,
-            output_dir=str(self.spec.output), dataset=str(self.spec.dataset),
-            server_url=self.servers[0] if self.servers else None, stats=self.stats.snapshot(),
-            last_progress_at=time.time())
+        fields: dict[str, Any] = {
+            "state": state, "mode": "regenerate", "total": self.total, "done": done, "ok": counts["success"],
+            "skipped": counts["skipped"], "failed_lines": counts["error"], "tokens": self.stats.tokens,
+            "samples_per_s": rows_s, "tokens_per_s": tokens_s,
+            "eta_s": (left / rows_s) if rows_s > 0 and left > 0 else None, "in_flight": self.in_flight,
+            "output_dir": str(self.spec.output), "dataset": str(self.spec.dataset),
+            "server_url": self.servers[0] if self.servers else None, "stats": self.stats.snapshot(),
+            "last_progress_at": time.time()}
         fields.update(extra)
         update_progress(self.job_dir, **fields)
 

@@ -165,6 +165,17 @@ def is_regeneration_spec(text: str) -> bool:
     return isinstance(job, dict) and job.get("mode") == MODE
 
 
+def is_regeneration_spec_file(path: Path | str) -> bool:
+    """Whether the spec file at ``path`` is a regeneration spec (False when it cannot be read: the job's
+    own loader then names the problem)."""
+    from sessions.safe_files import read_regular_text
+
+    try:
+        return is_regeneration_spec(read_regular_text(Path(path).expanduser(), "job spec"))
+    except (OSError, UnicodeDecodeError):
+        return False
+
+
 def parse_regen_spec(text: str, source: str = "<job spec>", base_dir: Path | None = None) -> RegenSpec:
     try:
         data = tomllib.loads(text)

@@ -112,3 +112,20 @@ class RegenStats:
                 "empty_share": round(self.empty / answers, 4) if answers else None,
                 "servers": {url: dict(line) for url, line in self.servers.items()},
             }
+
+
+def shape_lines(stats: dict[str, Any] | None) -> list[str]:
+    """The data's shape in words, for ``regenerate status`` and the jobs screen: one line, plus one line per
+    server when there are several."""
+    s = stats or {}
+    if not s.get("answers"):
+        return []
+    finish = ", ".join(f"{k} {v}" for k, v in sorted((s.get("finish_reasons") or {}).items()))
+    lines = [(f"answers: {s['answers']} ({finish}; {100 * (s.get('length_share') or 0):.0f}% cut by max_tokens) · "
+             f"mean chars {s.get('mean_answer_chars_before')} before → {s.get('mean_answer_chars_after')} after · "
+             f"{s.get('mean_answer_tokens_after')} tokens · {100 * (s.get('empty_share') or 0):.1f}% empty")]
+    servers = s.get("servers") or {}
+    if len(servers) > 1:
+        lines += [f"{url}: {row['rows']} rows, {row.get('error', 0)} error, {row['tokens']:,} tokens"
+                  for url, row in servers.items()]
+    return lines
