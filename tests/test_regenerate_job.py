@@ -12,7 +12,7 @@ from pathlib import Path
 import openai
 import pytest
 from _extract_support import run_cli, stop_job, wait_for, write_spec
-from test_emulator import Emulator
+from test_emulator import Emulator, models  # noqa: F401 - models is a fixture
 
 from sessions.extraction.job import job_status
 from sessions.regeneration.rows import output_problem
@@ -227,3 +227,33 @@ def test_a_bad_spec_names_the_key_and_its_line(home, cli_env, tmp_path) -> None:
     assert result.returncode == 2
     assert "job.output (line 5): must end in .jsonl" in result.stderr
     assert "job.reasoning (line 7)" in result.stderr and "job.temprature (line 8): unknown key" in result.stderr
+
+
+def test_rows_are_shared_over_several_servers_with_a_line_each_and_a_dead_one_left_out(
+        home, cli_env, tmp_path, models) -> None:  # noqa: F811
+    from _extract_support import free_port
+
+    emus = [Emulator(tmp_path / f"run{i}", models["small"], "--served-model-name", "small", tp=1) for i in (0, 1)]
+    try:
+        for emu in emus:
+            emu.wait_ready()
+        dataset = write_lines(tmp_path / "data.jsonl", two_turn_rows(12))
+        dead = f"http://127.0.0.1:{free_port()}"
+        spec = write_spec(tmp_path / "multi.toml", mode="regenerate", name="multi", dataset=dataset,
+                          output=tmp_path / "multi" / "regen.jsonl", window=2, max_tokens=8,
+                          servers=[emus[0].url(""), emus[1].url(""), dead])
+        job_id = start(spec, cli_env)
+        try:
+            done = finish(job_id, home)
+        finally:
+            stop_job(job_id, home)
+    finally:
+        for emu in emus:
+            emu.kill()
+    assert done.state == "done", done.reason
+    servers = done.stats["servers"]
+    assert set(servers) == {emus[0].url(""), emus[1].url("")}  # the dead one was left out at the probe
+    assert sum(line["rows"] for line in servers.values()) == 12 and all(line["rows"] for line in servers.values())
+    assert f"server {dead} does not answer /v1/models" in (Path(done.job_dir) / "job.log").read_text()
+    shown = run_cli(["regenerate", "status", job_id], cli_env)
+    assert all(f"{url}: " in shown.stdout for url in servers)  # one line per server

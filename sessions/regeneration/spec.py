@@ -216,6 +216,8 @@ def parse_regen_spec(text: str, source: str = "<job spec>", base_dir: Path | Non
             continue
         if kind in ("str1", "url1"):
             value = (value,)
+        if attr == "servers":
+            value = tuple(url.rstrip("/") for url in value)  # requests go to <url>/v1/...
         if attr in values:
             problems.append(SpecProblem(dotted, f"give only one of {attr} and its one-value form", lines.get(dotted)))
         values[attr] = value
