@@ -249,8 +249,10 @@ class _RankState:
     token_usage: float | None = None
     decode_at: float | None = None
     updated_at: float | None = None
+    last: BatchLine | None = None  # the newest line itself (the idle limit reads its pace)
 
     def update(self, line: BatchLine) -> None:
+        self.last = line
         running = line.running_reqs
         if running is not None:
             self.running_reqs = running
