@@ -300,12 +300,12 @@ class ServingTracker:
                     self.history.append(total)
         return line
 
-    def latest(self) -> _RankState | None:
-        """The figures of the rank that logged a stats line last (what the idle limit is computed from)."""
-        states = [st for st in self.ranks.values() if st.updated_at is not None]
+    def latest(self) -> BatchLine | None:
+        """The newest stats line of any rank (what the idle limit is computed from)."""
+        states = [st for st in self.ranks.values() if st.last is not None and st.updated_at is not None]
         if not states:
             return None
-        return max(states, key=lambda st: st.updated_at or 0.0)
+        return max(states, key=lambda st: st.updated_at or 0.0).last
 
     def feed_lines(self, lines: Iterable[str]) -> None:
         for text in lines:
@@ -498,8 +498,7 @@ IDLE_MIN_S = 5.0  # never idle sooner than this after a stats line (the log's st
 IDLE_MAX_S = 300.0
 
 
-def idle_after_s(line: BatchLine | _RankState | None,
-                 decode_log_interval: int = DEFAULT_DECODE_LOG_INTERVAL) -> float:
+def idle_after_s(line: BatchLine | None, decode_log_interval: int = DEFAULT_DECODE_LOG_INTERVAL) -> float:
     """Seconds without a stats line after which the server is not decoding anymore.
 
     SGLang logs a Decode line every ``decode_log_interval`` decode steps while any request runs, so the
