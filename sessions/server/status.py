@@ -7,6 +7,7 @@ start goes to the history (the baseline of the next start).
 """
 from __future__ import annotations
 
+import os
 import re
 import time
 from dataclasses import dataclass
@@ -17,8 +18,9 @@ from typing import Any
 from sessions import probes, safe_files, start_facts
 from sessions.history import last_good, record_start
 from sessions.home import Home, read_json
-from sessions.logs import LogFileError, read_increment
+from sessions.logs import LogFileError, open_log
 from sessions.phases import StartupPhase, StartupSummary, StartupTracker
+from sessions.server import log_checkpoint
 from sessions.server.model import (
     _LAUNCH_STALE_S,
     COMMAND_FILE,
@@ -33,7 +35,6 @@ from sessions.serving import SessionServing, decode_log_interval_of
 from sessions.stall import StallVerdict, is_compiler_name, stall_verdict
 from sessions.state_file import StateRead
 
-_LOG_READ_LIMIT_BYTES = 64 << 20  # per status() call, so a huge log never blocks one refresh for long
 _TAIL_KEEP_BYTES = 8192
 _LOG_TIME_FORMAT = "%Y-%m-%d %H:%M:%S"
 _LINE_TIME = re.compile(rb"\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d)")
@@ -80,11 +81,12 @@ class SessionReader(SessionRecord):
 
     def __init__(self, session_dir: Path, home: Home) -> None:
         super().__init__(session_dir, home)
-        self._tracker = StartupTracker()
+        # the tracker, how far the log was read, the wall clock of its last write that was not a probe
+        self._progress = log_checkpoint.LogProgress(StartupTracker())
+        self._log_opened = False  # the first read in this process resumes from the checkpoint
+        self._saved_offset = -1
+        self._saved_at = 0.0
         self._serving = SessionServing()  # Decode/Prefill batch lines (+ /metrics) once it serves
-        self._log_offset = 0
-        self._log_tail = b""
-        self._activity_at: float | None = None  # wall clock of the last log write that was not a probe
         self._model_info: dict | None = None
         self._tree_watch: probes.ProcessTreeWatch | None = None  # the main process's tree, between polls
         self._last_lines_cache: tuple[tuple[int, int], tuple[str, ...]] | None = None
@@ -282,46 +284,79 @@ class SessionReader(SessionRecord):
         return watch.read(full_scan=full_scan)
 
     def _read_log(self) -> StartupSummary:
-        """Feed what the log gained since the last call into the tracker (a fresh object re-reads it)."""
+        """Feed what the log gained since the last call into the tracker; the first call in a process
+        resumes from the session's checkpoint (`sessions.server.log_checkpoint`), so its cost does not
+        grow with the log."""
         try:  # the log core opens it: a FIFO or a device in its place is refused, never waited on
-            got = read_increment(self.log_path, self._log_offset, _LOG_READ_LIMIT_BYTES)
+            fd = open_log(self.log_path)
+        except (FileNotFoundError, NotADirectoryError):
+            return self._progress.tracker.summary()
         except LogFileError:
-            return self._tracker.summary()  # not a log file: nothing to learn from it (diagnose says why)
-        if got is None:
-            return self._tracker.summary()
-        chunk, st = got
-        if st.st_size < self._log_offset:  # truncated or replaced: start over
-            self._tracker = StartupTracker()
+            return self._progress.tracker.summary()  # not a log file: nothing to learn (diagnose says why)
+        try:
+            st = os.fstat(fd)
+            return self._read_log_fd(fd, st)
+        finally:
+            os.close(fd)
+
+    def _read_log_fd(self, fd: int, st: os.stat_result) -> StartupSummary:
+        first_read = not self._log_opened
+        if first_read:
+            self._log_opened = True
+            saved = log_checkpoint.load(self.session_dir, fd, st)
+            if saved is not None:
+                self._progress = saved
+        progress = self._progress
+        if not log_checkpoint.still_valid(progress, fd, st):  # truncated, replaced, rewritten: start over
+            progress = self._progress = log_checkpoint.LogProgress(StartupTracker())
             self._serving.reset()
-            self._log_offset = 0
-            self._log_tail = b""
-            self._activity_at = None
-            got = read_increment(self.log_path, 0, _LOG_READ_LIMIT_BYTES)
-            chunk, st = got if got is not None else (b"", st)
-        if chunk:
-            first_read = self._log_offset == 0
-            self._log_offset += len(chunk)
-            self._tracker.feed_bytes(chunk)  # it keeps a partial last line until its newline comes
+            first_read = True
+        progress.identity = (st.st_dev, st.st_ino)
+        if st.st_size <= progress.offset and not first_read:
+            return progress.tracker.summary()
+        chunk, skipped = log_checkpoint.advance(progress, fd, st.st_size)
+        if first_read or skipped:  # the serving view comes from the tail (its figures are the latest lines')
+            self._serving.reset()
+            self._serving.feed_bytes(log_checkpoint.serving_tail(fd, st.st_size))
+        else:
             self._serving.feed_bytes(chunk)
-            self._log_tail = (self._log_tail + chunk[-_TAIL_KEEP_BYTES:])[-_TAIL_KEEP_BYTES:]
-            activity_at = _last_activity_at(chunk, st.st_mtime, exact=not first_read)
+        progress.offset = st.st_size
+        progress.fingerprint = log_checkpoint.fingerprint_at(fd, progress.offset)
+        if chunk:
+            progress.tail = (progress.tail + chunk[-_TAIL_KEEP_BYTES:])[-_TAIL_KEEP_BYTES:]
+            # exact: what it gained since this process's last look was written by its mtime
+            activity_at = _last_activity_at(chunk, st.st_mtime, exact=not first_read and not skipped)
             if activity_at is not None:
-                self._activity_at = max(activity_at, self._activity_at or 0.0)
-        return self._tracker.summary()
+                progress.activity_at = max(activity_at, progress.activity_at or 0.0)
+        self._save_progress(progress, first_read)
+        return progress.tracker.summary()
+
+    def _save_progress(self, progress: log_checkpoint.LogProgress, first_read: bool) -> None:
+        """Save the checkpoint on a process's first read, then after `SAVE_EVERY_BYTES` more or
+        `SAVE_EVERY_S` (a watcher polls every second: it must not write a file every second)."""
+        now = time.monotonic()
+        due = (
+            first_read
+            or progress.offset - self._saved_offset >= log_checkpoint.SAVE_EVERY_BYTES
+            or (progress.offset != self._saved_offset and now - self._saved_at >= log_checkpoint.SAVE_EVERY_S)
+        )
+        if due and self.session_dir.is_dir() and log_checkpoint.save(self.session_dir, progress):
+            self._saved_offset, self._saved_at = progress.offset, now
 
     def _last_lines(self, count: int = 5) -> tuple[str, ...]:
         """The latest non-empty log lines (tqdm renders split at ``\r``), for stall's DeepGEMM check."""
-        key = (self._log_offset, count)
+        key = (self._progress.offset, count)
         if self._last_lines_cache is not None and self._last_lines_cache[0] == key:
             return self._last_lines_cache[1]  # the log did not grow since the last poll
-        text = self._log_tail.decode("utf-8", errors="replace")
+        text = self._progress.tail.decode("utf-8", errors="replace")
         lines = tuple([line for line in re.split(r"[\r\n]", text) if line.strip()][-count:])
         self._last_lines_cache = (key, lines)
         return lines
 
     def _silent_for_s(self, rec: dict) -> float:
         """Seconds since the server last wrote something other than the access lines of our probes."""
-        last = self._activity_at if self._activity_at is not None else rec.get("started_at") or time.time()
+        activity_at = self._progress.activity_at
+        last = activity_at if activity_at is not None else rec.get("started_at") or time.time()
         return max(0.0, time.time() - last)
 
     def _stall_verdict(
