@@ -36,6 +36,8 @@ from sessions.stall import StallVerdict, is_compiler_name, stall_verdict
 from sessions.state_file import StateRead
 
 _TAIL_KEEP_BYTES = 8192
+PORT_RECHECK_S = 5.0  # a ready server's port is connected to this often between HTTP probes
+TREE_RESCAN_READY_S = 30.0  # all of /proc is walked this often for a ready server's tree
 _LOG_TIME_FORMAT = "%Y-%m-%d %H:%M:%S"
 _LINE_TIME = re.compile(rb"\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d)")
 # uvicorn's access line for one of our probes: `INFO:     127.0.0.1:5433 - "GET /ready HTTP/1.1" 503 ...`
@@ -91,6 +93,8 @@ class SessionReader(SessionRecord):
         self._tree_watch: probes.ProcessTreeWatch | None = None  # the main process's tree, between polls
         self._last_lines_cache: tuple[tuple[int, int], tuple[str, ...]] | None = None
         self._has_metrics: bool | None = None
+        self._over_verdict: tuple[tuple[str, str], StallVerdict] | None = None  # of a start that is over
+        self._listening_seen: tuple[float, int, bool] | None = None  # (monotonic, port, listening)
 
     # -- status ----------------------------------------------------------------------------------------
 
@@ -187,7 +191,7 @@ class SessionReader(SessionRecord):
         probe_http: bool,
     ) -> _PortReading:
         """Whether the port listens for this session's server, and (when asked) what ``/ready`` says."""
-        listening = bool(alive and port and probes.port_listening(host, port))
+        listening = bool(alive and port and self._port_listening(host, port, known_ready and not probe_http))
         http_error = None
         port_owner: str | None = None
         if listening and port and not known_ready:
@@ -209,6 +213,18 @@ class SessionReader(SessionRecord):
                 http_error = result.error
             self._ask_model_info(base)
         return _PortReading(listening, ready_http, http_error, port_owner)
+
+    def _port_listening(self, host: str, port: int, may_reuse: bool) -> bool:
+        """Whether the port takes connections.  For a server known ready, between two HTTP probes, the
+        answer of the last few seconds stands: a connection every second is most of a watcher's poll, and
+        a server that went away shows first as its process gone (the tree is read every time)."""
+        seen = self._listening_seen
+        now = time.monotonic()
+        if may_reuse and seen is not None and seen[1] == port and now - seen[0] < PORT_RECHECK_S:
+            return seen[2]
+        listening = probes.port_listening(host, port)
+        self._listening_seen = (now, port, listening)
+        return listening
 
     def _ask_model_info(self, base: str) -> None:
         if self._model_info is None:
@@ -281,6 +297,9 @@ class SessionReader(SessionRecord):
         watch = self._tree_watch
         if watch is None or (watch.pid, watch.create_time) != (pid, float(create_time or 0.0)):
             watch = self._tree_watch = probes.ProcessTreeWatch(pid, float(create_time or 0.0))
+        # A ready server's tree is settled: its members are read every time (a rank that ends is seen at
+        # once), all of /proc only now and then, for a newcomer.
+        watch.rescan_after_s = probes.TREE_RESCAN_S if full_scan else TREE_RESCAN_READY_S
         return watch.read(full_scan=full_scan)
 
     def _read_log(self) -> StartupSummary:
@@ -369,6 +388,25 @@ class SessionReader(SessionRecord):
     ) -> StallVerdict:
         """Whether the start is stalled, and its limit: seconds of log silence (wall clock, never
         time-scaled) before a start that is not over counts as stalled."""
+        over = ready or summary.phase == StartupPhase.READY or summary.outcome in ("ready", "crashed")
+        key = (str(summary.phase), summary.outcome)
+        kept = self._over_verdict
+        if over and kept is not None and kept[0] == key:
+            # The start is over and its phase is what it was: the limit shown is the one computed then
+            # (the profile, state.json and the history are not read again every second).
+            return StallVerdict(False, kept[1].limit_s, silent_for_s, kept[1].reason)
+        verdict = self._fresh_stall_verdict(rec, summary, tree, silent_for_s, ready)
+        self._over_verdict = (key, verdict) if over and not verdict.stalled else None
+        return verdict
+
+    def _fresh_stall_verdict(
+        self,
+        rec: dict,
+        summary: StartupSummary,
+        tree: list[probes.ProcInfo],
+        silent_for_s: float,
+        ready: bool,
+    ) -> StallVerdict:
         try:
             profile: Any = self.profile
         except Exception:  # noqa: BLE001 - an unreadable snapshot must not break status; the recorded limit will do
