@@ -104,8 +104,8 @@ class SessionReader(SessionRecord):
         A damaged or missing state.json does not raise: the status carries ``problem`` (what is wrong,
         naming the file and field), and the server is still found by its session marker.
         """
-        read = self.state_read
-        ident = self.main_identity()
+        read = self.state_read  # state.json, read once for this status
+        ident = self.main_identity(read.record)
         pid, create_time = ident if ident else (None, None)
         rec, problems = self._checked_record(read, ident)
         host, port = rec.get("host", "127.0.0.1"), rec.get("port")
@@ -138,7 +138,7 @@ class SessionReader(SessionRecord):
             problems.append(f"{net.port_owner}: it is not this session's server")
         return SessionStatus(
             session_id=self.session_id,
-            profile=self.profile_name,
+            profile=self.profile_name_in(rec),
             pid=pid,
             create_time=create_time,
             state=state,
