@@ -32,7 +32,7 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO_ROOT))
 sys.path.insert(0, str(REPO_ROOT / "benches"))
 
-from bench_tui import TuiInPty, launch_session  # noqa: E402
+from bench_tui import TuiInPty, launch_session
 
 HOUR_LINES = 40_000  # lines per hour block (~6 MB): a busy server's Decode/Prefill cadence
 
@@ -93,7 +93,7 @@ def time_status(env: dict[str, str], session_id: str, runs: int) -> list[dict]:
         t0 = time.monotonic()
         proc = subprocess.run(
             [sys.executable, "-m", "app", "status", session_id, "--json"],
-            env=env, cwd=str(REPO_ROOT), capture_output=True, text=True, timeout=600,
+            check=False, env=env, cwd=str(REPO_ROOT), capture_output=True, text=True, timeout=600,
         )
         wall = time.monotonic() - t0
         try:
@@ -115,7 +115,7 @@ def cli_baseline(env: dict[str, str], runs: int) -> float:
     best = float("inf")
     for _ in range(runs):
         t0 = time.monotonic()
-        subprocess.run([sys.executable, "-m", "app", "--version"], env=env, cwd=str(REPO_ROOT),
+        subprocess.run([sys.executable, "-m", "app", "--version"], check=False, env=env, cwd=str(REPO_ROOT),
                        capture_output=True, timeout=60)
         best = min(best, time.monotonic() - t0)
     return round(best, 3)
@@ -154,8 +154,8 @@ def main(argv: list[str] | None = None) -> int:
     # As an installed package runs: its bytecode compiled once (PYTHONDONTWRITEBYTECODE would make every
     # cold process compile the whole app again, most of a small status's time); the cache is the bench's own.
     env.pop("PYTHONDONTWRITEBYTECODE", None)
-    subprocess.run([sys.executable, "-m", "compileall", "-q", "app", "sessions", "widgets"], env=env,
-                   cwd=str(REPO_ROOT), capture_output=True, timeout=300)
+    subprocess.run([sys.executable, "-m", "compileall", "-q", "app", "sessions", "widgets"], check=False,
+                   env=env, cwd=str(REPO_ROOT), capture_output=True, timeout=300)
     from sessions.home import resolve_home
 
     home = resolve_home().ensure()

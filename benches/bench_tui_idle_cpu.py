@@ -27,7 +27,7 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO_ROOT))
 sys.path.insert(0, str(REPO_ROOT / "benches"))
 
-from bench_tui import TuiInPty, launch_session  # noqa: E402
+from bench_tui import TuiInPty, launch_session
 
 
 def top_functions(raw: Path, n: int = 20) -> tuple[list[tuple[str, int]], list[tuple[str, int]], int]:
