@@ -26,11 +26,6 @@ class CheckpointError(ValueError):
     """A saved state that cannot be a tracker's: another shape, an unknown tag, a wrong type."""
 
 
-def shape() -> list[str]:
-    """The tracker's field names: a checkpoint of another shape is another version's."""
-    return sorted(vars(StartupTracker()))
-
-
 def encode_tracker(tracker: StartupTracker) -> dict[str, Any]:
     """The tracker's fields as JSON values (`CheckpointError` for a value this codec does not know)."""
     return {name: _encode(value, name) for name, value in vars(tracker).items()}

@@ -7,26 +7,27 @@ meets more than `SKIP_ABOVE_BYTES` of new log reads startup from the head (the f
 serving view from the tail (the last `TAIL_BYTES`); the lines between are counted (C-speed
 ``bytes.count``), never parsed, so line numbers stay those of ``grep -n``.
 
-A checkpoint is used only when it is this version's (eagle3-tui's version, this format, the tracker's
-shape), of this file (device and inode), not past its end, and the bytes just before its offset are still
+A checkpoint is used only when it is this version's (this format, the same parser code), of this file (device and inode), not past its end, and the bytes just before its offset are still
 the ones it saw (a log truncated and written again, or replaced, is read from the start).  A damaged file
 is read through `sessions.safe_files` (a FIFO or a hard link in its place is refused) and ignored.
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
 import time
 from dataclasses import dataclass
-from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+import sessions.phases as phases_package
 from sessions import safe_files
 from sessions.home import atomic_write_json, read_json
+from sessions.logs import lines as lines_module
 from sessions.phases import StartupTracker
-from sessions.phases.checkpoint import CheckpointError, decode_tracker, encode_tracker, shape, skip_lines
+from sessions.phases.checkpoint import CheckpointError, decode_tracker, encode_tracker, skip_lines
 
 CHECKPOINT_FILE = "log_checkpoint.json"
 FORMAT = 1
@@ -39,14 +40,17 @@ SAVE_EVERY_BYTES = 1 << 20  # a watcher saves again after this much more log, or
 SAVE_EVERY_S = 30.0
 
 
+@functools.cache
 def version_key() -> str:
-    """This eagle3-tui's version, the format and the tracker's shape: a checkpoint of another is stale."""
-    try:
-        version = metadata.version("eagle3-tui")
-    except metadata.PackageNotFoundError:
-        version = "unknown"
-    digest = hashlib.sha256(",".join(shape()).encode()).hexdigest()[:16]
-    return f"{version}/{FORMAT}/{digest}"
+    """The format and a digest of the code that gives the saved state its meaning (the phase tracker,
+    the line rules, this module): a checkpoint written by another eagle3-tui version, or by the same
+    version number with another parser, is stale.  Read once per process (~1 ms; no package metadata)."""
+    sources = sorted(Path(phases_package.__file__).parent.glob("*.py"))
+    sources += [Path(lines_module.__file__), Path(__file__)]
+    digest = hashlib.sha256()
+    for source in sources:
+        digest.update(source.name.encode() + b"\0" + safe_files.read_bytes(source, safe_files.SOURCE))
+    return f"{FORMAT}/{digest.hexdigest()[:24]}"
 
 
 @dataclass
