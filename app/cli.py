@@ -70,10 +70,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.demo and args.command is not None:
             # Every entry point creates the demo home on first use, as opening the TUI does; otherwise
             # `--demo profile list` on a fresh machine would list nothing.
-            from sessions.demo import ensure_demo_home
+            from sessions.demo import ensure_demo_home, say_on_stderr
             from sessions.home import resolve_home
 
-            ensure_demo_home(resolve_home(demo=True))
+            ensure_demo_home(resolve_home(demo=True), progress=say_on_stderr)
         if args.command is None:
             from app.tui import run_tui
 

@@ -36,6 +36,11 @@ def register(subparsers: Any) -> None:
     ):
         action = sub.add_parser(name, help=helptext)
         action.add_argument("job", help="job id")
+        if name == "resume":
+            action.add_argument("--accept-server", action="store_true",
+                                help="continue against the server that answers now although its identity "
+                                     "(model, weights, capture layers, chat template, SGLang version) changed; "
+                                     "the change is recorded in job.json and the output's dataset.json")
         action.set_defaults(func=func)
 
     verify = sub.add_parser("verify", help="check every file of an output dir")
@@ -134,7 +139,16 @@ def _pause(args: argparse.Namespace) -> int:
 
 
 def _resume(args: argparse.Namespace) -> int:
-    return _job_action(args, "resume_job", "job {job} resumed (pid {progress.pid})")
+    from sessions.extraction import job as jobs
+
+    try:
+        progress = jobs.resume_job(args.job, accept_server=args.accept_server)
+    except jobs.JobError as exc:
+        raise _job_error(exc) from None
+    accepted = " and accepts the server that answers now (recorded in job.json and dataset.json)" \
+        if args.accept_server else ""
+    print(f"job {args.job} resumed (pid {progress.pid}){accepted}", file=sys.stderr)
+    return 0
 
 
 def _cancel(args: argparse.Namespace) -> int:

@@ -21,8 +21,10 @@ import shutil
 import socket
 import subprocess
 import sys
+import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import TypedDict
+from typing import Any, TypedDict
 
 from sessions import safe_files
 from sessions.home import Home, atomic_write_text, ensure_private_dir, resolve_home
@@ -51,6 +53,9 @@ DEMO_MALFORMED_LINE = 13  # 1-based line of the deliberately broken dataset line
 _CAPTURE_PACKAGES = ("torch", "transformers", "safetensors", "tokenizers")
 _NOTE_FILE = "capture-demo-skipped.txt"  # in the demo root; present while the capture demo is missing
 _MODEL_WRITE_TIMEOUT_S = 600.0
+# The demo's tiny model (sessions.demo_model.write_demo_model): its answers in sessions/data come from it.
+TINY_MODEL_SHAPE: dict[str, Any] = {"arch": "llama", "num_layers": 8, "hidden_size": 64, "seed": 0}
+Progress = Callable[[str], None]  # one line about a slow step of building the demo home
 
 # The shape of moonshotai/Kimi-K2.5's config.json: a multimodal wrapper whose text model (DeepSeek-V3
 # architecture, 61 layers, hidden 7168) sits under `text_config` (DESIGN §2 asks readers to handle both).
@@ -253,9 +258,18 @@ def tiny_draft_dir(home: Home) -> Path:
     return demo_root(home) / "models" / TINY_DRAFT_DIR_NAME
 
 
-def ensure_demo_home(home: Home | None = None) -> Home:
+def ensure_demo_home(home: Home | None = None, progress: Progress | None = None) -> Home:
     """Create (once) the demo home with its profiles, model dirs, dataset and job spec; returns the demo
-    `Home`.  Files that exist are kept as they are (the user may have edited them)."""
+    `Home`.  Files that exist are kept as they are (the user may have edited them).  ``progress`` gets one
+    line per slow step (the first start writes the tiny model: seconds, which a terminal must not spend
+    blank)."""
+    started = time.monotonic()
+    said: list[str] = []
+
+    def say(line: str) -> None:
+        said.append(line)
+        (progress or _quiet)(line)
+
     home = (home or resolve_home(demo=True)).ensure()
     model_dir = ensure_private_dir(demo_root(home) / "models" / MODEL_DIR_NAME)
     config_path = model_dir / "config.json"
@@ -268,8 +282,23 @@ def ensure_demo_home(home: Home | None = None) -> Home:
         filled = dict(values, port=_usable_port(values["port"]))
         text = _PROFILE_TEMPLATE.format(title=DEMO_TITLES[name], model_path=_toml_string(model_dir), **filled)
         atomic_write_text(path, text)
-    _ensure_capture_demo(home)
+    _ensure_capture_demo(home, say)
+    if said and progress is not None:
+        progress(f"demo home ready in {time.monotonic() - started:.1f} s: {demo_root(home)}")
     return home
+
+
+def _quiet(_line: str) -> None:
+    """The default `Progress`: say nothing."""
+
+
+def say_on_stderr(line: str) -> None:
+    """The `Progress` of the CLI and the TUI: a line on the terminal before anything else is drawn (stderr:
+    stdout stays for a command's own output)."""
+    try:
+        print(f"eagle3-tui: {line}", file=sys.stderr, flush=True)
+    except OSError:  # no terminal any more (a hangup): the work goes on without the line
+        pass
 
 
 def demo_note(home: Home) -> str | None:
@@ -295,16 +324,19 @@ def capture_demo_missing() -> list[str]:
 
 
 # -- the capture + extraction demo ---------------------------------------------------------------------
-def _ensure_capture_demo(home: Home) -> None:
+def _ensure_capture_demo(home: Home, progress: Progress) -> None:
     note_path = demo_root(home) / _NOTE_FILE
     model_dir = tiny_model_dir(home)
+    draft_dir = tiny_draft_dir(home)
     if not (model_dir / "model.safetensors").is_file():
         missing = capture_demo_missing()
         if missing:
             _write_note(note_path, f"Capture demo skipped: {', '.join(missing)} not installed (the tiny real "
                         f"model needs torch, transformers, safetensors and tokenizers); the Kimi demos work.")
             return
-        problem = _write_tiny_model(model_dir)
+        progress(f"first start: writing the demo's tiny model and its EAGLE-3 draft under {model_dir.parent} "
+                 "(once, a few seconds)")
+        problem = _write_tiny_model(model_dir, draft_dir)
         if problem:
             _write_note(note_path, f"Capture demo skipped: making the tiny model failed: {problem}")
             return
@@ -320,7 +352,11 @@ def _ensure_capture_demo(home: Home) -> None:
             capture_dir=_toml_string(capture_dir), job_spec=_toml_string(spec_path)))
     dataset = ensure_private_dir(demo_root(home) / "datasets") / DEMO_DATASET_NAME
     if not dataset.exists():
-        atomic_write_text(dataset, demo_dataset_text(), mode=0o644)
+        answers = _demo_answers(model_dir, progress)
+        if isinstance(answers, str):
+            _write_note(note_path, f"Extraction demo skipped: {answers}")
+            return
+        atomic_write_text(dataset, demo_dataset_text(answers), mode=0o644)
     if not spec_path.exists():
         ensure_private_dir(spec_path.parent)
         port, capture = _capture_profile_endpoint(home, capture_dir)
@@ -351,7 +387,7 @@ def _ensure_eagle3_demo(home: Home, model_dir: Path) -> None:
     """The tiny model's EAGLE-3 draft and the profile that serves the model with it."""
     draft_dir = tiny_draft_dir(home)
     if not (draft_dir / "model.safetensors").is_file():
-        problem = _write_tiny_model(draft_dir, ["--write-eagle3-draft", "{dir}", "--target", str(model_dir)])
+        problem = _write_tiny_model(draft_dir, target_dir=model_dir)
         if problem:
             _write_note(demo_root(home) / _NOTE_FILE, f"EAGLE-3 demo skipped: making the draft failed: {problem}")
             return
@@ -367,77 +403,122 @@ def _ensure_eagle3_demo(home: Home, model_dir: Path) -> None:
             port=_usable_port(_PLAIN_PORT)))
 
 
-def _write_tiny_model(model_dir: Path, child_args: list[str] | None = None) -> str | None:
-    """Write the tiny model (or, with ``child_args``, what they say; ``{dir}`` = the staging folder) in a
-    child process (torch stays out of this one); None, or what went wrong."""
+def _write_tiny_model(model_dir: Path, draft_dir: Path | None = None, target_dir: Path | None = None) -> str | None:
+    """Write the tiny model (and, with ``draft_dir``, its EAGLE-3 draft there too; with ``target_dir``,
+    only a draft of that model into ``model_dir``) in one child process, so torch is imported once and
+    stays out of this one; None, or what went wrong.  Each folder appears complete or not at all."""
     parent = ensure_private_dir(model_dir.parent)
     staging = parent / f".{model_dir.name}.tmp-{os.getpid()}"
-    shutil.rmtree(staging, ignore_errors=True)
+    draft_staging = parent / f".{draft_dir.name}.tmp-{os.getpid()}" if draft_dir is not None else None
+    if target_dir is not None:
+        args = ["--write-eagle3-draft", str(staging), "--target", str(target_dir)]
+    else:
+        args = ["--write-model", str(staging)]
+        if draft_staging is not None:
+            args += ["--with-eagle3-draft", str(draft_staging)]
+    stagings = [p for p in (staging, draft_staging) if p is not None]
+    for path in stagings:
+        shutil.rmtree(path, ignore_errors=True)
+    problem = _run_child(parent, args)
+    if problem is None and not all((p / "model.safetensors").is_file() for p in stagings):
+        problem = "the child process wrote no model.safetensors"
+    if problem:
+        for path in stagings:
+            shutil.rmtree(path, ignore_errors=True)
+        return problem
+    moves = [(staging, model_dir)] + ([(draft_staging, draft_dir)] if draft_staging and draft_dir else [])
+    for made, final in moves:
+        shutil.rmtree(final, ignore_errors=True)  # a partial folder from an interrupted earlier run
+        os.replace(made, final)  # complete or absent: `model.safetensors` marks a finished model
+    return None
+
+
+def _run_child(cwd: Path, args: list[str]) -> str | None:
+    """``python -m sessions.demo ARGS`` (the torch side of the demo); None, or its last error line."""
     project_root = str(Path(__file__).resolve().parents[1])
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (project_root, env.get("PYTHONPATH", "")) if p)
     env.setdefault("HF_HUB_OFFLINE", "1")
     try:
-        args = [a.replace("{dir}", str(staging)) for a in child_args] if child_args else [
-            "--write-model", str(staging)]
         proc = subprocess.run([sys.executable, "-m", "sessions.demo", *args],
-                              cwd=parent, stdin=subprocess.DEVNULL, capture_output=True, text=True, env=env,
+                              cwd=cwd, stdin=subprocess.DEVNULL, capture_output=True, text=True, env=env,
                               timeout=_MODEL_WRITE_TIMEOUT_S, check=False)
     except (OSError, subprocess.TimeoutExpired) as exc:
-        shutil.rmtree(staging, ignore_errors=True)
         return str(exc)
-    if proc.returncode != 0 or not (staging / "model.safetensors").is_file():
-        shutil.rmtree(staging, ignore_errors=True)
+    if proc.returncode != 0:
         lines = [line for line in (proc.stderr or proc.stdout or "").splitlines() if line.strip()]
         return lines[-1].strip() if lines else f"exit status {proc.returncode}"
-    shutil.rmtree(model_dir, ignore_errors=True)  # a partial folder from an interrupted earlier run
-    os.replace(staging, model_dir)  # complete or absent: `model.safetensors` marks a finished model
     return None
 
 
-# Subjects and answers of the demo conversations; combined in code so there is no data file to ship.
+# Subjects of the demo conversations; combined in code so there is no data file to ship.  The answers are
+# the demo model's own (sessions.demo_answers): what a regeneration job would write.
 _TOPICS = (
-    ("the capital of France", "The capital city of France is Paris."),
-    ("speculative decoding", "A small draft model proposes several tokens and the target model verifies them."),
-    ("EAGLE-3 hidden states", "The draft model reads hidden states from a low, a middle and a high layer."),
-    ("a chunked prefill", "A long prompt is split into several forward passes, each with a prefix length."),
-    ("tensor parallel ranks", "Tensor parallel ranks share one batch and each holds a slice of the weights."),
-    ("the detokenizer", "The detokenizer turns token ids back into text for the user."),
-    ("a tiny language model", "Once upon a time there was a tiny model with eight layers; it was very fast."),
-    ("the capture directory", "Hidden states are written to a private directory, one file per chunk."),
-    ("counting", "Numbers: 1 2 3 4 5 6 7 8 9 10, then 100, 1000, 2048, 4096 and 8192."),
+    "the capital of France", "speculative decoding", "EAGLE-3 hidden states", "a chunked prefill",
+    "tensor parallel ranks", "the detokenizer", "a tiny language model", "the capture directory", "counting",
 )
 _OPENERS = ("Hello! Tell me about {t}.", "What is {t}?", "Explain {t} in one sentence.",
             "How are you today? I would like to know about {t}.")
+_FIRST_ANSWER_TOKENS = 20  # a second answer gets 16, 32, 48 or 64: samples of different lengths
 
 
 DEMO_DATASET_ROWS = 720  # enough for the demo job to run ~10-30 s: time to watch it, kill it, resume it
 
 
-def demo_dataset_rows() -> list[dict]:
-    """ShareGPT rows: one- and two-turn chats, some with a system prompt, of different lengths."""
-    rows = []
+def demo_conversation_plans() -> list[tuple[str, list[dict]]]:
+    """(row id, ShareGPT turns) with each assistant turn a ``{"from": "gpt", "max_new_tokens": n}`` slot:
+    one- and two-turn chats, some with a system prompt, of different lengths."""
+    plans = []
     for i in range(DEMO_DATASET_ROWS):
-        topic, answer = _TOPICS[i % len(_TOPICS)]
-        opener = _OPENERS[i % len(_OPENERS)].format(t=topic)
-        turns = []
+        topic = _TOPICS[i % len(_TOPICS)]
+        turns: list[dict] = []
         if i % 5 == 0:
             turns.append({"from": "system", "value": "You are a helpful assistant. Answer briefly."})
-        turns += [{"from": "human", "value": opener}, {"from": "gpt", "value": answer}]
+        turns += [{"from": "human", "value": _OPENERS[i % len(_OPENERS)].format(t=topic)},
+                  {"from": "gpt", "max_new_tokens": _FIRST_ANSWER_TOKENS}]
         if i % 3 == 1:  # a second turn makes a longer sample with two supervised spans
-            other_topic, other_answer = _TOPICS[(i + 4) % len(_TOPICS)]
-            turns += [{"from": "human", "value": f"Thank you. And {other_topic}?"},
-                      {"from": "gpt", "value": " ".join([other_answer] * (1 + i % 4))}]
-        rows.append({"id": f"demo-{i:03d}", "conversations": turns})
-    return rows
+            turns += [{"from": "human", "value": f"Thank you. And {_TOPICS[(i + 4) % len(_TOPICS)]}?"},
+                      {"from": "gpt", "max_new_tokens": 16 * (1 + i % 4)}]
+        plans.append((f"demo-{i:03d}", turns))
+    return plans
 
 
-def demo_dataset_text() -> str:
+def demo_dataset_rows(answers: dict[str, str] | None = None) -> list[dict]:
+    """The demo's ShareGPT rows, their answers from ``answers`` (an answer book; default: the committed one)."""
+    from sessions.demo_answers import book_answer, fill_plans, load_book
+
+    return fill_plans(demo_conversation_plans(), book_answer(answers if answers is not None else load_book()[1]))
+
+
+def demo_dataset_text(answers: dict[str, str] | None = None) -> str:
     """The demo dataset as JSONL, with line `DEMO_MALFORMED_LINE` deliberately broken (not JSON)."""
-    lines = [json.dumps(row) for row in demo_dataset_rows()]
+    lines = [json.dumps(row) for row in demo_dataset_rows(answers)]
     lines.insert(DEMO_MALFORMED_LINE - 1,
                  '{"id": "demo-broken", "conversations": [{"from": "human", "value": "this line is cut off')
     return "\n".join(lines) + "\n"
+
+
+def _demo_answers(model_dir: Path, progress: Progress) -> dict[str, str] | str:
+    """The answer book for the model in ``model_dir``: the committed one when it was made from these very
+    model files, else generated now by a child process (torch stays out of this one); or what went wrong."""
+    from sessions.demo_answers import load_book, model_fingerprint
+
+    fingerprint, book = load_book()
+    try:
+        if fingerprint is not None and fingerprint == model_fingerprint(model_dir):
+            return book
+    except OSError as exc:
+        return f"cannot read the tiny model: {exc}"
+    progress("the tiny model differs from the one the committed answers came from (another torch?): "
+             "generating its own answers for the demo dataset (once, about half a minute)")
+    out = model_dir.parent / f".demo-answers.tmp-{os.getpid()}.json"
+    try:
+        problem = _run_child(model_dir.parent, ["--write-answers", str(model_dir), "--out", str(out)])
+        if problem:
+            return f"generating the demo answers failed: {problem}"
+        return load_book(out)[1] or "generating the demo answers failed: no answers written"
+    finally:
+        out.unlink(missing_ok=True)
 
 
 def _usable_port(preferred: int) -> int:
@@ -458,22 +539,37 @@ def _toml_string(path: Path) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m sessions.demo --write-model DIR`` (or ``--write-eagle3-draft DIR --target DIR``): the child
-    process that writes the tiny model (or its EAGLE-3 draft)."""
+    """``python -m sessions.demo --write-model DIR [--with-eagle3-draft DIR2]`` (or ``--write-eagle3-draft
+    DIR --target DIR``, or ``--write-answers MODEL_DIR --out FILE``): the child process that writes the
+    tiny model (and its EAGLE-3 draft), or the demo dataset's answers (sessions.demo_answers)."""
     parser = argparse.ArgumentParser(prog="python -m sessions.demo")
     which = parser.add_mutually_exclusive_group(required=True)
     which.add_argument("--write-model", metavar="DIR", help="write the demo's tiny model here")
     which.add_argument("--write-eagle3-draft", metavar="DIR", help="write an EAGLE-3 draft of --target here")
+    which.add_argument("--write-answers", metavar="MODEL_DIR",
+                       help="generate the demo dataset's answers with this model into --out")
+    parser.add_argument("--with-eagle3-draft", metavar="DIR", help="with --write-model: also write its draft")
     parser.add_argument("--target", metavar="DIR", help="the target model dir of --write-eagle3-draft")
+    parser.add_argument("--out", metavar="FILE", help="the answers file of --write-answers")
     args = parser.parse_args(argv)
     from sessions.demo_model import write_demo_model, write_eagle3_draft
 
+    if args.write_answers:
+        if not args.out:
+            parser.error("--write-answers needs --out FILE")
+        from sessions.demo_answers import write_book
+
+        write_book(args.write_answers, demo_conversation_plans(), Path(args.out),
+                   log=lambda line: print(line, file=sys.stderr))
+        return 0
     if args.write_eagle3_draft:
         if not args.target:
             parser.error("--write-eagle3-draft needs --target DIR")
         write_eagle3_draft(args.write_eagle3_draft, args.target, seed=1)
         return 0
-    write_demo_model(args.write_model, arch="llama", num_layers=8, hidden_size=64, seed=0)
+    write_demo_model(args.write_model, **TINY_MODEL_SHAPE)
+    if args.with_eagle3_draft:
+        write_eagle3_draft(args.with_eagle3_draft, args.write_model, seed=1)
     return 0
 
 

@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from pathlib import Path
+from typing import Any
 
 from sessions import safe_files
 
@@ -101,7 +103,7 @@ def write_demo_model(
     }, indent=2) + "\n")
 
     config = _config(arch, num_layers, hidden_size, real_vocab, ids)
-    state = _weights(config, seed)
+    state = _weights(config, seed, spoken_token_ids(tokenizer))
     from safetensors.torch import save_file
 
     save_file(state, str(path / "model.safetensors"), metadata={"format": "pt"})
@@ -127,6 +129,26 @@ def _train_tokenizer(vocab_size: int):
     )
     tokenizer.train_from_iterator(_CORPUS.splitlines() * 4, trainer=trainer)
     return tokenizer
+
+
+_WORD_RE = re.compile(r" [A-Za-z]+")
+
+
+def spoken_token_ids(tokenizer: Any) -> list[int]:
+    """The ids the model's output head may pick: whole words with their leading space (" model").
+
+    A seeded random head picks byte pieces and special tokens as readily as words, and its greedy text then
+    does not survive the trip through text (a lone UTF-8 byte decodes to U+FFFD; a special token is dropped
+    by the detokenizer), so a dataset of its own answers would re-tokenize into other ids.  Each of these
+    is its own pre-token and encodes back to itself, so any sequence of them round-trips: the answers
+    stored as text are the ids the model chose, and ``extract verify --lm-head-check`` can hold there.
+    """
+    kept = []
+    for token_id in range(tokenizer.get_vocab_size()):
+        text = tokenizer.decode([token_id])
+        if _WORD_RE.fullmatch(text) and tokenizer.encode(text).ids == [token_id]:
+            kept.append(token_id)
+    return kept
 
 
 def _config(arch: str, num_layers: int, hidden_size: int, vocab: int, ids: dict[str, int]) -> dict:
@@ -157,10 +179,13 @@ def _config(arch: str, num_layers: int, hidden_size: int, vocab: int, ids: dict[
     return config
 
 
-def _weights(config: dict, seed: int) -> dict:
+def _weights(config: dict, seed: int, spoken_ids: list[int] | None = None) -> dict:
     """Seeded bf16 weights under the HF Llama/Qwen2 parameter names (plain torch: no transformers import).
 
-    Linear and embedding weights ~ N(0, initializer_range), norms = 1, Qwen2's q/k/v biases small.
+    Linear and embedding weights ~ N(0, initializer_range), norms = 1, Qwen2's q/k/v biases small.  The
+    lm_head rows of every id outside ``spoken_ids`` are zero (see `spoken_token_ids`): their logit is 0,
+    and the largest of the ~75 random word logits is above 0 for every practical input, so greedy decoding
+    speaks words only.
     """
     import torch
 
@@ -189,9 +214,17 @@ def _weights(config: dict, seed: int) -> dict:
         state[p + "mlp.down_proj.weight"] = normal(h, inter)
         state[p + "input_layernorm.weight"] = torch.ones(h, dtype=torch.bfloat16)
         state[p + "post_attention_layernorm.weight"] = torch.ones(h, dtype=torch.bfloat16)
-    state["model.norm.weight"] = torch.ones(h, dtype=torch.bfloat16)
+    # The final norm's gains are seeded and far from 1 (log-normal), as a trained model's are: with gains
+    # of 1 the pre-norm state is the post-norm one times a positive scalar and has the same top-1, so
+    # `--lm-head-check` could not tell a pre-norm capture from the right one.
+    state["model.norm.weight"] = torch.exp(torch.randn(h, generator=gen)).to(torch.bfloat16)
     if not config.get("tie_word_embeddings"):
-        state["lm_head.weight"] = normal(vocab, h)
+        head = normal(vocab, h)
+        if spoken_ids:
+            keep = torch.zeros(vocab, dtype=torch.bool)
+            keep[torch.tensor(spoken_ids, dtype=torch.int64)] = True
+            head[~keep] = 0
+        state["lm_head.weight"] = head
     return state
 
 

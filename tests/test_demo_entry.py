@@ -59,3 +59,42 @@ def test_launch_on_a_fresh_demo_home_starts_the_demo_server(fresh_env):
     finally:
         stopped = _cli(["stop", session_id], fresh_env)
     assert stopped.returncode == 0, stopped.stderr
+
+
+def test_the_first_start_says_what_it_builds_and_a_second_start_says_nothing(fresh_env):
+    """Issue 21: the first `--demo` showed a blank terminal for seconds while it wrote the tiny model."""
+    first = _cli(["profile", "list"], fresh_env)
+    assert first.returncode == 0, first.stderr
+    lines = first.stderr.splitlines()
+    assert lines[0].startswith("eagle3-tui: first start: writing the demo's tiny model"), first.stderr
+    assert re.fullmatch(r"eagle3-tui: demo home ready in \d+\.\d s: .*", lines[-1]), first.stderr
+    assert "eagle3-tui:" not in first.stdout  # the command's own output stays clean
+    again = _cli(["profile", "list"], fresh_env)
+    assert again.returncode == 0 and again.stderr == "", again.stderr
+
+
+def test_the_tui_says_what_it_builds_before_it_takes_the_screen(fresh_env, tmp_path):
+    """The first `eagle3-tui --demo` on a terminal: the progress line comes before the TUI's first frame."""
+    import os
+    import pty
+    import select
+    import signal
+
+    pid, fd = pty.fork()
+    if pid == 0:  # the child: the real TUI on a real terminal
+        os.execvpe(sys.executable, [sys.executable, "-m", "app", "--demo"], dict(fresh_env, TERM="xterm-256color"))
+    seen = b""
+    try:
+        while b"\x1b[?1049h" not in seen:  # the TUI switches to the alternate screen: its first frame
+            ready, _, _ = select.select([fd], [], [], 120)
+            assert ready, f"no output from the TUI: {seen!r}"
+            chunk = os.read(fd, 65536)
+            assert chunk, f"the TUI ended: {seen!r}"
+            seen += chunk
+    finally:
+        os.kill(pid, signal.SIGTERM)
+        os.waitpid(pid, 0)
+        os.close(fd)
+    before = seen.split(b"\x1b[?1049h")[0].decode(errors="replace")
+    assert "eagle3-tui: first start: writing the demo's tiny model" in before, before
+    assert "eagle3-tui: demo home ready in" in before, before

@@ -313,7 +313,7 @@ def test_demo_user_launches_capture_sees_it_confirmed_runs_kills_resumes_and_ver
     assert len(ok) == rows and len({e["index"] for e in ok}) == rows
     errors = [json.loads(line) for line in (out / "errors.jsonl").read_text().splitlines()]
     assert [e["line"] for e in errors] == [DEMO_MALFORMED_LINE]
-    verify = run_cli(["--demo", "extract", "verify", str(out)], cli_env)
+    verify = run_cli(["--demo", "extract", "verify", str(out), "--lm-head-check"], cli_env)
     assert verify.returncode == 0, verify.stdout + verify.stderr
     assert assert_specforge_reads(out, 64, 3 * 64) == rows
     info = json.loads((out / "dataset.json").read_text())

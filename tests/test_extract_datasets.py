@@ -67,3 +67,24 @@ def test_forced_format_skip_set_and_limit(tmp_path: Path) -> None:
     picked = list(iter_dataset(path, skip={0, 2}, limit=4))
     assert [r.index for r in picked] == [1, 3]
     assert count_lines(path, limit=4) == 4
+
+
+def test_a_line_that_is_not_json_is_named_by_file_line_and_column_in_plain_words(tmp_path: Path) -> None:
+    """Issue 21: "Unterminated string starting at at column 68" had a doubled "at" and no line or file."""
+    cut = b'{"id": "x", "conversations": [{"from": "human", "value": "cut off'
+    escape = b'{"a": "bad \\q escape"}'
+    path = write_lines(tmp_path / "chats.jsonl", [
+        {"conversations": [{"from": "human", "value": "ok"}, {"from": "gpt", "value": "fine"}]},
+        cut, b'{"a": 1,}', b'{"a": 1} trailing', escape, b"\xff\xfe bad bytes",
+    ])
+    errors = {e.line: e.reason for e in iter_dataset(path) if isinstance(e, DatasetLineError)}
+    # Columns are 1-based: the unterminated string starts at its opening quote, the others at the byte
+    # after what they point past.
+    start, comma, extra, bad = cut.index(b'"cut off') + 1, len(b'{"a": 1,'), len(b'{"a": 1} '), escape.index(b"\\q") + 1
+    assert errors[2] == f"not JSON: Unterminated string starting at line 2, column {start} of {path}"
+    assert errors[3].startswith("not JSON: ") and f"at line 3, column {comma + 1} of {path}" in errors[3]
+    assert errors[4] == f"not JSON: Extra data at line 4, column {extra + 1} of {path}"
+    assert f"at line 5, column {bad} of {path}" in errors[5]
+    assert errors[6].startswith("not UTF-8: ") and f"at line 6, byte 0 of {path}" in errors[6]
+    for reason in errors.values():
+        assert " at at " not in reason and reason.count(" at ") == 1, reason

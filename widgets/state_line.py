@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from rich.text import Text
 
-from sessions.phases import StartupPhase
+from sessions.phases import StartupPhase, error_headline
 from widgets import units
 from widgets.text_lines import TextLines
 
@@ -165,7 +165,7 @@ class StateLine(TextLines):
         segments += self._port_segments(status)
         lines = flow(segments, width)
         lines.append(self._ranks_text(status, width))
-        error = getattr(status.summary, "error", None)
+        error = error_headline(status.summary) if getattr(status.summary, "error", None) else None
         if error and status.state in ("crashed", "exited", "stalled"):
             line = getattr(status.summary, "error_line", None)
             lines.append(Text(f"✖ line {line}: {error}" if line else f"✖ {error}", style=bad))
@@ -204,11 +204,14 @@ class StateLine(TextLines):
     def _ranks_text(self, status: SessionStatus, width: int) -> Text:
         text = Text()
         schedulers = [r for r in status.ranks if r.rank is not None]
-        expected = getattr(status.summary, "ranks_expected", None) or len(schedulers)
+        # How many there should be: the start's server_args line, else the TP size it was launched with.
+        # Unknown (a record without either), the count stands alone: never "ranks 0/n/a".
+        expected = (getattr(status.summary, "ranks_expected", None) or status.launch_tp_size
+                    or len(schedulers))
         alive = [r for r in schedulers if r.status not in ("zombie", "dead")]
         bad = self.get_component_rich_style("state--bad")
         text.append(
-            f"ranks {len(alive)}/{expected or units.NA}",
+            f"ranks {len(alive)}/{expected}" if expected else f"ranks {len(alive)}",
             style=bad if expected and len(alive) < expected and status.alive else "",
         )
         if not status.ranks:

@@ -239,6 +239,7 @@ class JobsScreen(Screen):
         self._errors: dict[str, tuple[tuple[str, int], ...]] = {}
         self._show_lock = asyncio.Lock()
         self._poll_timer: Any = None
+        self.cursor_to: str | None = None  # a job just started here: the cursor goes to it once it is listed
 
     @property
     def home(self) -> Any:
@@ -308,6 +309,8 @@ class JobsScreen(Screen):
                     view.move_child(row, before=position)  # a job's start time became known
             if jobs:
                 keep = selected.job_id if selected is not None else None
+                if self.cursor_to in wanted:  # a new job gets the cursor, so r, p and c act on it
+                    keep, self.cursor_to = self.cursor_to, None
                 rows = list(view.children)
                 index = next((i for i, r in enumerate(rows) if isinstance(r, JobRow)
                               and r.progress.job_id == keep), None)
@@ -355,13 +358,16 @@ class JobsScreen(Screen):
         if job is None:
             self.notify("No job selected.", severity="warning")
             return
+        if job.state in ("done", "cancelled"):  # nothing runs: no question, and never "cancelled" of done data
+            self.notify(f"Job {job.job_id} is already {job.state}: nothing to cancel.", severity="warning")
+            return
         from widgets.confirm_modal import ConfirmModal
 
         def answered(yes: bool | None) -> None:
             if yes:
                 self._act("cancel")
 
-        self.app.push_screen(ConfirmModal(f"Cancel job {job.job_id}?",
+        self.app.push_screen(ConfirmModal(f"Cancel job {job.job_id} ({job.name or 'unnamed'}, {job.state})?",
                                           "Requests in flight finish and are kept; `resume` continues later."),
                              answered)
 
@@ -384,8 +390,12 @@ class JobsScreen(Screen):
         except jobs.JobError as exc:
             self.app.call_from_thread(self.notify, str(exc), severity="error", timeout=15)
             return
-        self.app.call_from_thread(self.notify, f"Started job {job_id}.")
-        self.app.call_from_thread(self.poll)
+        self.app.call_from_thread(self._started, job_id)
+
+    def _started(self, job_id: str) -> None:
+        self.notify(f"Started job {job_id}.")
+        self.cursor_to = job_id
+        self.poll()
 
     def _act(self, action: str) -> None:
         job = self.selected()
@@ -400,10 +410,11 @@ class JobsScreen(Screen):
 
         functions = {"pause": jobs.pause_job, "resume": jobs.resume_job, "cancel": jobs.cancel_job}
         try:
-            functions[action](job_id, self.home)
+            progress = functions[action](job_id, self.home)
         except jobs.JobError as exc:
             self.app.call_from_thread(self.notify, str(exc), severity="warning")
             return
-        past = {"pause": "pausing", "resume": "resumed", "cancel": "cancelled"}[action]
-        self.app.call_from_thread(self.notify, f"Job {job_id} {past}.")
+        # What happened, from the job's own record: a cancel may find it already ended on its own.
+        said = {"pause": "pausing", "resume": "resumed", "cancel": f"is {progress.state}"}[action]
+        self.app.call_from_thread(self.notify, f"Job {job_id} {said}.")
         self.app.call_from_thread(self.poll)

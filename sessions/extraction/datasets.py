@@ -175,8 +175,17 @@ def _tokenized(row: dict, index: int, line: int) -> DatasetRecord:
 _FORMAT_KEYS = {"sharegpt": "conversations", "openai": "messages", "tokenized": "input_ids"}
 
 
-def parse_line(raw: bytes, index: int, dataset_format: str = "auto") -> DatasetRecord | DatasetLineError:
-    """One JSONL line (without its newline) → a record or a line error."""
+def _place(line: int, source: Path | str | None, column: int | None = None, byte: int | None = None) -> str:
+    """``line 13, column 68 of /data/chats.jsonl``: where in the file a problem is."""
+    at = f"line {line}" + (f", column {column}" if column is not None else "")
+    at += f", byte {byte}" if byte is not None else ""
+    return at + (f" of {source}" if source is not None else "")
+
+
+def parse_line(raw: bytes, index: int, dataset_format: str = "auto",
+               source: Path | str | None = None) -> DatasetRecord | DatasetLineError:
+    """One JSONL line (without its newline) → a record or a line error (``source``: the file, named in
+    the reasons that point at a character of the line)."""
     line = index + 1
     try:
         text = raw.decode("utf-8")
@@ -185,7 +194,9 @@ def parse_line(raw: bytes, index: int, dataset_format: str = "auto") -> DatasetR
         try:
             row = json.loads(text)
         except json.JSONDecodeError as exc:
-            raise _LineProblem(f"not JSON: {exc.msg} at column {exc.colno}") from None
+            # json's messages end in "starting at" or name no place ("Expecting value"): one "at" either way.
+            message = exc.msg.removesuffix(" at")
+            raise _LineProblem(f"not JSON: {message} at {_place(line, source, column=exc.colno)}") from None
         if not isinstance(row, dict):
             raise _LineProblem(f"a line must be a JSON object, not {type(row).__name__}")
         _check_strings(row)
@@ -204,7 +215,7 @@ def parse_line(raw: bytes, index: int, dataset_format: str = "auto") -> DatasetR
             return _tokenized(row, index, line)
         return _chat(row, key, index, line)
     except UnicodeDecodeError as exc:
-        return DatasetLineError(index, line, f"not UTF-8: {exc.reason} at byte {exc.start}")
+        return DatasetLineError(index, line, f"not UTF-8: {exc.reason} at {_place(line, source, byte=exc.start)}")
     except _LineProblem as exc:
         return DatasetLineError(index, line, cut_reason(str(exc)))
     except RecursionError:
@@ -230,7 +241,7 @@ def iter_dataset(path: Path, dataset_format: str = "auto", skip: frozenset[int] 
                 return
             if index in skip:
                 continue
-            yield parse_line(raw, index, dataset_format)
+            yield parse_line(raw, index, dataset_format, source=path)
 
 
 def count_lines(path: Path, limit: int | None = None) -> int:

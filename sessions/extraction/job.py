@@ -121,6 +121,22 @@ def resolve_spec(spec: JobSpec, home: Home) -> JobSpec:
     )
 
 
+def capture_dir_problem(capture_dir: Path | None) -> str | None:
+    """Why the job's capture dir would be refused (the plugin's own rules: a symlink, not a folder, another
+    user's, group/other bits), or None.  Checked before anything is sent: a refused dir would fail every
+    sample.  A missing one is fine (the server makes it 0700 on its first dump)."""
+    if capture_dir is None:
+        return None
+    from sessions.capture.writer import CaptureDirError, check_capture_dir
+
+    try:
+        check_capture_dir(capture_dir)
+    except CaptureDirError as exc:
+        return (f"job.capture_dir: {exc}; nothing was sent. Give a private folder of yours (0700, not a "
+                "link), the one the server captures into")
+    return None
+
+
 def _write_progress(path: Path, **fields: Any) -> None:
     current = read_json(path / PROGRESS_FILE, default={}) or {}
     current.update(fields)
@@ -128,14 +144,31 @@ def _write_progress(path: Path, **fields: Any) -> None:
     atomic_write_json(path / PROGRESS_FILE, current)
 
 
-def _preflight_output_dir(spec: JobSpec) -> None:
-    """Refuse, before spawning, an output dir that holds anything (a fresh job needs an empty one)."""
+def _preflight_output_dir(spec: JobSpec, home: Home) -> None:
+    """Refuse, before spawning, an output dir that holds anything (a fresh job needs an empty one).
+
+    The hint says what the data there is: a finished job's (run again into another folder, or delete it),
+    or an unfinished one's (resume that job).  Resuming a done job does nothing, so it is never offered."""
     out = spec.output_dir
     if out.is_dir() and any(out.iterdir()):
         from sessions.extraction.output import OutputDir
 
         owner = OutputDir(out).owner_job_id()
-        hint = f"; it holds job {owner}'s dataset: `eagle3-tui extract resume {owner}`" if owner else ""
+        again = "delete it or set another output_dir to run the spec again"
+        hint = f"; {again}"
+        if owner:
+            try:
+                owner_progress: JobProgress | None = read_progress(job_dir(owner, home))
+            except JobError:
+                owner_progress = None
+            if owner_progress is not None and owner_progress.state == "done" \
+                    and not owner_progress.extraction_failures:
+                hint = f"; it holds the finished dataset of job {owner} (done); {again}"
+            elif owner_progress is not None:
+                hint = (f"; it holds job {owner}'s unfinished dataset ({owner_progress.state}): "
+                        f"`eagle3-tui extract resume {owner}` continues it, or {again}")
+            else:
+                hint = f"; it holds the dataset of job {owner}, which this home does not know; {again}"
         raise JobError(f"output_dir {out} is not empty{hint}", code=1)
 
 
@@ -153,7 +186,10 @@ def create_job(spec_path: Path | str, home: Home | None = None) -> tuple[str, Pa
         raise JobError(f"{spec_path}: " + "; ".join(str(p) for p in problems), code=2)
     resolved = resolve_spec(spec, home)  # a named session must exist and have capture on
     check_job_python(job_python(resolved))
-    _preflight_output_dir(spec)
+    problem = capture_dir_problem(resolved.capture_dir)
+    if problem:
+        raise JobError(f"{spec_path}: {problem}", code=2)
+    _preflight_output_dir(spec, home)
     job_id = new_job_id(spec.name)
     path = ensure_private_dir(home.jobs_dir / job_id)
     write_spec_copy(replace(spec, python=resolved.python), path / SPEC_FILE)
@@ -226,7 +262,20 @@ def _job_pythonpath(python: str, home_state: Path) -> str:
     return str(folder)
 
 
-def spawn(path: Path, resume: bool) -> int:
+def open_job_log(path: Path) -> int:
+    """``job.log`` for appending, private (0600) like everything else in the home: it holds the job's
+    paths, server URL and tracebacks.  A log left 0644 by an older version is made private too; a link
+    in its place is refused (O_NOFOLLOW)."""
+    fd = os.open(path / LOG_FILE, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    try:
+        os.fchmod(fd, 0o600)
+    except OSError:
+        os.close(fd)
+        raise
+    return fd
+
+
+def spawn(path: Path, resume: bool, accept_server: bool = False) -> int:
     """Start the job process detached; return its pid (also recorded in progress.json)."""
     import psutil
 
@@ -241,10 +290,13 @@ def spawn(path: Path, resume: bool) -> int:
     argv = [python, "-m", "sessions.extraction.runner", "--job-dir", str(path)]
     if resume:
         argv.append("--resume")
-    atomic_write_json(path / CONTROL_FILE, {"pause": False, "cancel": False})
-    with open(path / LOG_FILE, "ab") as log:
-        proc = subprocess.Popen(argv, cwd=path, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+    atomic_write_json(path / CONTROL_FILE, {"pause": False, "cancel": False, "accept_server": accept_server})
+    log_fd = open_job_log(path)
+    try:
+        proc = subprocess.Popen(argv, cwd=path, stdin=subprocess.DEVNULL, stdout=log_fd, stderr=subprocess.STDOUT,
                                 env=env, start_new_session=True, close_fds=True)
+    finally:
+        os.close(log_fd)
     try:
         create_time = psutil.Process(proc.pid).create_time()
     except psutil.NoSuchProcess:
@@ -289,19 +341,25 @@ def pause_job(job_id: str, home: Home | None = None) -> JobProgress:
     return progress
 
 
-def resume_job(job_id: str, home: Home | None = None) -> JobProgress:
+def resume_job(job_id: str, home: Home | None = None, accept_server: bool = False) -> JobProgress:
     """``extract resume``: a live job paused by the user continues; a stopped one (or a done one with failed
-    samples, which are retried) gets a new process that continues from the manifest under the same id."""
+    samples, which are retried) gets a new process that continues from the manifest under the same id.
+
+    ``accept_server`` (``--accept-server``): the server that answers at the job's URL now becomes the job's,
+    even where its identity differs from the one the job started with; the job records the change."""
     progress = job_status(job_id, home)
     path = Path(progress.job_dir)
     if progress.is_live:
+        if accept_server:
+            _control(path, accept_server=True, pause=False)
+            return progress
         if progress.paused_by_user or (read_json(path / CONTROL_FILE, default={}) or {}).get("pause"):
             _control(path, pause=False)
             return progress
         raise JobError(f"job {job_id} is already {progress.state} (pid {progress.pid})", code=1)
     if progress.state == "done" and not progress.extraction_failures:
         raise JobError(f"job {job_id} is done: nothing to resume", code=1)
-    spawn(path, resume=True)
+    spawn(path, resume=True, accept_server=accept_server)
     return job_status(job_id, home)
 
 
@@ -315,7 +373,8 @@ def cancel_job(job_id: str, home: Home | None = None, grace_s: float = 30.0) -> 
     path = Path(progress.job_dir)
     if not progress.is_live:
         if progress.state in ("done", "cancelled"):
-            return progress
+            # Nothing runs: saying "cancelled" of a done job would misreport its data.
+            raise JobError(f"job {job_id} is already {progress.state}: nothing to cancel", code=1)
         _write_progress(path, state="cancelled", reason="cancelled while not running", finished_at=time.time())
         return job_status(job_id, home)
     _control(path, cancel=True)

@@ -168,7 +168,7 @@ class OutputDir:
             if foreign:
                 self.release()
                 shown = ", ".join(sorted(foreign)[:5])
-                hint = f" (it belongs to job {owner}: use `extract resume {owner}`)" if owner else ""
+                hint = f" (it holds the dataset of job {owner})" if owner else ""
                 raise OutputDirError(f"output_dir {self.root} is not empty: {shown}{hint}")
         elif owner is not None and owner != job_id:
             self.release()

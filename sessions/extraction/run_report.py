@@ -26,6 +26,11 @@ if TYPE_CHECKING:  # type-only: the runner imports these (collector and renderin
     from sessions.extraction.spec import JobSpec
 
 
+# The fields of a resumed job's last progress file that stand until the new run has counted its manifest.
+CARRIED_FIELDS = ("name", "total", "done", "ok", "skipped", "failed_lines", "extraction_failures", "tokens",
+                  "supervised_tokens", "bytes")
+
+
 class RunReport:
     """The reporting of a job run (its state is set in `JobRun.__init__` and its start-up)."""
 
@@ -55,6 +60,8 @@ class RunReport:
     done_at_pipeline_start: int
     dims: ModelDims
     renderer: ChatRenderer
+    carried: dict[str, Any]  # the last run's name and counts, shown until this run has counted
+    counted: bool
 
     def log(self, message: str) -> None:
         # job.log is read by `extract status` and the TUI: a URL's password or a key never reaches it.
@@ -77,9 +84,9 @@ class RunReport:
         fill = None
         if gate is not None and gate._usage is not None:
             fill = round(gate._usage.fill, 4)
-        return {
+        snapshot = {
             "job_id": self.job_id,
-            "name": spec.name if spec else "",
+            "name": spec.name if spec else self.carried.get("name", ""),
             "pid": os.getpid(),
             "create_time": _own_create_time(),
             "python": str(spec.python) if spec and spec.python else sys.executable,
@@ -119,6 +126,9 @@ class RunReport:
             "pipeline_started_at": self.pipeline_started_at,
             "done_this_run": self.done - self.done_at_pipeline_start if self.pipeline_started_at else 0,
         }
+        if not self.counted:
+            snapshot.update({k: v for k, v in self.carried.items() if k != "name" and (k != "total" or not self.total)})
+        return snapshot
 
     def write_progress(self) -> None:
         atomic_write_json(self.job_dir / PROGRESS_FILE, self.snapshot())
@@ -157,6 +167,10 @@ class RunReport:
             "sglang_version": (shape.sglang_version if shape else None) or previous.get("sglang_version"),
             # dataset.json is 0644 next to the data: a password in the URL stays in job.json (0600) only.
             "server_url": redact_text(spec.server_url) if spec.server_url else None,
+            # What the hidden states came from (sessions.extraction.identity), and every server change an
+            # `extract resume --accept-server` let into this dataset.
+            "server_identity": self.meta.get("server_identity"),
+            "accepted_server_changes": list(self.meta.get("accepted_server_changes") or []),
             "session": spec.session,
             "rid_prefix": spec.rid_prefix,
             "dataset": {**(self.meta.get("dataset") or {}), "format": spec.dataset_format},

@@ -42,10 +42,18 @@ from sessions.extraction.client import (
     Stopped,
 )
 from sessions.extraction.datasets import DatasetLineError, count_lines, dataset_fingerprint, iter_dataset
-from sessions.extraction.job import CONTROL_FILE, JOB_FILE, SPEC_FILE, JobError, resolve_spec
+from sessions.extraction.job import (
+    CONTROL_FILE,
+    JOB_FILE,
+    SPEC_FILE,
+    JobError,
+    capture_dir_problem,
+    resolve_spec,
+)
 from sessions.extraction.model_dims import bytes_per_token, read_model_dims
 from sessions.extraction.output import ManifestEntry, OutputDir, OutputDirError
-from sessions.extraction.progress import RateMeter
+from sessions.extraction.progress import PROGRESS_FILE, RateMeter
+from sessions.extraction.run_report import CARRIED_FIELDS
 from sessions.extraction.spec import JobSpec, JobSpecError, load_job_spec
 from sessions.home import atomic_write_json, read_json, resolve_home
 
@@ -98,6 +106,13 @@ class JobRun(OutputBookkeeping):
         self.done_at_pipeline_start = 0
         self._uncommitted: list[ManifestEntry] = []
         self._unappended: list[ManifestEntry] = []  # non-ok outcomes waiting for room on the output disk
+        # Until this run has counted the manifest (seconds: the tokenizer loads, the output reconciles), its
+        # progress file shows what the last run recorded, not 0/0 and a nameless job.
+        previous = read_json(job_dir / PROGRESS_FILE, default={}) or {}
+        self.carried = {k: previous[k] for k in CARRIED_FIELDS if k in previous} if resume else {}
+        if isinstance(previous.get("name"), str):
+            self.carried["name"] = previous["name"]
+        self.counted = False
 
     # -- start-up ----------------------------------------------------------------------------------------
     def setup(self) -> Iterator[Any]:
@@ -110,6 +125,9 @@ class JobRun(OutputBookkeeping):
         except JobError as exc:
             raise JobFailure(str(exc)) from None
         self.spec = spec
+        capture_problem = capture_dir_problem(spec.capture_dir)  # again here: a resume, or a change since
+        if capture_problem:
+            raise JobFailure(f"{capture_problem}; `extract resume {self.job_id}` continues once it is fixed")
         self.log(f"{'resuming' if self.resume else 'starting'}: dataset {spec.dataset} → {spec.output_dir} "
                  f"via {spec.server_url} (capture dir {spec.capture_dir}, rid prefix {spec.rid_prefix})")
         self.output = OutputDir(spec.output_dir, spec.file_group_size)
@@ -134,6 +152,7 @@ class JobRun(OutputBookkeeping):
                      f"{report.removed_tmp} tmp files removed, {report.retried_failed} failed samples to retry")
         for entry in report.entries.values():
             self._count(entry, rate=False)
+        self.counted = True
         # resolve_spec filled model_path from the session; the spec check requires it with server_url
         assert spec.model_path is not None
         self.dims = read_model_dims(spec.model_path)
@@ -259,10 +278,33 @@ class JobRun(OutputBookkeeping):
         if not isinstance(expected, dict):
             self.meta["server_identity"] = found
             atomic_write_json(self.job_dir / JOB_FILE, self.meta)
-            self.log("server identity: " + ", ".join(f"{k} {v}" for k, v in found.items()))
+            self.log("server identity: " + ", ".join(
+                f"{k} {v if k != 'weights' else f'{len(v or {})} checkpoint files'}" for k, v in found.items()))
             return None
         differences = identity_differences(expected, found)
-        return mismatch_reason(spec.server_url, differences) if differences else None
+        accepted = bool((read_json(self.job_dir / CONTROL_FILE, default={}) or {}).get("accept_server"))
+        if accepted:  # one acceptance, for the server that answers now: a later change pauses again
+            _clear_control_flag(self.job_dir, "accept_server")
+        if not differences:
+            return None
+        if not accepted:
+            return mismatch_reason(spec.server_url, differences, self.job_id)
+        self._accept_server(found, differences)
+        return None
+
+    def _accept_server(self, found: dict[str, Any], differences: list[str]) -> None:
+        """`extract resume JOB --accept-server`: the server that answers now becomes the job's, and the change
+        is kept on the record (job.json, and the output's dataset.json: the dataset now holds states of
+        both servers, and whoever trains on it can see which changed and when)."""
+        change = {"at": time.time(), "differences": differences, "previous": self.meta.get("server_identity"),
+                  "accepted": found, "by": "extract resume --accept-server"}
+        self.meta.setdefault("accepted_server_changes", []).append(change)
+        self.meta["server_identity"] = found
+        atomic_write_json(self.job_dir / JOB_FILE, self.meta)
+        self.log(f"server change accepted (--accept-server): {'; '.join(differences)}")
+        if self.output is not None and self.spec is not None:
+            self._until_space("writing dataset.json",
+                              lambda: self._write_dataset_json(complete=False))
 
     def _read_control(self) -> None:
         control = read_json(self.job_dir / CONTROL_FILE, default={}) or {}
@@ -535,6 +577,13 @@ async def _acquire_unless(slots: asyncio.Semaphore, stop: Any) -> bool:
             slots.release()
             return False
         return True
+
+
+def _clear_control_flag(job_dir: Path, flag: str) -> None:
+    control = read_json(job_dir / CONTROL_FILE, default={}) or {}
+    if control.get(flag):
+        control[flag] = False
+        atomic_write_json(job_dir / CONTROL_FILE, control)
 
 
 def _chain(head: list[Any], rest: Iterator[Any]) -> Iterator[Any]:

@@ -17,6 +17,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from sessions import safe_files
 from sessions.server.model import LaunchError
 
 LAUNCH_LOCK_TIMEOUT_S = 60.0
@@ -36,8 +37,9 @@ def lock_holder(lock_path: Path) -> str:
     import psutil
 
     try:
-        with open(lock_path, "rb") as fh:  # a regular file of ours; a few bytes
-            text = fh.read(64).decode("ascii", errors="replace").strip()
+        # a private file of ours holding "pid ..."; through the one reader (a FIFO or a link in its place
+        # is refused, never waited on)
+        text = safe_files.read_bytes(lock_path, safe_files.NOTE)[:64].decode("ascii", errors="replace").strip()
         pid = int(text.split()[0]) if text else 0
     except (OSError, ValueError, IndexError):
         return "another process"

@@ -171,6 +171,7 @@ class SessionStatus:
     # When an ended session ended (stopped_at for a stop, else ended_at of state.json), read with the
     # record in status(): widgets draw it and never open state.json themselves.
     ended_at: float | None = None
+    launch_tp_size: int | None = None  # the TP size the session was launched with (its state.json)
 
     @property
     def rank_count(self) -> int | None:
@@ -214,6 +215,8 @@ class SessionStatus:
             "phase_entered_at": dict(self.phase_entered_at),
             "error": s.error,
             "error_line": s.error_line,
+            "error_rank": s.error_rank,
+            "error_cause": s.error_cause,
             "progress": progress,
             "ranks_expected": s.ranks_expected,
             "ranks_loaded": list(s.ranks_loaded),
