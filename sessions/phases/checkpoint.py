@@ -10,6 +10,7 @@ is refused with `CheckpointError`, never half-restored.
 from __future__ import annotations
 
 import dataclasses
+import re
 from collections import deque
 from enum import Enum
 from typing import Any
@@ -64,6 +65,8 @@ def _encode(value: Any, where: str) -> Any:
         return {"bytearray" if isinstance(value, bytearray) else "bytes": value.decode("latin-1")}
     if isinstance(value, dict):
         return {"dict": [[_encode(k, where), _encode(v, where)] for k, v in value.items()]}
+    if isinstance(value, re.Pattern):  # a wrapper format the tracker learned from this log
+        return {"re": value.pattern, "flags": value.flags}
     if isinstance(value, Topology):
         return {"topology": _encode(value.args, where)}
     if dataclasses.is_dataclass(value) and type(value).__name__ in _DATACLASSES:
@@ -95,6 +98,8 @@ def _decode(value: Any, where: str) -> Any:
             return bytearray(raw) if tag == "bytearray" else raw
         if tag == "dict":
             return {_decode(k, where): _decode(v, where) for k, v in body}
+        if tag == "re":
+            return re.compile(str(body), int(value.get("flags", 0)))
         if tag == "topology":
             topology = Topology()
             args = _decode(body, where)
@@ -107,18 +112,7 @@ def _decode(value: Any, where: str) -> Any:
             return cls(**{k: _decode(v, where) for k, v in value["v"].items()})
     except CheckpointError:
         raise
-    except (KeyError, TypeError, ValueError, AttributeError, UnicodeError) as exc:
+    except (KeyError, TypeError, ValueError, AttributeError, UnicodeError, re.error) as exc:
         raise CheckpointError(f"{where}: a damaged {tag} value ({exc})") from None
     raise CheckpointError(f"{where}: unknown tag {tag!r}")
 
-
-def skip_lines(tracker: StartupTracker, newlines: int) -> None:
-    """``newlines`` complete lines pass unread (the middle of a huge log: startup is at its head, the
-    serving view at its tail).  A partial line the tracker holds ends inside them; numbering goes on
-    exactly, so a later line keeps the number ``grep -n`` gives it."""
-    if newlines <= 0:
-        return
-    fields = vars(tracker)
-    held = bool(fields["_pending"])
-    tracker.flush()  # the held head of a line, and an open traceback, end where the reading stops
-    fields["_line_no"] += newlines - (1 if held else 0)

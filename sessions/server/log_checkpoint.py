@@ -27,7 +27,7 @@ from sessions import safe_files
 from sessions.home import atomic_write_json, read_json
 from sessions.logs import lines as lines_module
 from sessions.phases import StartupTracker
-from sessions.phases.checkpoint import CheckpointError, decode_tracker, encode_tracker, skip_lines
+from sessions.phases.checkpoint import CheckpointError, decode_tracker, encode_tracker
 
 CHECKPOINT_FILE = "log_checkpoint.json"
 FORMAT = 1
@@ -166,7 +166,7 @@ def advance(progress: LogProgress, fd: int, size: int) -> tuple[bytes, bool]:
         start += len(head)
     tail_from = max(start, line_start_after(fd, size - TAIL_BYTES, size))
     skipped = count_newlines(fd, start, tail_from)
-    skip_lines(progress.tracker, skipped)
+    progress.tracker.skip_lines(skipped)
     data = os.pread(fd, size - tail_from, tail_from)
     progress.tracker.feed_bytes(data)
     return data, True
