@@ -5,9 +5,11 @@ session started through `ServerSession.launch` and run until ready, then ``pytho
 pseudo-terminal (120x40, its output drained as a terminal does).  After ``--warmup`` seconds, the TUI
 process's CPU time (user + system) over ``--seconds`` is printed as % of one core.  With ``--py-spy OUT``
 py-spy samples the TUI over the same window (``OUT.txt``: raw stacks) and the top functions, by own and
-by total samples, are printed: where the poll path spends its CPU.  It never asserts; it prints numbers.
+by total samples, are printed: where the poll path spends its CPU.  ``--in-process`` times the poll path
+alone instead (`DashboardFeed.poll` once a second in this process, the TUI's GPU source, the CPU time of
+each poll): less noisy on a shared machine than a whole process's CPU.  It never asserts; it prints numbers.
 
-    python benches/bench_tui_idle_cpu.py [--seconds 60] [--py-spy /tmp/profile]
+    python benches/bench_tui_idle_cpu.py [--seconds 60] [--py-spy /tmp/profile] [--in-process]
 """
 
 from __future__ import annotations
@@ -50,12 +52,36 @@ def top_functions(raw: Path, n: int = 20) -> tuple[list[tuple[str, int]], list[t
     return own.most_common(n), total.most_common(n), samples
 
 
+def poll_cpu(home, seconds: float) -> dict:
+    """`DashboardFeed.poll` at the TUI's 1 s refresh for ``seconds``: CPU ms per poll (thread time)."""
+    from app.feed import DashboardFeed, PollRequest
+    from sessions.gpus import default_gpu_source
+
+    feed = DashboardFeed(home, default_gpu_source(home))
+    request = PollRequest(None, None)
+    for _ in range(3):  # the first polls open the log, read the tree, import what they need
+        snapshot = feed.poll(request)
+        request = PollRequest(snapshot.selected, None)
+        time.sleep(1.0)
+    costs = []
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        t0 = time.thread_time()
+        feed.poll(request)
+        costs.append(time.thread_time() - t0)
+        time.sleep(1.0)
+    costs.sort()
+    return {"polls": len(costs), "cpu_ms_per_poll_mean": round(1000 * sum(costs) / len(costs), 2),
+            "cpu_ms_per_poll_median": round(1000 * costs[len(costs) // 2], 2)}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--seconds", type=float, default=60.0)
     parser.add_argument("--warmup", type=float, default=5.0)
     parser.add_argument("--tp", type=int, default=8)
     parser.add_argument("--py-spy", dest="py_spy", default=None, help="write py-spy's raw stacks to OUT.txt")
+    parser.add_argument("--in-process", action="store_true", help="time DashboardFeed.poll alone")
     args = parser.parse_args(argv)
 
     import psutil
@@ -68,6 +94,17 @@ def main(argv: list[str] | None = None) -> int:
     home = resolve_home().ensure()
     session, status = launch_session(home, args.tp, 0.003)
     print(f"session {session.session_id}: {status.state}, {len(status.ranks)} processes", file=sys.stderr)
+    if args.in_process:
+        try:
+            got = poll_cpu(home, args.seconds)
+        finally:
+            session.stop(grace_s=10.0)
+            shutil.rmtree(root, ignore_errors=True)
+        print(f"poll path at 1 s refresh, ready TP{args.tp} session, no traffic: "
+              f"{got['cpu_ms_per_poll_mean']} ms CPU per poll (median {got['cpu_ms_per_poll_median']}), "
+              f"{got['polls']} polls")
+        print(json.dumps(got))
+        return 0
     env = dict(os.environ, TERM="xterm-256color", EAGLE3_TUI_HOME=str(root), PYTHONPATH=str(REPO_ROOT))
     tui = TuiInPty(env, 120, 40)
     results: dict = {"session_state": status.state, "tp": args.tp}
