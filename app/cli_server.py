@@ -15,7 +15,8 @@ WAIT_EXIT_CODES = {"ready": 0, "stalled": 3, "crashed": 4, "stopped": 5, "timeou
 _WAIT_CODES_HELP = (
     "Exit status: 0 ready, 3 stalled (the log went silent past the stall limit; the server still runs), "
     "4 crashed or ended on its own, 5 stopped, 6 --timeout passed (the server still runs), 2 bad input "
-    "(no such session, a bad profile, GPUs busy without --force), 1 the launch failed."
+    "(no such session, a bad profile, or GPUs in use: eagle3-tui launch --force launches anyway), 1 the "
+    "launch failed."
 )
 
 

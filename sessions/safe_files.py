@@ -66,6 +66,7 @@ JOB_SPEC = Kind("job spec", 1 * MiB)
 SETTINGS = Kind("settings file", 1 * MiB)
 MODEL_CONFIG = Kind("model config", 16 * MiB)
 WEIGHT_INDEX = Kind("weight index", 64 * MiB)
+WEIGHTS = Kind("model weights", None)  # hashed in bounded pieces, never read whole
 DATASET = Kind("dataset", None)
 SOURCE = Kind("source file", 16 * MiB)  # an installed SGLang's sources, read as text, never run
 LOG = Kind("log", None)

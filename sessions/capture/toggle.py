@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from sessions import safe_files
 from sessions.capture.layers import (
     KNOWN_UNSUPPORTED,
     LayerError,
@@ -358,7 +359,6 @@ def _draft_mode_problems(profile: LaunchProfile, source: Any) -> list[Problem]:
 
 def _draft_layer_ids(draft: str) -> list[int] | str | None:
     """The draft's ``eagle_config.eagle_aux_hidden_state_layer_ids`` (None: absent; str: unreadable, why)."""
-    import json
 
     folder = Path(os.path.expanduser(draft))
     if not folder.is_dir():
@@ -367,7 +367,7 @@ def _draft_layer_ids(draft: str) -> list[int] | str | None:
     if not path.is_file():
         return f"cannot read the draft's layer ids: {path} does not exist"
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        data = safe_files.read_json(path, safe_files.MODEL_CONFIG)
     except (OSError, ValueError) as exc:
         return f"cannot read the draft's layer ids from {path}: {exc}"
     eagle = data.get("eagle_config") if isinstance(data, dict) else None

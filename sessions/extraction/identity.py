@@ -20,6 +20,8 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+from sessions import safe_files
+
 IDENTITY_KEYS = ("model_path", "served_model_name", "weights", "capture_layers", "chat_template", "sglang_version",
                  "capture_dir", "rid_prefix")
 # The checkpoint files of a model folder: what its weights are (names, sizes, modification times).
@@ -89,14 +91,15 @@ def _chat_template_digest(folder: Path | None, server_template: Any) -> str | No
     if isinstance(server_template, str) and server_template:
         path = Path(server_template)
         try:
-            digest.update(b"server:" + (path.read_bytes() if path.is_file() else server_template.encode()))
+            digest.update(b"server:" + (safe_files.read_bytes(path, safe_files.MODEL_CONFIG) if path.is_file()
+                                        else server_template.encode()))
         except OSError:
             digest.update(b"server:" + server_template.encode())
         parts += 1
     for name in ("tokenizer_config.json", *_TEMPLATE_FILES) if folder is not None else ():
         assert folder is not None
         try:
-            raw = (folder / name).read_bytes()
+            raw = safe_files.read_bytes(folder / name, safe_files.MODEL_CONFIG)
         except OSError:
             continue
         if name == "tokenizer_config.json":
