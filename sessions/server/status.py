@@ -326,10 +326,12 @@ class SessionReader(SessionRecord):
             saved = log_checkpoint.load(self.session_dir, fd, st)
             if saved is not None:
                 self._progress = saved
+                self._saved_offset, self._saved_at = saved.offset, time.monotonic()
         progress = self._progress
         if not log_checkpoint.still_valid(progress, fd, st):  # truncated, replaced, rewritten: start over
             progress = self._progress = log_checkpoint.LogProgress(StartupTracker())
             self._serving.reset()
+            self._saved_offset = -1
             first_read = True
         progress.identity = (st.st_dev, st.st_ino)
         if st.st_size <= progress.offset and not first_read:
@@ -352,13 +354,14 @@ class SessionReader(SessionRecord):
         return progress.tracker.summary()
 
     def _save_progress(self, progress: log_checkpoint.LogProgress, first_read: bool) -> None:
-        """Save the checkpoint on a process's first read, then after `SAVE_EVERY_BYTES` more or
-        `SAVE_EVERY_S` (a watcher polls every second: it must not write a file every second)."""
+        """Save the checkpoint when the log was read further: on a process's first read, then after
+        `SAVE_EVERY_BYTES` more or `SAVE_EVERY_S` (a watcher polls every second: it must not write a file
+        every second; a status that found nothing new writes nothing)."""
         now = time.monotonic()
-        due = (
+        due = progress.offset != self._saved_offset and (
             first_read
             or progress.offset - self._saved_offset >= log_checkpoint.SAVE_EVERY_BYTES
-            or (progress.offset != self._saved_offset and now - self._saved_at >= log_checkpoint.SAVE_EVERY_S)
+            or now - self._saved_at >= log_checkpoint.SAVE_EVERY_S
         )
         if due and self.session_dir.is_dir() and log_checkpoint.save(self.session_dir, progress):
             self._saved_offset, self._saved_at = progress.offset, now
