@@ -291,11 +291,12 @@ def _status(args: argparse.Namespace) -> int:
 def _save_stall_reports(sessions, statuses) -> None:
     """A stall this status noticed saves its diagnosis report in the session folder, once per stall
     (whoever notices it first: this command, the TUI, `wait`); named on stderr when this call wrote it."""
-    from sessions.diagnosis import save_stall_report
-
     for session, status in zip(sessions, statuses):
         if status.state != "stalled":
             continue
+        # imported only for a stall: the diagnosis package is a third of a plain status's start-up
+        from sessions.diagnosis import save_stall_report
+
         try:
             path = save_stall_report(session, status)
         except OSError as exc:

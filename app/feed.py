@@ -34,7 +34,9 @@ TAIL_LINES = 400
 _FINAL_STATES = ("crashed", "exited", "stopped")
 # A ready server's /ready is asked again after this long (every poll while it starts).
 HTTP_RECHECK_S = 5.0
-RELIST_S = 10.0
+# The sessions folder is listed again when it changes, else this often: a listing reads every state.json
+# and every process's environment (session markers), the largest part of a quiet watcher's CPU.
+RELIST_S = 30.0
 # How many ended sessions the list keeps (newest first).
 MAX_ENDED_SESSIONS = 30
 

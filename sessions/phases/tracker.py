@@ -168,6 +168,16 @@ class StartupTracker:
         self._close_traceback(None)
         return self._new_events
 
+    def skip_lines(self, newlines: int) -> None:
+        """``newlines`` complete lines pass unread (the middle of a huge log: startup is read from its head,
+        the serving view from its tail).  A held partial line ends among them; an open traceback is closed
+        where the reading stops.  Numbering goes on exactly: a later line keeps its ``grep -n`` number."""
+        if newlines <= 0:
+            return
+        held = bool(self._pending)
+        self.flush()
+        self._line_no += newlines - (1 if held else 0)
+
     def _add_pending(self, data: bytes) -> None:
         self._pending += data
         if len(self._pending) > LINE_HEAD_BYTES + 2 * LINE_TAIL_BYTES + len(TRUNCATION_MARK_BYTES):

@@ -54,17 +54,21 @@ class SessionRecord:
     @property
     def profile_name(self) -> str:
         """The profile's name from the record, else from the session id (``<profile>-<date>-<time>-<hex>``)."""
-        name = self.state_record.get("profile")
+        return self.profile_name_in(self.state_record)
+
+    def profile_name_in(self, rec: dict[str, Any]) -> str:
+        """`profile_name` from a record already read (a status reads state.json once)."""
+        name = rec.get("profile")
         if name:
             return str(name)
         parts = self.session_id.rsplit("-", 3)
         return parts[0] if len(parts) == 4 else self.session_id
 
-    def main_identity(self) -> tuple[int, float] | None:
-        """(pid, create_time) of the main process: from state.json, else from the session marker in a
-        running process's environment (the record is damaged, deleted, or the launcher died before it
-        wrote the pid)."""
-        rec = self.state_record
+    def main_identity(self, rec: dict[str, Any] | None = None) -> tuple[int, float] | None:
+        """(pid, create_time) of the main process: from state.json (``rec`` when the caller read it), else
+        from the session marker in a running process's environment (the record is damaged, deleted, or the
+        launcher died before it wrote the pid)."""
+        rec = self.state_record if rec is None else rec
         if rec.get("pid") and rec.get("create_time") is not None:
             return int(rec["pid"]), float(rec["create_time"])
         if self._marked is not None and probes.process_alive(*self._marked):

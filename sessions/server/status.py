@@ -7,6 +7,7 @@ start goes to the history (the baseline of the next start).
 """
 from __future__ import annotations
 
+import os
 import re
 import time
 from dataclasses import dataclass
@@ -17,8 +18,9 @@ from typing import Any
 from sessions import probes, safe_files, start_facts
 from sessions.history import last_good, record_start
 from sessions.home import Home, read_json
-from sessions.logs import LogFileError, read_increment
+from sessions.logs import LogFileError, open_log
 from sessions.phases import StartupPhase, StartupSummary, StartupTracker
+from sessions.server import log_checkpoint
 from sessions.server.model import (
     _LAUNCH_STALE_S,
     COMMAND_FILE,
@@ -33,8 +35,9 @@ from sessions.serving import SessionServing, decode_log_interval_of
 from sessions.stall import StallVerdict, is_compiler_name, stall_verdict
 from sessions.state_file import StateRead
 
-_LOG_READ_LIMIT_BYTES = 64 << 20  # per status() call, so a huge log never blocks one refresh for long
 _TAIL_KEEP_BYTES = 8192
+PORT_RECHECK_S = 5.0  # a ready server's port is connected to this often between HTTP probes
+TREE_RESCAN_READY_S = 30.0  # all of /proc is walked this often for a ready server's tree
 _LOG_TIME_FORMAT = "%Y-%m-%d %H:%M:%S"
 _LINE_TIME = re.compile(rb"\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d)")
 # uvicorn's access line for one of our probes: `INFO:     127.0.0.1:5433 - "GET /ready HTTP/1.1" 503 ...`
@@ -80,15 +83,18 @@ class SessionReader(SessionRecord):
 
     def __init__(self, session_dir: Path, home: Home) -> None:
         super().__init__(session_dir, home)
-        self._tracker = StartupTracker()
+        # the tracker, how far the log was read, the wall clock of its last write that was not a probe
+        self._progress = log_checkpoint.LogProgress(StartupTracker())
+        self._log_opened = False  # the first read in this process resumes from the checkpoint
+        self._saved_offset = -1
+        self._saved_at = 0.0
         self._serving = SessionServing()  # Decode/Prefill batch lines (+ /metrics) once it serves
-        self._log_offset = 0
-        self._log_tail = b""
-        self._activity_at: float | None = None  # wall clock of the last log write that was not a probe
         self._model_info: dict | None = None
         self._tree_watch: probes.ProcessTreeWatch | None = None  # the main process's tree, between polls
         self._last_lines_cache: tuple[tuple[int, int], tuple[str, ...]] | None = None
         self._has_metrics: bool | None = None
+        self._over_verdict: tuple[tuple[str, str], StallVerdict] | None = None  # of a start that is over
+        self._listening_seen: tuple[float, int, bool] | None = None  # (monotonic, port, listening)
 
     # -- status ----------------------------------------------------------------------------------------
 
@@ -98,8 +104,8 @@ class SessionReader(SessionRecord):
         A damaged or missing state.json does not raise: the status carries ``problem`` (what is wrong,
         naming the file and field), and the server is still found by its session marker.
         """
-        read = self.state_read
-        ident = self.main_identity()
+        read = self.state_read  # state.json, read once for this status
+        ident = self.main_identity(read.record)
         pid, create_time = ident if ident else (None, None)
         rec, problems = self._checked_record(read, ident)
         host, port = rec.get("host", "127.0.0.1"), rec.get("port")
@@ -132,7 +138,7 @@ class SessionReader(SessionRecord):
             problems.append(f"{net.port_owner}: it is not this session's server")
         return SessionStatus(
             session_id=self.session_id,
-            profile=self.profile_name,
+            profile=self.profile_name_in(rec),
             pid=pid,
             create_time=create_time,
             state=state,
@@ -186,7 +192,7 @@ class SessionReader(SessionRecord):
         probe_http: bool,
     ) -> _PortReading:
         """Whether the port listens for this session's server, and (when asked) what ``/ready`` says."""
-        listening = bool(alive and port and probes.port_listening(host, port))
+        listening = bool(alive and port and self._port_listening(host, port, known_ready and not probe_http))
         http_error = None
         port_owner: str | None = None
         if listening and port and not known_ready:
@@ -208,6 +214,18 @@ class SessionReader(SessionRecord):
                 http_error = result.error
             self._ask_model_info(base)
         return _PortReading(listening, ready_http, http_error, port_owner)
+
+    def _port_listening(self, host: str, port: int, may_reuse: bool) -> bool:
+        """Whether the port takes connections.  For a server known ready, between two HTTP probes, the
+        answer of the last few seconds stands: a connection every second is most of a watcher's poll, and
+        a server that went away shows first as its process gone (the tree is read every time)."""
+        seen = self._listening_seen
+        now = time.monotonic()
+        if may_reuse and seen is not None and seen[1] == port and now - seen[0] < PORT_RECHECK_S:
+            return seen[2]
+        listening = probes.port_listening(host, port)
+        self._listening_seen = (now, port, listening)
+        return listening
 
     def _ask_model_info(self, base: str) -> None:
         if self._model_info is None:
@@ -280,49 +298,88 @@ class SessionReader(SessionRecord):
         watch = self._tree_watch
         if watch is None or (watch.pid, watch.create_time) != (pid, float(create_time or 0.0)):
             watch = self._tree_watch = probes.ProcessTreeWatch(pid, float(create_time or 0.0))
+        # A ready server's tree is settled: its members are read every time (a rank that ends is seen at
+        # once), all of /proc only now and then, for a newcomer.
+        watch.rescan_after_s = probes.TREE_RESCAN_S if full_scan else TREE_RESCAN_READY_S
         return watch.read(full_scan=full_scan)
 
     def _read_log(self) -> StartupSummary:
-        """Feed what the log gained since the last call into the tracker (a fresh object re-reads it)."""
+        """Feed what the log gained since the last call into the tracker; the first call in a process
+        resumes from the session's checkpoint (`sessions.server.log_checkpoint`), so its cost does not
+        grow with the log."""
         try:  # the log core opens it: a FIFO or a device in its place is refused, never waited on
-            got = read_increment(self.log_path, self._log_offset, _LOG_READ_LIMIT_BYTES)
+            fd = open_log(self.log_path)
+        except (FileNotFoundError, NotADirectoryError):
+            return self._progress.tracker.summary()
         except LogFileError:
-            return self._tracker.summary()  # not a log file: nothing to learn from it (diagnose says why)
-        if got is None:
-            return self._tracker.summary()
-        chunk, st = got
-        if st.st_size < self._log_offset:  # truncated or replaced: start over
-            self._tracker = StartupTracker()
+            return self._progress.tracker.summary()  # not a log file: nothing to learn (diagnose says why)
+        try:
+            st = os.fstat(fd)
+            return self._read_log_fd(fd, st)
+        finally:
+            os.close(fd)
+
+    def _read_log_fd(self, fd: int, st: os.stat_result) -> StartupSummary:
+        first_read = not self._log_opened
+        if first_read:
+            self._log_opened = True
+            saved = log_checkpoint.load(self.session_dir, fd, st)
+            if saved is not None:
+                self._progress = saved
+                self._saved_offset, self._saved_at = saved.offset, time.monotonic()
+        progress = self._progress
+        if not log_checkpoint.still_valid(progress, fd, st):  # truncated, replaced, rewritten: start over
+            progress = self._progress = log_checkpoint.LogProgress(StartupTracker())
             self._serving.reset()
-            self._log_offset = 0
-            self._log_tail = b""
-            self._activity_at = None
-            got = read_increment(self.log_path, 0, _LOG_READ_LIMIT_BYTES)
-            chunk, st = got if got is not None else (b"", st)
-        if chunk:
-            first_read = self._log_offset == 0
-            self._log_offset += len(chunk)
-            self._tracker.feed_bytes(chunk)  # it keeps a partial last line until its newline comes
+            self._saved_offset = -1
+            first_read = True
+        progress.identity = (st.st_dev, st.st_ino)
+        if st.st_size <= progress.offset and not first_read:
+            return progress.tracker.summary()
+        chunk, skipped = log_checkpoint.advance(progress, fd, st.st_size)
+        if first_read or skipped:  # the serving view comes from the tail (its figures are the latest lines')
+            self._serving.reset()
+            self._serving.feed_bytes(log_checkpoint.serving_tail(fd, st.st_size))
+        else:
             self._serving.feed_bytes(chunk)
-            self._log_tail = (self._log_tail + chunk[-_TAIL_KEEP_BYTES:])[-_TAIL_KEEP_BYTES:]
-            activity_at = _last_activity_at(chunk, st.st_mtime, exact=not first_read)
+        progress.offset = st.st_size
+        progress.fingerprint = log_checkpoint.fingerprint_at(fd, progress.offset)
+        if chunk:
+            progress.tail = (progress.tail + chunk[-_TAIL_KEEP_BYTES:])[-_TAIL_KEEP_BYTES:]
+            # exact: what it gained since this process's last look was written by its mtime
+            activity_at = _last_activity_at(chunk, st.st_mtime, exact=not first_read and not skipped)
             if activity_at is not None:
-                self._activity_at = max(activity_at, self._activity_at or 0.0)
-        return self._tracker.summary()
+                progress.activity_at = max(activity_at, progress.activity_at or 0.0)
+        self._save_progress(progress, first_read)
+        return progress.tracker.summary()
+
+    def _save_progress(self, progress: log_checkpoint.LogProgress, first_read: bool) -> None:
+        """Save the checkpoint when the log was read further: on a process's first read, then after
+        `SAVE_EVERY_BYTES` more or `SAVE_EVERY_S` (a watcher polls every second: it must not write a file
+        every second; a status that found nothing new writes nothing)."""
+        now = time.monotonic()
+        due = progress.offset != self._saved_offset and (
+            first_read
+            or progress.offset - self._saved_offset >= log_checkpoint.SAVE_EVERY_BYTES
+            or now - self._saved_at >= log_checkpoint.SAVE_EVERY_S
+        )
+        if due and self.session_dir.is_dir() and log_checkpoint.save(self.session_dir, progress):
+            self._saved_offset, self._saved_at = progress.offset, now
 
     def _last_lines(self, count: int = 5) -> tuple[str, ...]:
         """The latest non-empty log lines (tqdm renders split at ``\r``), for stall's DeepGEMM check."""
-        key = (self._log_offset, count)
+        key = (self._progress.offset, count)
         if self._last_lines_cache is not None and self._last_lines_cache[0] == key:
             return self._last_lines_cache[1]  # the log did not grow since the last poll
-        text = self._log_tail.decode("utf-8", errors="replace")
+        text = self._progress.tail.decode("utf-8", errors="replace")
         lines = tuple([line for line in re.split(r"[\r\n]", text) if line.strip()][-count:])
         self._last_lines_cache = (key, lines)
         return lines
 
     def _silent_for_s(self, rec: dict) -> float:
         """Seconds since the server last wrote something other than the access lines of our probes."""
-        last = self._activity_at if self._activity_at is not None else rec.get("started_at") or time.time()
+        activity_at = self._progress.activity_at
+        last = activity_at if activity_at is not None else rec.get("started_at") or time.time()
         return max(0.0, time.time() - last)
 
     def _stall_verdict(
@@ -335,6 +392,25 @@ class SessionReader(SessionRecord):
     ) -> StallVerdict:
         """Whether the start is stalled, and its limit: seconds of log silence (wall clock, never
         time-scaled) before a start that is not over counts as stalled."""
+        over = ready or summary.phase == StartupPhase.READY or summary.outcome in ("ready", "crashed")
+        key = (str(summary.phase), summary.outcome)
+        kept = self._over_verdict
+        if over and kept is not None and kept[0] == key:
+            # The start is over and its phase is what it was: the limit shown is the one computed then
+            # (the profile, state.json and the history are not read again every second).
+            return StallVerdict(False, kept[1].limit_s, silent_for_s, kept[1].reason)
+        verdict = self._fresh_stall_verdict(rec, summary, tree, silent_for_s, ready)
+        self._over_verdict = (key, verdict) if over and not verdict.stalled else None
+        return verdict
+
+    def _fresh_stall_verdict(
+        self,
+        rec: dict,
+        summary: StartupSummary,
+        tree: list[probes.ProcInfo],
+        silent_for_s: float,
+        ready: bool,
+    ) -> StallVerdict:
         try:
             profile: Any = self.profile
         except Exception:  # noqa: BLE001 - an unreadable snapshot must not break status; the recorded limit will do
