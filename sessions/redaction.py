@@ -69,6 +69,8 @@ SECRET_SHAPES: dict[str, tuple[str, str]] = {
     "gitlab": ("g", r"\bgl(?:pat|dt|rt|ptt|cbt|oas|soat|ffct|imt|agent)-[A-Za-z0-9_\-]{20,}"),
     "slack": ("x", r"\bxox[abpres]-[A-Za-z0-9\-]{10,}"),
     "aws access key id": ("A", r"\b(?:AKIA|ASIA|AGPA|AIDA|AROA|AIPA|ANPA|ANVA|ABIA|ACCA)[0-9A-Z]{16}\b"),
+    "nvidia ngc": ("n", r"\bnvapi-[A-Za-z0-9_\-]{20,}"),
+    "google api": ("A", r"\bAIza[0-9A-Za-z_\-]{35}(?![0-9A-Za-z_\-])"),
     "private key block": ("-", r"-----BEGIN [A-Z ]*PRIVATE KEY-----(?:[\s\S]*?-----END [A-Z ]*PRIVATE KEY-----|.*)"),
 }
 # One pass over the text for every credential shape (a log line at 100 lines/s is redacted as it is shown);
@@ -213,7 +215,26 @@ def redact_text(text: str, known_secrets: Iterable[str] = ()) -> str:
         return text
     if "-" in text:
         text = _FLAG_VALUE.sub(_flag_value, text)
-    return _ASSIGNMENT.sub(_assignment, text)
+    return _assignments(text)
+
+
+def _assignments(text: str) -> str:
+    """``_ASSIGNMENT.sub(_assignment, text)``, except that a match hiding nothing gives back what followed
+    its name: in ``export HF_TOKEN=V`` the first match is ``export HF_TOKEN`` (a name, a space, a value),
+    and in ``https://h/api?access_token=V`` it is ``https://h/api?access_token``; a plain ``sub`` went on
+    after them, so the secret assignment inside was never looked at."""
+    out: list[str] = []
+    pos = 0
+    while (m := _ASSIGNMENT.search(text, pos)) is not None:
+        shown = _assignment(m)
+        if shown == m.group(0):
+            out.append(text[pos:m.end("name")])
+            pos = m.end("name")
+        else:
+            out.append(text[pos:m.start()] + shown)
+            pos = m.end()
+    out.append(text[pos:])
+    return "".join(out)
 
 
 def secret_values(env: Mapping[str, str]) -> list[str]:

@@ -82,6 +82,15 @@ SHAPES = [
     ('extra_args = ["--api-key", "MyServerKey-Zq81x", "--tp", "8"]', "MyServerKey", '"--tp", "8"'),
     ('DB_PASSWORD = "pa\\"ss\\\\wo\\nrd-Zz9"', "ss\\\\wo", "DB_PASSWORD = "),
     ("-----BEGIN RSA PRIVATE KEY-----\nMIIEowIBAAKCAQEA\n-----END RSA PRIVATE KEY-----", "MIIEowIBAAKCAQEA", ""),
+    ("ngc nvapi-AbCdEfGh12345678IjKlMnOp end", "nvapi-AbCd", "ngc "),
+    ("gcp AIzaSyA1234567890abcdefghijklmnopqrstuv end", "AIzaSyA123", "gcp "),
+    # a secret assignment right after a name and a value that hide nothing (adv22: the match of
+    # ``export HF_TOKEN`` or ``https://h/x?token`` used to swallow the secret's name)
+    ("export HF_TOKEN=value-of-it-1234", "value-of-it", "export HF_TOKEN="),
+    ("docker run -e HF_TOKEN=value-of-it-1234 img", "value-of-it", " img"),
+    ("GET http://h:30000/generate?token=value-of-it-1234 HTTP/1.1", "value-of-it", " HTTP/1.1"),
+    ("see https://hf.co/api/models?access_token=value-of-it-1234", "value-of-it", "https://hf.co/api/models?"),
+    ("wandb https://api.wandb.ai/x?api_key=value-of-it-1234", "value-of-it", "wandb https://api.wandb.ai/x?"),
 ]
 NOT_SECRET_TEXTS = [
     "Basic checks passed; Bearer tokens are fine",
