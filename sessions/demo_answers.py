@@ -28,6 +28,8 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
+from sessions import safe_files
+
 ANSWERS_FILE = Path(__file__).resolve().parent / "data" / "demo_answers.json"
 # What the model's answers depend on: the weights, the tokenizer and its chat template, the config.
 FINGERPRINT_FILES = ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json")
@@ -47,7 +49,7 @@ def model_fingerprint(model_dir: str | os.PathLike) -> str:
     digest = hashlib.sha256()
     for name in FINGERPRINT_FILES:
         digest.update(name.encode() + b"\0")
-        with open(Path(model_dir) / name, "rb") as fh:
+        with safe_files.open_file(Path(model_dir) / name, safe_files.WEIGHTS) as fh:
             while chunk := fh.read(1 << 20):
                 digest.update(chunk)
         digest.update(b"\0")
@@ -78,7 +80,7 @@ def fill_plans(plans: Iterable[Plan], answer: AnswerFn) -> list[dict[str, Any]]:
 def load_book(path: Path = ANSWERS_FILE) -> tuple[str | None, dict[str, str]]:
     """(the model fingerprint the answers came from, key → answer); (None, {}) when unreadable."""
     try:
-        raw = json.loads(path.read_text(encoding="utf-8"))
+        raw = safe_files.read_json(path, safe_files.ANY_FILE)
         answers = {answer_key(a["messages"], int(a["max_new_tokens"])): str(a["answer"]) for a in raw["answers"]}
         fingerprint = raw["model_fingerprint"]
     except (OSError, ValueError, KeyError, TypeError):

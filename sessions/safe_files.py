@@ -74,6 +74,7 @@ CATALOGUE = Kind("known causes catalogue", 4 * MiB)
 MANIFEST = Kind("manifest", 1024 * MiB)
 OUTPUT_RECORD = Kind("output record", 16 * MiB)  # dataset.json
 OUTPUT_DATA = Kind("output file", None)  # tensors, errors.jsonl: read in bounded pieces
+WEIGHTS = Kind("weights file", None)  # a model's safetensors, mapped by safetensors itself (`opened_path`)
 ANY_FILE = Kind("file", 16 * MiB)
 
 
@@ -169,6 +170,19 @@ def open_file(path: str | os.PathLike, kind: Kind) -> Iterator[BinaryIO]:
     """``open(path, "rb")`` as ``kind`` allows (for readers that stream: datasets, logs)."""
     with os.fdopen(open_fd(path, kind), "rb") as fh:
         yield fh
+
+
+@contextmanager
+def opened_path(path: str | os.PathLike, kind: Kind) -> Iterator[str]:
+    """A path to the regular file ``path`` opened as ``kind`` allows, for a library that opens files by name
+    itself (``torch.load(..., mmap=True)``, safetensors' ``safe_open``): ``/proc/self/fd/N`` of the fd held
+    here, so the library reopens the very file checked (a FIFO planted as ``model.safetensors`` or
+    ``data_3.ckpt`` made them wait for a writer for good; a path swapped after a check reaches nothing)."""
+    fd = open_fd(path, kind)
+    try:
+        yield f"/proc/self/fd/{fd}"
+    finally:
+        os.close(fd)
 
 
 def _read_capped(fh: BinaryIO, path: str | os.PathLike, what: str, limit: int | None) -> bytes:

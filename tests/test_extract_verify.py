@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import http.server
 import json
+import os
 import shutil
 import threading
 from pathlib import Path
@@ -17,6 +18,7 @@ from _extract_support import run_cli, stop_job, write_spec
 from sessions.capture.writer import write_chunks
 from sessions.extraction.collector import collect_sample
 from sessions.extraction.output import ManifestEntry, OutputDir
+from sessions.extraction.verify import check_sample_file
 
 H, K = 16, 3
 
@@ -128,6 +130,27 @@ def test_a_hostile_generate_answer_is_a_mismatch_with_its_reason(home, cli_env, 
     assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr
     (check,) = json.loads(result.stdout)["http"]
     assert not check["ok"] and why in check["note"], check
+
+
+def test_a_fifo_for_weights_or_a_sample_is_named_never_waited_on(home, cli_env, tmp_path: Path) -> None:
+    """adv22: safetensors' ``safe_open`` and ``torch.load(mmap=True)`` open files by name themselves; a FIFO
+    planted as ``model.safetensors`` made ``--lm-head-check`` wait for a writer for good (run_cli's timeout
+    only stops a hung test).  Now each is opened by `safe_files.opened_path` first."""
+    out = build_output(tmp_path, count=2)
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps({"hidden_size": H}))
+    os.mkfifo(model / "model.safetensors")
+    result = run_cli(["extract", "verify", str(out), "--lm-head-check", "--model-path", str(model)], cli_env,
+                     timeout=300)
+    assert result.returncode == 1 and "model.safetensors is a FIFO" in result.stderr, result.stderr
+    sample = out / "rows_0-2000" / "data_1.ckpt"
+    sample.unlink()
+    os.mkfifo(sample)
+    problems, data = check_sample_file(sample, H, K * H)
+    assert data == {} and "FIFO" in problems[0], problems
+    with pytest.raises(OSError, match="FIFO"):
+        OutputDir(out).token_counts(OutputDir(out).read_manifest()[0].values())
 
 
 # -- against the emulator --------------------------------------------------------------------------------

@@ -117,7 +117,10 @@ def check_sample_file(path: Path, hidden_size: int | None, aux_width: int | None
     import torch
 
     try:
-        data = torch.load(path, weights_only=True, mmap=True)
+        with safe_files.opened_path(path, safe_files.OUTPUT_DATA) as opened:
+            data = torch.load(opened, weights_only=True, mmap=True)
+    except OSError as exc:  # a FIFO, a device, a folder: named, never waited on
+        return [f"cannot be loaded: {safe_files.describe_os_error(exc, path)}"], {}
     except Exception as exc:  # noqa: BLE001 - a corrupt zip raises many types; the file is what's wrong
         return [f"cannot be loaded: {type(exc).__name__}: {exc}"], {}
     if not isinstance(data, dict):
@@ -309,7 +312,8 @@ def _compare_http(root: Path, entry: Any, url: str, rid_prefix: str) -> HttpComp
 
     from sessions import server_answers
 
-    data = torch.load(root / entry.path, weights_only=True, mmap=True)
+    with safe_files.opened_path(root / entry.path, safe_files.OUTPUT_DATA) as opened:
+        data = torch.load(opened, weights_only=True, mmap=True)
     ids = data["input_ids"].tolist()
     rid = f"verify-{uuid.uuid4().hex}"
     if rid_prefix and rid.startswith(rid_prefix):  # never let the capture plugin dump a verify request
@@ -375,13 +379,14 @@ def load_lm_head(model_path: Path) -> Any:
         weight_map = (safe_files.read_json(index, safe_files.WEIGHT_INDEX) or {}).get("weight_map", {})
         for key in keys:
             if key in weight_map:
-                with safe_open(str(model_path / weight_map[key]), "pt") as fh:
+                with safe_files.opened_path(model_path / weight_map[key], safe_files.WEIGHTS) as opened, \
+                        safe_open(opened, "pt") as fh:
                     return fh.get_tensor(key)
         files = []
     else:
         files = sorted(model_path.glob("*.safetensors"))
     for path in files:
-        with safe_open(str(path), "pt") as fh:
+        with safe_files.opened_path(path, safe_files.WEIGHTS) as opened, safe_open(opened, "pt") as fh:
             names = set(fh.keys())
             for key in keys:
                 if key in names:
@@ -396,7 +401,8 @@ def _lm_head_agreement(root: Path, entries: list[Any], model_path: Path, min_top
     weight = load_lm_head(model_path)
     positions = agree = 0
     for entry in entries:
-        data = torch.load(root / entry.path, weights_only=True, mmap=True)
+        with safe_files.opened_path(root / entry.path, safe_files.OUTPUT_DATA) as opened:
+            data = torch.load(opened, weights_only=True, mmap=True)
         ids, mask = data["input_ids"], data["loss_mask"]
         hidden = data["hidden_state"][0]
         # Position t predicts token t+1; check where t+1 is an assistant token.
