@@ -361,6 +361,21 @@ def describe_os_error(exc: OSError, path: str | os.PathLike | None = None) -> st
     return f"{shown}: {exc.strerror or exc}"
 
 
+def folder_exists(path: str | os.PathLike, what: str = "folder") -> bool:
+    """True for a folder, False when it is simply not there yet; NotADirectoryError naming the file when it,
+    or a folder above it, is a file (adv22: ``<home>/config`` or ``<state>/jobs`` as a file listed "no
+    profiles" and "no extraction jobs", which hid every one of them)."""
+    folder = Path(path)
+    if folder.is_dir():
+        return True
+    blocker = _file_in_the_way(folder)
+    if blocker is None:
+        return False
+    needed = "" if blocker == folder else f" (needed for the {what} {_shown_path(folder)})"
+    raise NotADirectoryError(errno.ENOTDIR, f"{_shown_path(blocker)} is a file where a folder is expected{needed}",
+                             str(folder))
+
+
 def _shown_path(path: str | os.PathLike | None) -> str:
     if path is None:
         return "a file"
