@@ -153,6 +153,16 @@ def test_a_fifo_for_weights_or_a_sample_is_named_never_waited_on(home, cli_env, 
         OutputDir(out).token_counts(OutputDir(out).read_manifest()[0].values())
 
 
+@pytest.mark.parametrize(("extra", "named"), [(["--against-http", "-5"], "--against-http"),
+                                              (["--min-top1", "nan"], "--min-top1"),
+                                              (["--min-top1", "7"], "--min-top1")])
+def test_verify_arguments_out_of_reason_are_refused_naming_the_flag(home, cli_env, tmp_path: Path, extra, named):
+    """adv22: ``--against-http -5`` compared nothing and said OK; ``--min-top1 nan`` could never pass."""
+    out = build_output(tmp_path, count=1)
+    result = run_cli(["extract", "verify", str(out), *extra], cli_env)
+    assert result.returncode == 2 and named in result.stderr and "Traceback" not in result.stderr, result.stderr
+
+
 # -- against the emulator --------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def demo_model(tmp_path_factory: pytest.TempPathFactory) -> Path:

@@ -378,3 +378,15 @@ def test_a_generate_answer_nested_deep_or_not_finite_is_a_failed_request_with_it
 
         reason = asyncio.run(one())
         assert "/generate answer" in reason and why in reason, reason
+
+
+@pytest.mark.parametrize("url", ["http://[::1", "http://[::1/metrics", "http://h:99999/x", "http://h:port/x",
+                                 "http://[not-an-ip]/x", "ftp://h/x", "http:///x"])
+def test_a_url_that_urlsplit_refuses_is_an_error_not_a_raise(url: str) -> None:
+    """adv22: ``fetch`` promises never to raise, but ``urlsplit("http://[::1")`` raised ValueError before its
+    guard (a ``--server-url`` typo was a traceback out of ``extract verify``)."""
+    from sessions.server_answers import fetch, get_json
+
+    answer = fetch(url, deadline_s=1.0)
+    assert answer.status is None and answer.error, answer
+    assert get_json(url, deadline_s=1.0).error
