@@ -33,6 +33,8 @@ SECRET_NAMES = [
     "CLIENT_SECRET", "CLIENT_SECRET_2", "clientSecret", "MY_SECRETS", "SIGNING_KEY", "STRIPE_KEY",
     "apiKey", "accessToken", "x-api-key", "--api-key", "--admin-api-key", "--hf-token", "--token",
     "ssl_keyfile_password", "--control-plane-api-keys", "Authorization", "Cookie", "PASSPHRASE",
+    # adv22: shown raw in `profile command` before
+    "MY_SERVICE_CREDS", "AWS_CRED", "SLACK_WEBHOOK_URL", "DISCORD_WEBHOOK", "JWT", "SERVICE_JWT", "BEARER",
 ]
 NOT_SECRET_NAMES = [
     "PWD", "OLDPWD", "PATH", "HOME", "USER", "num_tokens", "max_new_tokens", "tokenizer_path", "NCCL_ALGO",
@@ -50,6 +52,17 @@ def test_secret_names_are_hidden(name: str) -> None:
     assert redact_env({name: "value-of-it-1234"}) == {name: REDACTED}
     assert REDACTED in redact_text(f"{name}=value-of-it-1234") and "value-of-it" not in redact_text(
         f"{name}=value-of-it-1234")
+
+
+def test_every_catalogued_word_passes_the_quick_gate_of_free_text() -> None:
+    """`redact_text` scans assignments only in text holding a hint; a catalogued word no hint covers would
+    be hidden in an env table and shown raw in a log line."""
+    from sessions import redaction
+
+    words = (redaction._SECRET_WORDS | redaction._LAST_WORD_SECRETS | set(redaction._SECRET_SUFFIXES)
+             | {w for pair in redaction._SECRET_PAIRS for w in pair if is_secret_name(w)} | {"token"})
+    uncovered = sorted(w for w in words if not any(h in w for h in redaction._NAME_HINTS))
+    assert not uncovered, uncovered
 
 
 @pytest.mark.parametrize("name", NOT_SECRET_NAMES)
