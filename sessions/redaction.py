@@ -225,14 +225,32 @@ def _assignments(text: str) -> str:
     """``_ASSIGNMENT.sub(_assignment, text)``, except that a match hiding nothing gives back what followed
     its name: in ``export HF_TOKEN=V`` the first match is ``export HF_TOKEN`` (a name, a space, a value),
     and in ``https://h/api?access_token=V`` it is ``https://h/api?access_token``; a plain ``sub`` went on
-    after them, so the secret assignment inside was never looked at."""
+    after them, so the secret assignment inside was never looked at (adv22).  The plain ``sub`` (one C loop)
+    stands when no such match swallowed a hint of a secret name, which is nearly every log line; else the
+    text is scanned again, going on after each name."""
+    swallowed = False
+
+    def one(m: re.Match[str]) -> str:
+        nonlocal swallowed
+        shown = _assignment(m)
+        if shown == m.group(0) and not swallowed:
+            rest = text[m.end("name"):m.end()].lower()
+            swallowed = any(hint in rest for hint in _NAME_HINTS)
+        return shown
+
+    quick = _ASSIGNMENT.sub(one, text)
+    if not swallowed:
+        return quick
     out: list[str] = []
     pos = 0
     while (m := _ASSIGNMENT.search(text, pos)) is not None:
         shown = _assignment(m)
         if shown == m.group(0):
-            out.append(text[pos:m.end("name")])
-            pos = m.end("name")
+            # Look again after the name only when the rest can hold a secret name (none without a hint).
+            rest = text[m.end("name"):m.end()].lower()
+            end = m.end("name") if any(hint in rest for hint in _NAME_HINTS) else m.end()
+            out.append(text[pos:end])
+            pos = end
         else:
             out.append(text[pos:m.start()] + shown)
             pos = m.end()
