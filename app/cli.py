@@ -24,6 +24,7 @@ _AREAS = (
     "app.cli_logs",  # inspect-log
     "app.cli_diagnose",  # diagnose
     "app.cli_capture",  # capture check, demo-model
+    "app.cli_regenerate",  # regenerate run/status/pause/resume/cancel
     "app.cli_extract",  # extract run/status/resume/cancel/verify
     "app.cli_bench",  # bench SESSION, bench history
 )

@@ -1,7 +1,9 @@
 """`eagle3-tui capture check | status | toggle` and `eagle3-tui demo-model DIR` (DESIGN §5, §7).
 
-`capture check` reads the server venv's SGLang statically and prints ``compatible (...)`` (exit 0) or
-every missing or changed symbol with the file it looked in (exit 1); no SGLang found is exit 2.
+`capture check` reads the server venv's SGLang statically and prints ``compatible (...)`` (exit 0),
+``compatible with limits (...)`` with what works instead of each missing symbol (exit 0; SGLang 0.5.14 and
+0.5.18 have no capture-only mode), or every missing or changed symbol with the file it looked in (exit 1);
+no SGLang found is exit 2.
 Only argparse is imported here; the engine is imported inside the handlers.
 """
 from __future__ import annotations

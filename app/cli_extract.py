@@ -65,9 +65,11 @@ def _job_error(exc: Exception) -> Exception:
 
 def _run(args: argparse.Namespace) -> int:
     from sessions.extraction.job import JobError, run_job
+    from sessions.regeneration.job import run_regen_job
+    from sessions.regeneration.spec import is_regeneration_spec_file
 
-    try:
-        job_id = run_job(args.spec)
+    try:  # a spec with mode = "regenerate" starts a regeneration job, as `regenerate run` does
+        job_id = (run_regen_job if is_regeneration_spec_file(args.spec) else run_job)(args.spec)
     except JobError as exc:
         raise _job_error(exc) from None
     print(job_id)

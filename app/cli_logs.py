@@ -4,7 +4,8 @@
 hints, and ``serving`` (the figures of the last Decode/Prefill batch lines, or null).  Without it, a short
 summary for people.  Any file content is accepted (binary junk, invalid UTF-8, one huge line, an empty
 file); a missing or unreadable file, a directory, a FIFO, a device or a
-socket is bad input (exit 2), answered at once (the log core never waits on a special file).
+socket is bad input (exit 2), answered at once (the log core never waits on a special file).  The exit
+status says the outcome: 0 ready, 3 crashed, 4 incomplete.
 Only argparse is imported here; the engine is imported inside the handler (fast `--help`).
 """
 from __future__ import annotations
@@ -18,6 +19,13 @@ _HINT_WHOLE_FILE_BYTES = 8 << 20
 _HINT_HEAD_BYTES = 4 << 20
 _HINT_TAIL_BYTES = 4 << 20
 
+# Exit status by outcome, so that a script can branch on it without parsing (1 and 2 are the CLI's own:
+# an internal failure, bad input).
+EXIT_READY = 0
+EXIT_CRASHED = 3
+EXIT_INCOMPLETE = 4
+_EXIT_OF_OUTCOME = {"ready": EXIT_READY, "crashed": EXIT_CRASHED, "incomplete": EXIT_INCOMPLETE}
+
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
@@ -28,6 +36,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "hang from a start still running), the first fatal error with its line number, which TP ranks "
         "logged 'Load weight end', the TP size from the server_args line, and hints from the catalogue "
         "of known causes.",
+        epilog="exit status: 0 the log reached ready, 3 it crashed, 4 incomplete (it stops before ready "
+        "without a fatal error, an empty log too), 2 bad input (a missing or unreadable file, a directory, "
+        "a FIFO, a device or a socket), 1 an internal failure.  With --json the report is printed first "
+        "in every one of these outcomes.",
     )
     p.add_argument("file", metavar="FILE", help="the log file")
     p.add_argument("--json", action="store_true", help="print one JSON object: outcome, last phase, error line, ranks and hints")
@@ -60,10 +72,13 @@ def _human(path: str, summary, hints) -> str:
     if summary.events:
         out.append("  phases:   " + ", ".join(f"{e.phase} (line {e.line_no})" for e in summary.events))
     if summary.error is not None:
-        out.append(f"  error:    line {summary.error_line}: {_printable(summary.error)[:300]}")
+        who = f" (TP{summary.error_rank})" if summary.error_rank is not None else ""
+        out.append(f"  error:    line {summary.error_line}{who}: {_printable(summary.error)[:300]}")
+        if summary.error_cause:
+            out.append(f"  cause:    line {summary.error_cause_line}: {_printable(summary.error_cause)[:300]}")
         first = next((e for e in summary.errors if e.fatal), None)
-        if first is not None and first.detail:
-            out.append(f"            {_printable(first.detail)[:300]}")
+        if first is not None and first.detail and first.line_no != summary.error_line:
+            out.append(f"  raised:   line {first.line_no}: {_printable(first.text)[:300]}")
     expected = summary.ranks_expected
     loaded = list(summary.ranks_loaded)
     if loaded or expected:
@@ -131,7 +146,7 @@ def _inspect_log(args: argparse.Namespace) -> int:
         _write(json.dumps(result) + "\n")
     else:
         _write(_human(path, summary, hints) + _human_serving(served))
-    return 0
+    return _EXIT_OF_OUTCOME.get(summary.outcome, EXIT_INCOMPLETE)
 
 
 def _human_serving(served) -> str:

@@ -15,7 +15,8 @@ WAIT_EXIT_CODES = {"ready": 0, "stalled": 3, "crashed": 4, "stopped": 5, "timeou
 _WAIT_CODES_HELP = (
     "Exit status: 0 ready, 3 stalled (the log went silent past the stall limit; the server still runs), "
     "4 crashed or ended on its own, 5 stopped, 6 --timeout passed (the server still runs), 2 bad input "
-    "(no such session, a bad profile, GPUs busy without --force), 1 the launch failed."
+    "(no such session, a bad profile, or GPUs in use: eagle3-tui launch --force launches anyway), 1 the "
+    "launch failed."
 )
 
 
@@ -109,7 +110,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         description="Print the server log of SESSION (an id or unique prefix), or the log file PATH, "
         "secrets redacted.  --grep keeps lines containing TEXT (case-insensitive), or matching REGEX when "
         "written /REGEX/ or re:REGEX; --rank keeps the lines of TP rank N (a traceback stays with the rank "
-        "that printed it, progress bars are TP0's; 'main' for lines of no rank).  Exit status as grep: 0 "
+        "that printed it, progress bars are TP0's; 'main' for lines of no rank).  A progress bar redrawn with \\r prints "
+        "as one line in its last state, as the TUI shows it.  Exit status as grep: 0 "
         "when lines were printed, 1 when none matched, 2 on an error.",
     )
     p.add_argument("session", metavar="SESSION|PATH", help="a session id or prefix, or a log file path")
@@ -478,13 +480,15 @@ def _print_log(source: _LogSource, last_n: int | None, follow: bool, log_filter,
 
     `sessions.logs.LogFile` does the reading, so truncation and rotation are handled as in the TUI, and
     lines are redacted by the log core's display path.  Lines print as written (colours kept, like
-    ``tail``); filters match what the line shows.  On a terminal, a tqdm bar still being drawn (no
+    ``tail``), a bar redrawn with ``\r`` as one line in its last state (`sessions.logs.printed`, what the
+    TUI shows); filters match what the line shows.  On a terminal, a tqdm bar still being drawn (no
     newline yet) is redrawn in place; into a pipe only complete lines go.
     """
     import time
     from collections import deque
 
     from sessions.logs import LogFile, shown
+    from sessions.logs import printed as as_printed
 
     tty = out.isatty()
     printed = False
@@ -504,17 +508,17 @@ def _print_log(source: _LogSource, last_n: int | None, follow: bool, log_filter,
                 if line.offset >= boundary:
                     break
                 if last_n is None:
-                    emit(line.raw + "\n")
+                    emit(as_printed(line) + "\n")
                     printed = True
                 else:
                     kept.append(line)
             if kept:
-                emit("".join(line.raw + "\n" for line in kept))
+                emit("".join(as_printed(line) + "\n" for line in kept))
                 printed = True
         elif last_n:
             tail = log.tail_lines(last_n)
             if tail:
-                emit("".join(line.raw + "\n" for line in tail))
+                emit("".join(as_printed(line) + "\n" for line in tail))
                 printed = True
         ended = False
         while True:
@@ -526,7 +530,7 @@ def _print_log(source: _LogSource, last_n: int | None, follow: bool, log_filter,
             if lines:
                 prefix = "\r" if shown_partial else ""
                 shown_partial = ""
-                emit(prefix + "".join(line.raw + "\n" for line in lines))
+                emit(prefix + "".join(as_printed(line) + "\n" for line in lines))
                 printed = True
             if result.more:
                 continue

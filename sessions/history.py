@@ -57,6 +57,8 @@ class StartRecord:
     # What the start ran with (`sessions.start_facts`: command, env, versions, GPUs, ...), redacted; None
     # for records written before these were kept.
     facts: dict[str, Any] | None = None
+    # The crash, as the exception that raised it and its rank (`sessions.phases.error_headline`), redacted
+    error: str | None = None
 
     def mark(self, phase: str | StartupPhase) -> PhaseMark | None:
         name = str(phase)
@@ -105,6 +107,7 @@ class StartRecord:
             "recorded_at": self.recorded_at,
             "phases": [m.to_json() for m in self.phases],
             **({"facts": self.facts} if self.facts else {}),
+            **({"error": self.error} if self.error else {}),
         }
 
     @classmethod
@@ -132,6 +135,7 @@ class StartRecord:
             started_at=safe_files.epoch(obj.get("started_at")),
             recorded_at=safe_files.epoch(obj.get("recorded_at")),
             facts=start_facts.checked(facts) if isinstance(facts, dict) else None,
+            error=safe_files.text(obj.get("error"), 4096),
         )
 
 
@@ -285,7 +289,17 @@ def _merge(old: StartRecord, new: StartRecord) -> StartRecord:
         started_at=new.started_at if new.started_at is not None else old.started_at,
         recorded_at=new.recorded_at,
         facts=new.facts if new.facts is not None else old.facts,
+        error=new.error if new.error is not None else old.error,
     )
+
+
+def _error_of(summary: StartupSummary | None) -> str | None:
+    """The crash of a start for its record: the exception and its rank, secrets redacted by shape."""
+    from sessions.phases import error_headline
+    from sessions.redaction import redact_text
+
+    headline = error_headline(summary) if summary is not None else None
+    return redact_text(headline) if headline else None
 
 
 def record_start(
@@ -316,6 +330,7 @@ def record_start(
         recorded_at=time.time(),
         # Kept redacted only, whoever gathered them (a second pass is a no-op on redacted facts).
         facts=redact_record(dict(facts)) if facts else None,
+        error=_error_of(summary),
     )
     path = history_path(home, profile_name)
     with _locked(path):

@@ -66,6 +66,7 @@ JOB_SPEC = Kind("job spec", 1 * MiB)
 SETTINGS = Kind("settings file", 1 * MiB)
 MODEL_CONFIG = Kind("model config", 16 * MiB)
 WEIGHT_INDEX = Kind("weight index", 64 * MiB)
+WEIGHTS = Kind("model weights", None)  # hashed in bounded pieces, or mapped by safetensors (`opened_path`)
 DATASET = Kind("dataset", None)
 SOURCE = Kind("source file", 16 * MiB)  # an installed SGLang's sources, read as text, never run
 LOG = Kind("log", None)
@@ -74,7 +75,6 @@ CATALOGUE = Kind("known causes catalogue", 4 * MiB)
 MANIFEST = Kind("manifest", 1024 * MiB)
 OUTPUT_RECORD = Kind("output record", 16 * MiB)  # dataset.json
 OUTPUT_DATA = Kind("output file", None)  # tensors, errors.jsonl: read in bounded pieces
-WEIGHTS = Kind("weights file", None)  # a model's safetensors, mapped by safetensors itself (`opened_path`)
 ANY_FILE = Kind("file", 16 * MiB)
 
 

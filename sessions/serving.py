@@ -20,6 +20,7 @@ and the per-rank figures are kept.  `parse_metrics` reads the same gauges from `
 from __future__ import annotations
 
 import dataclasses
+import functools
 import re
 import time
 from collections import deque
@@ -28,11 +29,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from sessions.logs.lines import RANK_TOKEN_RE, clean
+from sessions.logs.lines import RANK_TOKEN_RE, clean, strip_wrapper
 
 HISTORY_POINTS = 60  # gen-throughput samples kept for the sparkline
 _MARKER_RE = re.compile(r"(?P<kind>Decode|Prefill) batch(?: \[\d+\])?[.,] ?")
-_FIELD_RE = re.compile(r"\s*(?P<name>[^:,]+?):\s*(?P<value>[^,]*?)\s*(?:,|$)")
+_FIELD_RE = re.compile(r"\s*(?P<name>[^:,]+?):\s*(?P<value>[^,]*?)\s*(?P<end>,|$)")
 _BRACKET_RE = re.compile(
     r"\[(?P<ts>(?:\d{4}-\d\d-\d\d[ T])?\d\d:\d\d:\d\d(?:[.,]\d+)?)?(?P<ranks>(?: ?[A-Z_]+\d+)*)\] ?$"
 )
@@ -60,8 +61,15 @@ class BatchLine:
 
     @property
     def running_reqs(self) -> int | None:
+        """Requests running after this batch.  A ``Prefill batch`` line's ``#running-req`` counts the
+        requests that were running before it, not the batch being prefilled (``#new-seq``), which runs too."""
         value = self.number("#running-req")
-        return int(value) if value is not None else None
+        if value is None:
+            return None
+        if self.kind == "prefill":
+            new = self.number("#new-seq")
+            return None if new is None else int(value + new)
+        return int(value)
 
     @property
     def queue_reqs(self) -> int | None:
@@ -102,10 +110,31 @@ def _value(text: str) -> Any:
         return text
 
 
+# How SGLang formats its figures (metrics_reporter.py): a value written "%.2f" that has lost its decimals was
+# cut, and so was a last field that no line ends with (a line cut mid-way, issue 23 class 6).
+_TWO_DECIMALS = frozenset({"token usage", "full token usage", "gen throughput (token/s)",
+                           "input throughput (token/s)", "accept len", "accept rate"})
+_TWO_DECIMALS_RE = re.compile(r"-?\d+\.\d\d$")
+_LAST_FIELDS = frozenset({"#queue-req", "input throughput (token/s)", "gen throughput (token/s)", "cuda graph",
+                          "#pending-token", "timestamp", "largest-len"})
+_REPEATED_RE = re.compile(r"\s*\[repeated \d+x across cluster\]\s*$")  # Ray's log deduplication
+
+
+def _complete(name: str, value: str, terminated: bool) -> bool:
+    """Whether a field's value was written in full: a "%.2f" figure has its two decimals, and a field not
+    followed by a comma is one that ends SGLang's lines."""
+    if name in _TWO_DECIMALS and (len(value) < 4 or value[-3] != "." or not _TWO_DECIMALS_RE.match(value)):
+        return False
+    return terminated or name in _LAST_FIELDS
+
+
 def parse_batch_line(text: str) -> BatchLine | None:
-    """A cleaned log line -> `BatchLine`, or None when it is not a serving stats line."""
+    """A cleaned log line -> `BatchLine`, or None when it is not a serving stats line.  A field that was cut
+    (the line ends mid-way) is left out: each figure is then taken from an earlier complete line."""
     if "batch" not in text:
         return None
+    if "across cluster]" in text:
+        text = _REPEATED_RE.sub("", text)
     match = _MARKER_RE.search(text)
     if match is None:
         return None
@@ -119,13 +148,14 @@ def parse_batch_line(text: str) -> BatchLine | None:
             log_time = bracket.group("ts")
             ranks = {name: int(num) for name, num in RANK_TOKEN_RE.findall(bracket.group("ranks") or "")}
             dp_rank = ranks.get("DP")
-        elif not (stripped.endswith(_OUTER_END) or _ISO_TS_RE.search(stripped)):
+        elif not (stripped.endswith(_OUTER_END) or _ISO_TS_RE.search(stripped)
+                  or not strip_wrapper(prefix)[1].strip()):
             return None  # the words are inside some other message
     body = text[match.end() :]
     fields: dict[str, Any] = {}
     for part in _FIELD_RE.finditer(body):
         name = part.group("name").strip()
-        if name:
+        if name and _complete(name, part.group("value"), part.group("end") == ","):
             fields[name] = _value(part.group("value"))
     kind = match.group("kind").lower()
     if "#running-req" not in fields and "#new-seq" not in fields:
@@ -133,6 +163,7 @@ def parse_batch_line(text: str) -> BatchLine | None:
     return BatchLine(kind, dp_rank, log_time, fields)
 
 
+@functools.lru_cache(maxsize=4096)  # lines of one second share their stamp; strptime was half the cost
 def log_time_epoch(log_time: str | None) -> float | None:
     """``2026-05-01 10:00:00`` (local time, as SGLang writes it) -> epoch seconds; None for time-only."""
     if not log_time:
@@ -206,11 +237,40 @@ class ServingSnapshot:
 
 @dataclass
 class _RankState:
-    decode: BatchLine | None = None
-    prefill: BatchLine | None = None
-    last: BatchLine | None = None  # the newer of the two (running/queued come from it)
+    """The latest complete value of each figure of one DP rank (a figure a cut line lacks keeps its last
+    value); running, queued and token usage from the newest line of either kind."""
+
+    gen_throughput: float | None = None
+    input_throughput: float | None = None
+    accept_length: float | None = None
+    accept_rate: float | None = None
+    running_reqs: int | None = None
+    queue_reqs: int | None = None
+    token_usage: float | None = None
     decode_at: float | None = None
     updated_at: float | None = None
+    last: BatchLine | None = None  # the newest line itself (the idle limit reads its pace)
+
+    def update(self, line: BatchLine) -> None:
+        self.last = line
+        running = line.running_reqs
+        if running is not None:
+            self.running_reqs = running
+        queued = line.queue_reqs
+        if queued is not None:
+            self.queue_reqs = queued
+        usage = line.token_usage
+        if usage is not None:
+            self.token_usage = usage
+        if line.kind == "decode":
+            fields = line.fields
+            if "gen throughput (token/s)" in fields:
+                self.gen_throughput = line.gen_throughput
+            if "accept len" in fields:
+                self.accept_length = line.accept_length
+                self.accept_rate = line.accept_rate if "accept rate" in fields else self.accept_rate
+        elif "input throughput (token/s)" in line.fields:
+            self.input_throughput = line.input_throughput
 
 
 @dataclass
@@ -230,15 +290,14 @@ class ServingTracker:
         self.lines_seen += 1
         at = log_time_epoch(line.log_time) or (read_at if read_at is not None else time.time())
         state = self.ranks.setdefault(line.dp_rank, _RankState())
-        state.last = line
+        state.update(line)
         state.updated_at = at
         if line.kind == "decode":
-            state.decode, state.decode_at = line, at
-            total = self._sum(lambda s: s.decode.gen_throughput if s.decode else None)
-            if total is not None:
-                self.history.append(total)
-        else:
-            state.prefill = line
+            state.decode_at = at
+            if line.gen_throughput is not None:
+                total = self._sum(lambda s: s.gen_throughput)
+                if total is not None:
+                    self.history.append(total)
         return line
 
     def latest(self) -> BatchLine | None:
@@ -281,34 +340,34 @@ class ServingTracker:
         """The server's figures from the latest line of each DP rank (None before any stats line)."""
         if not self.ranks:
             return None
-        running = self._sum(lambda s: s.last.running_reqs if s.last else None)
-        queued = self._sum(lambda s: s.last.queue_reqs if s.last else None)
+        running = self._sum(lambda s: s.running_reqs)
+        queued = self._sum(lambda s: s.queue_reqs)
         per_rank = []
         for dp in sorted(self.ranks, key=lambda k: -1 if k is None else k):
             s = self.ranks[dp]
             per_rank.append(
                 {
                     "dp_rank": dp,
-                    "gen_throughput": s.decode.gen_throughput if s.decode else None,
-                    "running_reqs": s.last.running_reqs if s.last else None,
-                    "queue_reqs": s.last.queue_reqs if s.last else None,
-                    "token_usage": s.last.token_usage if s.last else None,
-                    "input_throughput": s.prefill.input_throughput if s.prefill else None,
-                    "accept_length": s.decode.accept_length if s.decode else None,
-                    "accept_rate": s.decode.accept_rate if s.decode else None,
+                    "gen_throughput": s.gen_throughput,
+                    "running_reqs": s.running_reqs,
+                    "queue_reqs": s.queue_reqs,
+                    "token_usage": s.token_usage,
+                    "input_throughput": s.input_throughput,
+                    "accept_length": s.accept_length,
+                    "accept_rate": s.accept_rate,
                     "updated_at": s.updated_at,
                 }
             )
         updated = [s.updated_at for s in self.ranks.values() if s.updated_at is not None]
         return ServingSnapshot(
-            gen_throughput=self._sum(lambda s: s.decode.gen_throughput if s.decode else None),
+            gen_throughput=self._sum(lambda s: s.gen_throughput),
             running_reqs=int(running) if running is not None else None,
             queue_reqs=int(queued) if queued is not None else None,
-            token_usage=self._mean(lambda s: s.last.token_usage if s.last else None),
-            input_throughput=self._sum(lambda s: s.prefill.input_throughput if s.prefill else None),
+            token_usage=self._mean(lambda s: s.token_usage),
+            input_throughput=self._sum(lambda s: s.input_throughput),
             updated_at=max(updated) if updated else None,
-            accept_length=self._mean(lambda s: s.decode.accept_length if s.decode else None),
-            accept_rate=self._mean(lambda s: s.decode.accept_rate if s.decode else None),
+            accept_length=self._mean(lambda s: s.accept_length),
+            accept_rate=self._mean(lambda s: s.accept_rate),
             ranks=tuple(per_rank),
             history=tuple(self.history),
         )

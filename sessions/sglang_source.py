@@ -373,8 +373,11 @@ def _read_flags(src: SglangSource) -> dict[str, FlagInfo]:
         local = dict(names)
         local.update(_module_constants(src.path(_SERVER_ARGS_FILE)))
         for node in tree.body:
-            # ServerArgs keeps its own annotations next to the collected namespaces (server_args.py:545)
-            if isinstance(node, ast.ClassDef) and fields_dir.is_dir():
+            # 0.5.23's ServerArgs keeps a few annotations next to the collected namespaces
+            # (server_args.py:545); 0.5.14 and 0.5.18 keep every ``A[T, Arg(...)]`` field on ServerArgs itself
+            # (0.5.14 server_args.py:373, registered by add_cli_args_from_dataclass at :6257).  Plain
+            # dataclass fields of older SGLang carry no ``A[...]`` and are skipped here.
+            if isinstance(node, ast.ClassDef):
                 specs.extend(_specs_from_fields_class(node, local, action_nargs))
         specs.extend(_specs_from_add_argument_calls(tree, local, action_nargs))
     return _expand(specs)

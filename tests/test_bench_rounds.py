@@ -236,7 +236,9 @@ def test_a_dataset_gives_real_prompts_capped_and_seeded_and_names_its_bad_lines(
     path.write_text("\n".join(lines) + "\n")
     found = dataset_prompts(str(path), 4, 16, seed=3)
     assert found.usable == 6 and found.kind == "openai" and len(found.prompts) == 4
-    assert found.problems == ("line 7: no user turn with text", "line 8: not JSON: Expecting value at column 1")
+    # the dataset reader's own words: line, column and file (sessions.extraction.datasets)
+    assert found.problems == ("line 7: no user turn with text",
+                              f"line 8: not JSON: Expecting value at line 8, column 1 of {path}")
     by_text = {p.text: p.output_len for p in dataset_prompts(str(path), 6, 16, seed=3).prompts}
     # the reply's bytes / 4, capped at 16
     assert by_text == {f"question {i}": min(16, -(-len("word " * (5 * i)) // 4)) for i in range(1, 7)}

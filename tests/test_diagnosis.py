@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import stat
 import subprocess
 import sys
@@ -441,6 +442,8 @@ def test_a_crashed_start_is_diagnosed_from_its_log_alone(make_emulator_profile, 
     d = diagnose(session, stack_timeout_s=5)
     assert d.state == "crashed" and d.processes == ()
     assert d.error is not None and d.error_line is not None
+    # the first error is the exception and the rank that raised it, not "Scheduler hit an exception: ..."
+    assert re.match(r"TP\d: RuntimeError: Not enough memory\. Please try to increase --mem-fraction-static", d.error)
     assert "negative-kv-budget" in hint_ids(d)
     assert "pyspy-not-installed" not in hint_ids(d)  # nothing to take stacks of: not worth a hint
     bundle = write_bundle(d, session, tmp_path)

@@ -47,8 +47,11 @@ def test_a_crashed_fixture_names_its_key_line_as_the_first_fatal_error(row):
     key = row["key_line"].rstrip()
     expected_line = next(i for i, line in enumerate(lines, start=1) if line.rstrip() == key)
     summary = summarize_file(path)
-    assert summary.error == key
-    assert summary.error_line == expected_line
+    first = next(e for e in summary.errors if e.fatal)
+    assert (first.text, first.line_no) == (key, expected_line)
+    # the summary's error is the exception that ended the traceback under that line, when one was printed
+    assert summary.error == (first.detail or key)
+    assert lines[summary.error_line - 1].endswith(summary.error)
 
 
 _LOAD_END = re.compile(r"^\[([^\]]*)\] Load weight end\b")
@@ -249,7 +252,8 @@ def test_an_emulated_crash_reads_as_crashed_at_its_first_error(emulator, fault, 
     assert summary.outcome == "crashed", emu.tail()
     assert summary.phase in phases
     first = next(e for e in summary.errors if e.fatal)
-    assert first.kind == kind and summary.error_line == first.line_no
+    assert first.kind == kind and summary.error_line == first.exception_line
+    assert summary.error == first.exception and "Traceback (most recent call last)" not in summary.error
     rank = failing_rank(Fault(fault), TP)
     if rank is not None:
         assert first.rank == rank

@@ -169,3 +169,16 @@ def test_ready_seen_over_http_before_the_log_said_so_uses_the_line_count(tmp_pat
                  {p.value: T0 + s for p, s in GOOD_TIMES.items()}, "ready")
     good = last_good(home, "kimi")
     assert good.mark("ready").line is None and good.ready_line == 602 and good.ready_after_s == 372.0
+
+
+def test_a_crashed_start_keeps_its_exception_and_rank_redacted(tmp_path):
+    from sessions.phases import summarize_text
+
+    home = _home(tmp_path)
+    log = ("[2026-11-01 10:00:09 TP1] Scheduler hit an exception: Traceback (most recent call last):\n"
+           '  File "/sgl/python/sglang/srt/model_loader/loader.py", line 3, in load_model\n'
+           "RuntimeError: cannot fetch with token hf_abcdefghijklmnopqrstuvwxyz1234\n")
+    record_start(home, "kimi", "c1", summarize_text(log), {"launching": T0}, "crashed")
+    (kept,) = load_history(home, "kimi")
+    assert kept.error is not None and kept.error.startswith("TP1: RuntimeError: cannot fetch with token ")
+    assert "hf_abc" not in kept.error and "Traceback" not in kept.error

@@ -24,10 +24,14 @@ def _run(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
                           timeout=timeout, check=False)
 
 
+_EXIT_OF_OUTCOME = {"ready": 0, "crashed": 3, "incomplete": 4}  # documented in --help and the README
+
+
 def _inspect(path: Path) -> dict:
     proc = _run("inspect-log", str(path), "--json")
-    assert proc.returncode == 0, proc.stderr
-    return json.loads(proc.stdout)
+    out = json.loads(proc.stdout)
+    assert proc.returncode == _EXIT_OF_OUTCOME[out["outcome"]], proc.stderr
+    return out
 
 
 def _labels() -> list[dict[str, str]]:
@@ -46,8 +50,11 @@ def test_json_output_keeps_the_contract_on_every_fixture(row):
     assert all(set(h) == {"id", "title", "detail"} for h in out["hints"])
     if row["outcome"] == "crashed" and row["key_line"]:
         lines = path.read_text(encoding="utf-8", errors="replace").split("\n")
-        assert out["error"] == row["key_line"].rstrip()
-        assert lines[out["error_line"] - 1].rstrip() == row["key_line"].rstrip()
+        # the error is the exception that ended the key line's traceback (or the key line itself)
+        assert lines[out["error_line"] - 1].rstrip().endswith(out["error"])
+        key_at = next(i for i, line in enumerate(lines, start=1) if line.rstrip() == row["key_line"].rstrip())
+        assert out["error_line"] >= key_at
+        assert "Traceback (most recent call last)" not in out["error"]
     elif row["outcome"] != "crashed":
         assert out["error"] is None and out["error_line"] is None
 
@@ -55,7 +62,7 @@ def test_json_output_keeps_the_contract_on_every_fixture(row):
 def test_without_json_it_prints_a_short_summary_for_people():
     path = FIXTURES / "08-mistral7b-warmup-502-killed.log"
     proc = _run("inspect-log", str(path))
-    assert proc.returncode == 0
+    assert proc.returncode == 3  # crashed
     assert "crashed" in proc.stdout and "warmup" in proc.stdout and "line 11" in proc.stdout
     assert "http-proxy-intercepts-warmup" in proc.stdout
 
@@ -79,7 +86,7 @@ def test_binary_junk_is_read_without_crashing(tmp_path):
     path = tmp_path / "junk.log"
     path.write_bytes(random.Random(3).randbytes(300_000))
     assert set(_inspect(path)) == CONTRACT_KEYS
-    assert _run("inspect-log", str(path)).returncode == 0
+    assert _run("inspect-log", str(path)).returncode in (0, 3, 4)
 
 
 def test_invalid_utf8_inside_a_real_log_changes_nothing_else(tmp_path):
@@ -100,8 +107,8 @@ def test_one_50_mb_line_is_streamed_and_the_line_numbers_stay_right(tmp_path):
         fh.write(b"\n[2026-11-01 10:01:00 TP0] Scheduler hit an exception: Traceback (most recent call last):\n")
         fh.write(b"RuntimeError: boom\n")
     out = _inspect(path)
-    assert out["outcome"] == "crashed" and out["error_line"] == 3
-    assert out["error"].startswith("[2026-11-01 10:01:00 TP0] Scheduler hit an exception")
+    assert out["outcome"] == "crashed" and out["error_line"] == 4
+    assert out["error"] == "RuntimeError: boom"  # the exception under "Scheduler hit an exception" (line 3)
 
 
 def test_serving_figures_come_from_the_end_of_the_log(tmp_path):
@@ -119,3 +126,19 @@ def test_serving_figures_come_from_the_end_of_the_log(tmp_path):
     empty = tmp_path / "empty.log"
     empty.write_text("")
     assert _inspect(empty)["serving"] is None
+
+
+@pytest.mark.parametrize("outcome", ["ready", "crashed", "incomplete"])
+def test_the_exit_status_says_the_outcome_with_and_without_json(tmp_path, outcome):
+    row = next(r for r in _labels() if r["outcome"] == outcome)
+    for args in ((), ("--json",)):
+        proc = _run("inspect-log", str(FIXTURES / row["file"]), *args)
+        assert proc.returncode == _EXIT_OF_OUTCOME[outcome], (args, proc.stderr)
+        assert outcome in proc.stdout  # the report is printed in every outcome
+
+
+def test_the_exit_statuses_are_in_the_help_and_the_readme():
+    text = _run("inspect-log", "--help").stdout
+    assert "0 the log reached ready, 3 it crashed, 4 incomplete" in " ".join(text.split())
+    readme = " ".join((REPO / "README.md").read_text().split())
+    assert "exits by its outcome: 0 ready, 3 crashed, 4 incomplete" in readme

@@ -270,3 +270,39 @@ def test_the_log_readers_open_logs_only_through_the_core():
 def test_widgets_import_nothing_from_app():
     for path in (REPO_ROOT / "widgets").rglob("*.py"):
         assert not re.search(r"^\s*(from|import) app\b", path.read_text(), re.MULTILINE), path.name
+
+
+# --- `logs` prints a bar once, in its last state (issue 21 item 9) -------------------------------------------
+
+def _bar_frames(desc: str, total: int) -> str:
+    """tqdm's frames of one bar as SGLang writes them: each redraw after a ``\\r``, a newline at the end."""
+    frames = [f"{desc}: {100 * i // total:3d}%|{'█' * i:<10}| {i}/{total} [00:0{i}<00:00,  1.00it/s]"
+              for i in range(total + 1)]
+    return "\r".join(frames) + "\n"
+
+
+_TP1_LOG = (  # a TP1 server: SGLang tags no line with its rank, the bars are TP0's
+    "[2026-11-01 10:00:01] Load weight begin. avail mem=80.00 GB\n"
+    + _bar_frames("Loading safetensors checkpoint shards", 8)
+    + "[2026-11-01 10:00:05] Load weight end. elapsed=4.00 s, type=LlamaForCausalLM, avail mem=70.00 GB\n"
+    + _bar_frames("Capturing batches (bs=1 avail_mem=60.00 GB)", 9)
+    + "[2026-11-01 10:00:09] The server is fired up and ready to roll!\n"
+)
+
+
+@pytest.mark.parametrize("args", [(), ("--rank", "0"), ("-n", "4"), ("--grep", "capturing"), ("--grep", "/shards/")])
+def test_logs_prints_each_bar_once_in_its_last_state_as_the_tui_shows_it(tmp_path, args):
+    from sessions.logs.lines import lines_of_text
+
+    path = tmp_path / "server.log"
+    path.write_text(_TP1_LOG)
+    proc = _cli("logs", str(path), *args, home=tmp_path / "home")
+    assert proc.returncode == 0, proc.stderr
+    out = proc.stdout.splitlines()
+    assert out and all("\r" not in line and len(line) < 200 for line in out)
+    tui = {line.text: line.rank for line in lines_of_text(_TP1_LOG)}  # the log pane's text and rank
+    assert all(line in tui for line in out)
+    bars = [line for line in out if "it/s]" in line]
+    assert all(re.search(r"100%\|[█ ]+\| (\d+)/\1 ", bar) for bar in bars)  # the last frame of each bar
+    if args[:1] == ("--rank",):
+        assert len(bars) == 2 and all(tui[bar] == 0 for bar in bars)

@@ -174,11 +174,14 @@ def test_a_scheduler_exception_is_the_error_and_its_exception_line_the_detail():
     built = b.build()
     summary = summarize_text(built.text)
     assert summary.outcome == "crashed"
-    assert summary.error_line == built.error_line
-    assert summary.error == built.error_text
     first = next(e for e in summary.errors if e.fatal)
+    assert (first.line_no, first.text) == (built.error_line, built.error_text)  # the error line ...
     assert first.kind == "scheduler_exception" and first.rank == 2
     assert first.detail == "TypeError: cannot unpack non-iterable ForwardMetadata object"
+    # ... and the summary's error is the exception that raised it, with its line and rank (issue 21)
+    lines = built.text.split("\n")
+    assert summary.error == first.detail and lines[summary.error_line - 1] == first.detail
+    assert summary.error_rank == 2 and summary.error_cause is None
     assert summary.phase == P.CUDA_GRAPH  # from the frames: no capture marker was logged
     assert any(e.kind == "sigquit" for e in summary.errors)
 
@@ -293,7 +296,9 @@ def test_after_ready_a_request_traceback_is_survived_but_a_scheduler_crash_is_no
     assert survived.outcome == "ready"
     line_no = b.scheduler_exception(1, [("/x/scheduler.py", "event_loop_normal")], "RuntimeError: CUDA error")
     crashed = summarize_text(b.build().text)
-    assert crashed.outcome == "crashed" and crashed.error_line == line_no
+    first = next(e for e in crashed.errors if e.fatal)
+    assert crashed.outcome == "crashed" and first.line_no == line_no
+    assert crashed.error == "RuntimeError: CUDA error" and crashed.error_rank == 1
     assert crashed.phase == P.READY
 
 
@@ -352,7 +357,8 @@ _NOISE = ("[2026-11-01 10:00:09 TP5] Decode batch, #running-req: 3, #token: 9, t
         (["[2026-11-01 10:00:08 TP3] Load weight begin. avail mem=1.00 GB", "Traceback (most recent call last):",
           '  File "/sgl/x.py", line 1, in f', "RuntimeError: boom"], 3),
         # ... also when that line is runtime noise the tracker skips unread
-        ([_NOISE, "Traceback (most recent call last):", '  File "/sgl/x.py", line 1, in f', "RuntimeError: boom"], 5),
+        ([_NOISE, "Traceback (most recent call last):", '  File "/sgl/x.py", line 1, in event_loop_normal',
+          "RuntimeError: boom"], 5),
         # a lone `Exception: ...` line is a continuation too
         (["[2026-11-01 10:00:08 TP2] Capture cuda graph begin. This can take up to several minutes.",
           "Exception: Capture cuda graph failed: CUDA out of memory. Tried to allocate 448.00 MiB."], 2),
@@ -435,7 +441,7 @@ def test_summarize_file_reads_in_chunks_with_the_same_result(tmp_path):
     path = tmp_path / "server.log"
     path.write_text(built.text)
     assert summarize_file(path) == summarize_text(built.text)
-    assert summarize_file(path).error_line == built.error_line
+    assert next(e for e in summarize_file(path).errors if e.fatal).line_no == built.error_line
 
 
 def test_ansi_and_carriage_returns_are_stripped_for_display():

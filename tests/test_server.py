@@ -326,6 +326,12 @@ def test_wait_ready_fails_when_the_server_crashes(launched, make_emulator_profil
     status = session.status()
     assert status.state == "crashed"
     assert status.summary.error is not None
+    # `status --json .error` is the exception that raised it, with its rank (issue 21), never the header
+    from sessions.emulator.faults import Fault, failing_rank
+
+    out = status.to_json()
+    assert "Traceback (most recent call last)" not in out["error"] and "Error" in out["error"].split(":")[0]
+    assert out["error_rank"] == failing_rank(Fault("scheduler-exception"), 2)
     assert session.state_record["start_outcome"] == "crashed"
 
 

@@ -249,11 +249,11 @@ def test_state_line_says_how_and_when_a_session_ended(tmp_path, state, phase, re
 )
 def test_the_ranks_of_a_session_without_processes_never_read_n_a(tmp_path, launch_tp_size, expected):
     """Issue 21: a stopped session whose log has no server_args line showed `ranks 0/n/a`."""
-    (tmp_path / "state.json").write_text(json.dumps({"stopped_at": NOW + 11, "ended_at": NOW + 11}))
     status = _status(state="stopped", phase="launching")
     summary = dataclasses.replace(status.summary, ranks_expected=None, rank_arrival={})
+    # the end time comes with the status (widgets never open state.json)
     status = dataclasses.replace(status, alive=False, ranks=(), summary=summary, session_dir=tmp_path,
-                                 launch_tp_size=launch_tp_size)
+                                 launch_tp_size=launch_tp_size, ended_at=NOW + 11)
 
     async def scenario() -> None:
         app = _OneStateLine(status)

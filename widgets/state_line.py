@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from rich.text import Text
 
-from sessions.phases import StartupPhase
+from sessions.phases import StartupPhase, error_headline
 from widgets import units
 from widgets.text_lines import TextLines
 
@@ -165,7 +165,7 @@ class StateLine(TextLines):
         segments += self._port_segments(status)
         lines = flow(segments, width)
         lines.append(self._ranks_text(status, width))
-        error = getattr(status.summary, "error", None)
+        error = error_headline(status.summary) if getattr(status.summary, "error", None) else None
         if error and status.state in ("crashed", "exited", "stalled"):
             line = getattr(status.summary, "error_line", None)
             lines.append(Text(f"✖ line {line}: {error}" if line else f"✖ {error}", style=bad))

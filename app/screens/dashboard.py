@@ -36,6 +36,7 @@ from app.screens.dashboard_messages import (  # re-exported: listeners import th
 from app.selection import Selection, save_selection
 from app.stall_reports import StallReports
 from sessions.logs import MAIN_RANK, LogFilter
+from sessions.phases import error_headline
 from widgets.action_line import ActionLine
 from widgets.confirm_modal import ConfirmModal
 from widgets.gpu_panel import GpuPanel
@@ -329,7 +330,13 @@ class DashboardScreen(LaunchActions, Screen):
                 continue
             if state in _TRANSITION_TOASTS:
                 text, severity, timeout = _TRANSITION_TOASTS[state]
-                self.notify(text.format(session_id), title=state, severity=severity, timeout=timeout)
+                message = text.format(session_id)
+                status = snapshot.status
+                if state == "crashed" and status is not None and status.session_id == session_id:
+                    error = error_headline(status.summary) if status.summary is not None else None
+                    if error:  # the exception and its rank, not a traceback header
+                        message += f"\n{error[:200]}"
+                self.notify(message, title=state, severity=severity, timeout=timeout)
 
     def _render_capture(self, snapshot: DashboardSnapshot) -> None:
         """The capture engineer's CapturePanel, under the timeline, while the profile captures."""

@@ -106,6 +106,9 @@ class JobRow(ListItem):
         self.query_one("#title", Static).update(title)
         self.query_one("#bar", ProgressBar).update(total=max(1, p.total), progress=p.done)
         error_count = f"{p.failed_lines} error{'' if p.failed_lines == 1 else 's'}"
+        if getattr(p, "mode", "extract") == "regenerate":
+            self.query_one("#rates", Static).update(Text(regeneration_rates(p)))
+            return
         rates = (f"{p.done}/{p.total} samples · {error_count} · {p.tokens:,} tokens · {_bytes(p.bytes)}"
                  f" · {p.samples_per_s:.1f} samples/s · {p.tokens_per_s:,.0f} tok/s · {p.gb_per_s:.3f} GB/s"
                  f"{' · ' + _eta(p.eta_s) if p.state == 'running' else ''}"
@@ -115,6 +118,16 @@ class JobRow(ListItem):
             line.append("\nwhy: " + " · ".join(f"{reason} ({count})" if count > 1 else reason
                                                for reason, count in errors), style="red")
         self.query_one("#rates", Static).update(line)
+
+
+def regeneration_rates(p: Any) -> str:
+    """A regeneration job's line: rows (success/error/skipped), rates, ETA, then the data's shape."""
+    from sessions.regeneration.stats import shape_lines
+
+    text = (f"{p.done}/{p.total} rows · {p.ok} success · {p.failed_lines} error · {p.skipped} skipped"
+            f" · {p.tokens:,} tokens · {p.samples_per_s:.1f} rows/s · {p.tokens_per_s:,.0f} tok/s"
+            f"{' · ' + _eta(p.eta_s) if p.state == 'running' else ''}")
+    return "\n".join([text, *shape_lines(p.stats)])
 
 
 ERRORS_TAIL_BYTES = 256 * 1024  # the reasons of the latest failures; a huge errors.jsonl is not read whole
@@ -384,9 +397,12 @@ class JobsScreen(Screen):
     @work(thread=True, group="jobs-action")
     def _start(self, path: str) -> None:
         from sessions.extraction import job as jobs
+        from sessions.regeneration.job import run_regen_job
+        from sessions.regeneration.spec import is_regeneration_spec_file
 
         try:
-            job_id = jobs.run_job(path, self.home)
+            start = run_regen_job if is_regeneration_spec_file(path) else jobs.run_job
+            job_id = start(path, self.home)
         except jobs.JobError as exc:
             self.app.call_from_thread(self.notify, str(exc), severity="error", timeout=15)
             return

@@ -11,11 +11,10 @@ from __future__ import annotations
 
 import ast
 import os
-import re
-import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from sessions import safe_files
 
@@ -30,6 +29,10 @@ PARALLEL_FIELDS_FILE = "srt/arg_groups/fields/parallel.py"
 PARALLEL_STATE_FILE = "srt/distributed/parallel_state.py"
 MODELS_DIR = "srt/models"
 FLAG_FILES = "srt/arg_groups/fields/*.py, srt/server_args.py"
+FIELDS_DIR = "srt/arg_groups/fields"
+SPEC_AUX_FILE = "srt/model_executor/model_runner_components/spec_aux_hidden_state.py"
+# The flags of 0.5.23's capture-only mode; older SGLang captures only for a draft (see _draft_capture_mode).
+CAPTURE_ONLY_FLAGS = frozenset({"--enable-return-aux-hidden-states", "--return-aux-hidden-state-layer-ids"})
 
 FORWARD_BATCH_FIELDS = ("forward_mode", "input_ids", "rids", "extend_prefix_lens_cpu", "extend_seq_lens_cpu")
 PARALLEL_FIELDS = ("attn_tp_rank", "pp_group", "pp_rank", "pp_size")
@@ -51,6 +54,8 @@ class SymbolCheck:
     path: str  # the file (or files) looked in
     ok: bool
     problem: str = ""  # "missing" or "changed: ..."
+    # What works on this SGLang instead (read from its source); a check with one limits capture, not blocks it.
+    instead: str = ""
 
 
 @dataclass(frozen=True)
@@ -61,27 +66,42 @@ class CompatReport:
 
     @property
     def ok(self) -> bool:
-        return all(c.ok for c in self.checks)
+        """The plugin can capture on this SGLang: every symbol is there, or what works instead is known."""
+        return not self.failures
 
     @property
     def failures(self) -> list[SymbolCheck]:
-        return [c for c in self.checks if not c.ok]
+        return [c for c in self.checks if not c.ok and not c.instead]
+
+    @property
+    def limits(self) -> list[SymbolCheck]:
+        """Missing symbols with a known way around them (e.g. no capture-only mode before 0.5.23)."""
+        return [c for c in self.checks if not c.ok and c.instead]
 
     def to_json(self) -> dict:
         return {
             "compatible": self.ok,
             "sglang_root": self.sglang_root,
             "version": self.version,
+            "limits": [c.__dict__ for c in self.limits],
             "checks": [c.__dict__ for c in self.checks],
         }
 
     def text(self) -> str:
         version = f"SGLang {self.version or '(version unknown)'} at {self.sglang_root}"
-        if self.ok:
+        if self.ok and not self.limits:
             return f"compatible ({version}; {len(self.checks)} symbols checked)"
-        lines = [f"incompatible ({version}): {len(self.failures)} of {len(self.checks)} symbols"]
+        if self.ok:
+            head = (f"compatible with limits ({version}; {len(self.checks)} symbols checked, "
+                    f"{len(self.limits)} missing with a way around)")
+            lines = [head]
+        else:
+            lines = [f"incompatible ({version}): {len(self.failures)} of {len(self.checks)} symbols"]
         for c in self.failures:
             lines.append(f"  {c.problem}: {c.symbol} ({c.role}) -- looked in {c.path}")
+        for c in self.limits:
+            lines.append(f"  {c.problem}: {c.symbol} ({c.role}) -- looked in {c.path}")
+            lines.append(f"    instead: {c.instead}")
         return "\n".join(lines)
 
 
@@ -204,8 +224,10 @@ def check_sglang(root: str | os.PathLike, model_path: str | os.PathLike | None =
     files = _Files(root)
     checks: list[SymbolCheck] = []
 
-    def add(symbol: str, role: str, relpath: str, test: Callable[[], str | None]) -> None:
-        """``test`` returns None when fine, else the problem ("missing", "changed: ...")."""
+    def add(symbol: str, role: str, relpath: str, test: Callable[[], str | None],
+            instead: Callable[[], str] | None = None) -> None:
+        """``test`` returns None when fine, else the problem ("missing", "changed: ..."); ``instead`` says
+        what works on this SGLang when the symbol is missing ("" when nothing does)."""
         if relpath == FLAG_FILES:  # flags come from many files, read by sessions.sglang_source
             path = ", ".join(str(root / p.strip()) for p in relpath.split(","))
         else:
@@ -215,7 +237,8 @@ def check_sglang(root: str | os.PathLike, model_path: str | os.PathLike | None =
                 checks.append(SymbolCheck(symbol, role, path, False, reason))
                 return
         problem = test()
-        checks.append(SymbolCheck(symbol, role, path, problem is None, problem or ""))
+        around = instead() if problem is not None and instead is not None else ""
+        checks.append(SymbolCheck(symbol, role, path, problem is None, problem or "", around))
 
     def exists(found: object) -> str | None:
         return None if found else "missing"
@@ -308,22 +331,37 @@ def check_sglang(root: str | os.PathLike, model_path: str | os.PathLike | None =
     add("LogitsProcessorOutput.hidden_states", "the packed aux rows [tokens, K*H]", LOGITS_FILE,
         lambda: exists(_class_field(output, "hidden_states")))
     add("LogitsProcessorOutput.last_hidden_states", "the post-norm final rows [tokens, H]", LOGITS_FILE,
-        lambda: exists(_class_field(output, "last_hidden_states")))
+        lambda: exists(_class_field(output, "last_hidden_states")),
+        instead=lambda: _last_states_instead(files))
 
-    # Ranks (sglang-facts §4.7).
+    # Ranks (sglang-facts §4.7): 0.5.23 declares them as fields of arg_groups/fields/parallel.py's Parallel,
+    # read through runtime_context.ParallelContext.__getattr__; 0.5.14/0.5.18 have no arg_groups/ and define
+    # each one as a property of ParallelContext itself (0.5.14 runtime_context.py:77-185).
     add("get_parallel", "which rank writes", RUNTIME_CONTEXT_FILE,
         lambda: exists(_top_function(files.tree(RUNTIME_CONTEXT_FILE), "get_parallel")))
+    context_class = _top_class(files.tree(RUNTIME_CONTEXT_FILE), "ParallelContext")
     parallel = _top_class(files.tree(PARALLEL_FIELDS_FILE), "Parallel")
     for name in PARALLEL_FIELDS:
-        def parallel_field_test(name: str = name) -> str | None:
+        if _method(context_class, name) is not None:
+            where = RUNTIME_CONTEXT_FILE
+        elif parallel is not None or files.tree(RUNTIME_CONTEXT_FILE) is None:
+            where = PARALLEL_FIELDS_FILE
+        else:
+            where = RUNTIME_CONTEXT_FILE
+
+        def parallel_field_test(name: str = name, where: str = where) -> str | None:
+            if where == RUNTIME_CONTEXT_FILE:
+                return exists(_method(context_class, name))
             return exists(_class_field(parallel, name))
 
-        add(f"get_parallel().{name}", "rank field the hook reads", PARALLEL_FIELDS_FILE, parallel_field_test)
+        add(f"get_parallel().{name}", "rank field the hook reads", where, parallel_field_test)
     add("GroupCoordinator.is_last_rank", "last pipeline rank test", PARALLEL_STATE_FILE,
         lambda: exists(_method(_top_class(files.tree(PARALLEL_STATE_FILE), "GroupCoordinator"), "is_last_rank")))
 
-    # The capture-only flags (sglang-facts §4.1).
+    # The capture-only flags (sglang-facts §4.1); before 0.5.23 aux capture comes only with an EAGLE-3 draft.
     flags = source.flags()
+    flag_files = FLAG_FILES if source.exists(FIELDS_DIR) else "srt/server_args.py"
+    draft_mode = _draft_capture_mode(files, flags)
     for flag, takes_value in CAPTURE_FLAGS.items():
         def flag_test(flag: str = flag, takes_value: bool = takes_value) -> str | None:
             info = flags.get(flag)
@@ -333,7 +371,8 @@ def check_sglang(root: str | os.PathLike, model_path: str | os.PathLike | None =
                 return f"changed: {'takes' if info.takes_value else 'takes no'} value"
             return None
 
-        add(flag, "capture flag", FLAG_FILES, flag_test)
+        around = (lambda: draft_mode) if flag in CAPTURE_ONLY_FLAGS else None
+        add(flag, "capture flag", flag_files, flag_test, instead=around)
 
     if model_path is not None:
         from sessions.profiles.model_config import ModelConfigError, read_model_config
@@ -348,11 +387,54 @@ def check_sglang(root: str | os.PathLike, model_path: str | os.PathLike | None =
             checks.append(SymbolCheck("model architecture", "the model to capture", str(model_path), False,
                                       f"unknown: {error}"))
         else:
+            from sessions.capture.layer_source import source_rule
+
             found = architecture_support(root, arch)
-            checks.append(SymbolCheck(f"{arch}.set_eagle3_layers_to_capture", "sets the capture layers",
+            rule = source_rule(root, arch) if found.supported else None
+            role = "sets the capture layers" + (
+                f"; rule {rule.rule.value} ({rule.detail})" if rule is not None and rule.rule is not None else "")
+            checks.append(SymbolCheck(f"{arch}.set_eagle3_layers_to_capture", role,
                                       found.path or str(root / MODELS_DIR), bool(found.supported),
                                       "" if found.supported else found.detail))
     return CompatReport(str(root), source.version, tuple(checks))
+
+
+# -- what works where a symbol is missing ---------------------------------------------------------------
+def _string_line(tree: ast.Module | None, text: str) -> int | None:
+    """The first line where the string constant ``text`` appears (a subscript key, a get() argument)."""
+    if tree is None:
+        return None
+    lines = [n.lineno for n in ast.walk(tree) if isinstance(n, ast.Constant) and n.value == text]
+    return min(lines) if lines else None
+
+
+def _draft_capture_mode(files: _Files, flags: Mapping[str, Any]) -> str:
+    """How this SGLang turns aux capture on without capture-only mode, read from its source ("" if unknown).
+
+    0.5.14 reads the draft's ``eagle_config.eagle_aux_hidden_state_layer_ids`` in ModelRunner.__init__
+    (model_runner.py:458-470), 0.5.18 in resolve_spec_aux_hidden_state_config (spec_aux_hidden_state.py:82-96);
+    both only for ``--speculative-algorithm EAGLE3`` with a ``--speculative-draft-model-path``.
+    """
+    if "--speculative-draft-model-path" not in flags or "--speculative-algorithm" not in flags:
+        return ""
+    for relpath in (SPEC_AUX_FILE, MODEL_RUNNER_FILE):
+        line = _string_line(files.tree(relpath), "eagle_aux_hidden_state_layer_ids")
+        if line is not None:
+            return ("no capture-only mode here: launch with --speculative-algorithm EAGLE3 "
+                    "--speculative-draft-model-path DIR, an EAGLE-3 draft whose config.json names the layers in "
+                    "eagle_config.eagle_aux_hidden_state_layer_ids (read at "
+                    f"{files.path(relpath)}:{line}; without them SGLang captures [2, L//2, L-3])")
+    return ""
+
+
+def _last_states_instead(files: _Files) -> str:
+    """Where the plugin takes the post-norm final rows when LogitsProcessorOutput has no last_hidden_states:
+    the ``hidden_states`` argument of ``LogitsProcessor.forward`` (what the model's norm produced)."""
+    fn = _method(_top_class(files.tree(LOGITS_FILE), "LogitsProcessor"), "forward")
+    if fn is None or _params(fn)[:3] != ["self", "input_ids", "hidden_states"]:
+        return ""
+    return (f"the plugin takes them from the hidden_states argument of LogitsProcessor.forward "
+            f"({files.path(LOGITS_FILE)}:{fn.lineno}, an AFTER hook), matched to the forward's own output")
 
 
 # -- architectures ----------------------------------------------------------------------------------------
@@ -363,71 +445,20 @@ class ArchitectureSupport:
     path: str | None = None  # the file whose class implements (or lacks) the method
 
 
-_CLASS_RE = re.compile(r"^class\s+(\w+)\s*[(:]", re.MULTILINE)
-_INDEX_CACHE: dict[str, tuple[int, dict[str, list[str]]]] = {}
-_INDEX_LOCK = threading.Lock()
-
-
-def _class_index(models_dir: Path) -> dict[str, list[str]]:
-    """Class name -> model files defining it (text scan, cached by the folder's mtime)."""
-    try:
-        mtime = models_dir.stat().st_mtime_ns
-    except OSError:
-        return {}
-    with _INDEX_LOCK:
-        hit = _INDEX_CACHE.get(str(models_dir))
-    if hit is not None and hit[0] == mtime:
-        return hit[1]
-    index: dict[str, list[str]] = {}
-    for path in sorted(models_dir.glob("*.py")):
-        try:
-            text = safe_files.read_text(path, safe_files.SOURCE)
-        except OSError:
-            continue
-        for name in _CLASS_RE.findall(text):
-            index.setdefault(name, []).append(str(path))
-    with _INDEX_LOCK:
-        _INDEX_CACHE[str(models_dir)] = (mtime, index)
-    return index
-
-
-def _base_names(cls: ast.ClassDef) -> Iterable[str]:
-    for base in cls.bases:
-        if isinstance(base, ast.Name):
-            yield base.id
-        elif isinstance(base, ast.Attribute):
-            yield base.attr
-
-
 def architecture_support(root: str | os.PathLike, architecture: str) -> ArchitectureSupport:
     """Whether SGLang's model class ``architecture`` (or a base class) defines set_eagle3_layers_to_capture."""
+    from sessions.capture.layer_source import class_index, find_method_class
+
     models_dir = Path(root) / MODELS_DIR
-    index = _class_index(models_dir)
+    index = class_index(models_dir)
     if not index:
         return ArchitectureSupport(None, f"no model sources under {models_dir}")
-    files = _Files(models_dir)
-    seen: set[str] = set()
-
-    def search(name: str, depth: int) -> ArchitectureSupport | None:
-        if name in seen or depth > 12:
-            return None
-        seen.add(name)
-        for path in index.get(name, []):
-            cls = _top_class(files.tree(os.path.basename(path)), name)
-            if cls is None:
-                continue
-            if _method(cls, "set_eagle3_layers_to_capture") is not None:
-                return ArchitectureSupport(True, f"{name} defines set_eagle3_layers_to_capture", path)
-            for base in _base_names(cls):
-                found = search(base, depth + 1)
-                if found is not None and found.supported:
-                    return ArchitectureSupport(True, f"{architecture} inherits it from {base}: {found.detail}",
-                                               found.path)
-        return None
-
-    found = search(architecture, 0)
+    found = find_method_class(root, architecture, "set_eagle3_layers_to_capture")
     if found is not None:
-        return found
+        cls, path = found
+        if cls.name == architecture:
+            return ArchitectureSupport(True, f"{architecture} defines set_eagle3_layers_to_capture", path)
+        return ArchitectureSupport(True, f"{architecture} inherits it from {cls.name}", path)
     if architecture not in index:
         return ArchitectureSupport(False, f"no model class {architecture} in {models_dir}")
     return ArchitectureSupport(False, f"{architecture} (nor any base class) defines set_eagle3_layers_to_capture",

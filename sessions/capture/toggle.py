@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from sessions import safe_files
 from sessions.capture.layers import (
     KNOWN_UNSUPPORTED,
     LayerError,
@@ -101,13 +102,51 @@ def layer_plan(profile: LaunchProfile, facts: ModelFacts | None = None) -> Layer
     """The capture points and ids for this profile; None when the model or its family is unknown or the
     layers cannot be captured (`capture_problems` says why)."""
     facts = facts or model_facts(profile.server.model_path)
-    rule = rule_for(facts.architecture)
+    rule = layer_rule(profile, facts.architecture)
     if rule is None or not facts.num_layers:
         return None
     try:
         return plan_layers(profile.capture.layers, facts.num_layers, rule)
     except LayerError:
         return None
+
+
+# -- the installed SGLang -------------------------------------------------------------------------------
+def installed_sglang(profile: LaunchProfile) -> Any:
+    """The SGLang the profile's Python would import (a `SglangSource`), None when unknown or not SGLang."""
+    if profile.server.launcher != "sglang":
+        return None
+    try:
+        from sessions.sglang_source import find_sglang
+
+        return find_sglang(profile.server.python, env={**os.environ, **profile.server.env})
+    except Exception:  # noqa: BLE001 - a lookup failure must not block validation; the table decides
+        return None
+
+
+def has_capture_only_mode(source: Any) -> bool:
+    """Whether this SGLang has 0.5.23's capture-only mode (``--enable-return-aux-hidden-states``); True when
+    SGLang is unknown (the emulator follows 0.5.23).  0.5.14 and 0.5.18 have neither of its flags: aux capture
+    there comes only with an EAGLE-3 draft (docs/sglang-facts.md §9)."""
+    return source is None or CAPTURE_FLAGS[0] in source.flags()
+
+
+def layer_rule(profile: LaunchProfile, architecture: str | None) -> LayerRule | None:
+    """The architecture's rule as the installed SGLang's own set_eagle3_layers_to_capture has it (GPT-OSS
+    differs between 0.5.14 and 0.5.18), else eagle3-tui's table."""
+    if architecture is None:
+        return None
+    source = installed_sglang(profile)
+    if source is None:
+        return rule_for(architecture)
+    from sessions.capture.layer_source import source_rule
+
+    return source_rule(source.root, architecture).rule
+
+
+def _draft_path(extra: Sequence[str]) -> str | None:
+    values = _option_values(extra, "--speculative-draft-model-path") or _option_values(extra, "--speculative-draft-model")
+    return values[-1] if values else None
 
 
 # -- flags and env --------------------------------------------------------------------------------------
@@ -149,15 +188,19 @@ def capture_additions(profile: LaunchProfile) -> tuple[list[str], dict[str, str]
 
     s = profile.server
     extra = list(s.extra_args)
+    # Before 0.5.23 there is no capture-only mode: the EAGLE-3 draft in extra_args turns capture on and its
+    # config names the layers, so neither capture-only flag is passed (`capture_problems` asks for the draft).
+    capture_only = has_capture_only_mode(installed_sglang(profile))
     argv: list[str] = []
-    if not _has_option(extra, "--enable-return-aux-hidden-states"):
+    if capture_only and not _has_option(extra, "--enable-return-aux-hidden-states"):
         argv.append("--enable-return-aux-hidden-states")
     if not _has_option(extra, "--speculative-algorithm"):
         argv += ["--speculative-algorithm", "EAGLE3"]
     if not _has_option(extra, RADIX_OFF_FLAG):
         argv.append(RADIX_OFF_FLAG)
     plan = layer_plan(profile)
-    if profile.capture.layers is not None and plan is not None and not _has_option(extra, LAYER_IDS_FLAG):
+    if capture_only and profile.capture.layers is not None and plan is not None \
+            and not _has_option(extra, LAYER_IDS_FLAG):
         argv += [LAYER_IDS_FLAG, *(str(i) for i in plan.ids)]
 
     env: dict[str, str] = {ENV_NAME: capture_spec(profile, plan).to_json()}
@@ -181,17 +224,11 @@ def _problem(field: str, message: str, severity: str = "error") -> Problem:
 
 def _sglang_supports(profile: LaunchProfile, architecture: str) -> tuple[bool | None, str]:
     """Static answer from the profile's SGLang when it can be found (None: not known)."""
-    if profile.server.launcher != "sglang":
-        return None, ""
-    try:
-        from sessions.capture.compat import architecture_support
-        from sessions.sglang_source import find_sglang
-
-        source = find_sglang(profile.server.python, env={**os.environ, **profile.server.env})
-    except Exception:  # noqa: BLE001 - a lookup failure must not block validation; the list decides
-        return None, ""
+    source = installed_sglang(profile)
     if source is None:
         return None, ""
+    from sessions.capture.compat import architecture_support
+
     found = architecture_support(source.root, architecture)
     return found.supported, f"SGLang {source.version or '?'} at {source.root}: {found.detail}"
 
@@ -208,6 +245,7 @@ def capture_problems(profile: LaunchProfile) -> list[Problem]:
             "server.radix_cache",
             "radix_cache = true cannot be used with capture: a cached prefix is not recomputed, so its "
             "hidden states would be missing; remove the key (capture adds --disable-radix-cache)"))
+    source = installed_sglang(profile)
     pp = [v for opt in _PP_FLAGS for v in _option_values(extra, opt)]
     for value in pp:
         try:
@@ -215,11 +253,14 @@ def capture_problems(profile: LaunchProfile) -> list[Problem]:
         except ValueError:
             continue
         if size > 1:
+            why = ("SGLang's capture-only mode requires pp_size == 1 (arg_groups/validation_hook.py)"
+                   if has_capture_only_mode(source) else
+                   f"eagle3-tui has not checked draft-mode capture under PP on SGLang {source.version or '?'}")
             problems.append(_problem(
-                "server.extra_args",
-                f"pipeline parallelism (PP {size}) is not supported with capture: SGLang's capture-only mode "
-                "requires pp_size == 1 (arg_groups/validation_hook.py)"))
-    if _has_option(extra, "--speculative-draft-model-path") or _has_option(extra, "--speculative-draft-model"):
+                "server.extra_args", f"pipeline parallelism (PP {size}) is not supported with capture: {why}"))
+    if not has_capture_only_mode(source):
+        problems += _draft_mode_problems(profile, source)
+    elif _draft_path(extra) is not None:
         problems.append(_problem(
             "server.extra_args",
             "a speculative draft model cannot run with capture: --enable-return-aux-hidden-states is "
@@ -242,6 +283,7 @@ def capture_problems(profile: LaunchProfile) -> list[Problem]:
             "--enable-mixed-chunk puts decode rows into extend forwards; a dumped rid may then hold rows "
             "past its prompt (keep max_new_tokens = 1 for capture jobs)", "warning"))
 
+    problems += _unknown_capture_flags(profile, source)
     facts = model_facts(s.model_path)
     if facts.error is None:
         problems += _model_capture_problems(profile, facts)
@@ -255,6 +297,86 @@ def capture_problems(profile: LaunchProfile) -> list[Problem]:
     if facts.error is None:
         problems += forward_dump_problems(profile, facts)
     return problems
+
+
+def _unknown_capture_flags(profile: LaunchProfile, source: Any) -> list[Problem]:
+    """Every flag capture would add, checked against the installed SGLang's own flags (the flag reader):
+    a launch must never carry a flag that SGLang's parser would refuse."""
+    if source is None:
+        return []
+    from sessions.sglang_source import resolve_option
+
+    flags = source.flags()
+    argv, _env = capture_additions(profile)
+    out = []
+    for arg in argv:
+        if arg.startswith("--") and resolve_option(arg, flags)[0] is None:
+            out.append(_problem("capture", f"capture would pass {arg}, which SGLang {source.version or '?'} "
+                                f"(at {source.root}) does not have"))
+    return out
+
+
+def _draft_mode_problems(profile: LaunchProfile, source: Any) -> list[Problem]:
+    """SGLang without capture-only mode (0.5.14, 0.5.18): capture needs an EAGLE-3 draft whose config names
+    the layers (0.5.14 model_runner.py:458-470, 0.5.18 spec_aux_hidden_state.py:82-96)."""
+    version = f"SGLang {source.version or '?'}"
+    extra = list(profile.server.extra_args)
+    facts = model_facts(profile.server.model_path)
+    plan = layer_plan(profile, facts)
+    ids = f" = {list(plan.ids)}" if plan is not None else ""
+    draft = _draft_path(extra)
+    if draft is None:
+        return [_problem(
+            "server.extra_args",
+            f"{version} has no capture-only mode (--enable-return-aux-hidden-states arrived in 0.5.23): "
+            "add --speculative-draft-model-path DIR to extra_args, an EAGLE-3 draft whose config.json names "
+            f"eagle_config.eagle_aux_hidden_state_layer_ids{ids}; SGLang then captures those layers while "
+            "serving with the draft (`eagle3-tui capture check` shows where it reads them)")]
+    problems: list[Problem] = []
+    if _has_option(extra, LAYER_IDS_FLAG):
+        problems.append(_problem("server.extra_args", f"{version} has no {LAYER_IDS_FLAG}: the layers come from "
+                                 "the draft's eagle_config.eagle_aux_hidden_state_layer_ids"))
+    draft_ids = _draft_layer_ids(draft)
+    if isinstance(draft_ids, str):
+        problems.append(_problem("server.extra_args", draft_ids, "warning"))
+    elif draft_ids is None:
+        problems.append(_problem(
+            "server.extra_args",
+            f"the draft's config.json ({draft}) names no eagle_config.eagle_aux_hidden_state_layer_ids: "
+            f"{version} then captures [2, L//2, L-3]", "warning" if profile.capture.layers is None else "error"))
+    elif plan is not None and facts.num_layers:
+        from sessions.capture.layers import LayerConvention
+
+        got = LayerConvention(plan.rule, facts.num_layers).points_from_ids(draft_ids)
+        if profile.capture.layers is not None and tuple(got) != plan.points:
+            problems.append(_problem(
+                "capture.layers",
+                f"[capture] layers {list(plan.points)} differ from what the draft's "
+                f"eagle_aux_hidden_state_layer_ids {draft_ids} capture on {version}: {got}; set the draft's "
+                f"ids to {list(plan.ids)} or layers to {got}"))
+    return problems
+
+
+def _draft_layer_ids(draft: str) -> list[int] | str | None:
+    """The draft's ``eagle_config.eagle_aux_hidden_state_layer_ids`` (None: absent; str: unreadable, why)."""
+
+    folder = Path(os.path.expanduser(draft))
+    if not folder.is_dir():
+        return f"the draft {draft} is not a local folder; the layers its config names cannot be checked here"
+    path = folder / "config.json"
+    if not path.is_file():
+        return f"cannot read the draft's layer ids: {path} does not exist"
+    try:
+        data = safe_files.read_json(path, safe_files.MODEL_CONFIG)
+    except (OSError, ValueError) as exc:
+        return f"cannot read the draft's layer ids from {path}: {exc}"
+    eagle = data.get("eagle_config") if isinstance(data, dict) else None
+    ids = eagle.get("eagle_aux_hidden_state_layer_ids") if isinstance(eagle, dict) else None
+    if ids is None:
+        return None
+    if not (isinstance(ids, list) and all(isinstance(i, int) and not isinstance(i, bool) for i in ids)):
+        return f"{path}: eagle_config.eagle_aux_hidden_state_layer_ids is not a list of integers: {ids!r}"
+    return ids
 
 
 # DeepSeek-V2/V3 (and Kimi-K2, which serves as DeepseekV3ForCausalLM): under two-batch overlap the layers
@@ -312,7 +434,7 @@ def forward_dump_problems(profile: LaunchProfile, facts: ModelFacts) -> list[Pro
 def _model_capture_problems(profile: LaunchProfile, facts: ModelFacts) -> list[Problem]:
     problems: list[Problem] = []
     arch = facts.architecture
-    rule = rule_for(arch)
+    rule = layer_rule(profile, arch)
     supported, detail = _sglang_supports(profile, arch) if arch else (None, "")
     if arch is None:
         problems.append(_problem("server.model_path", "config.json names no architecture; capture needs one "
@@ -413,6 +535,12 @@ def toggle_summary(old: LaunchProfile, new: LaunchProfile) -> list[str]:
         lines.append("the profile's radix_cache = true is removed (capture refuses it)")
     if new.capture.enabled:
         lines.append(f"capture dir: {capture_dir(new)}")
+        source = installed_sglang(new)
+        if not has_capture_only_mode(source):
+            draft = _draft_path(new.server.extra_args)
+            lines.append(f"SGLang {source.version or '?'} has no capture-only mode: capture runs with the EAGLE-3 "
+                         + (f"draft {draft}, whose config names the layers" if draft else
+                            "draft that --speculative-draft-model-path must name in extra_args"))
         lines += [f"will refuse to launch: {p.field}: {p.message}" for p in capture_problems(new) if p.is_error]
     return lines
 

@@ -44,7 +44,7 @@ from sessions.diagnosis.model import (
 )
 from sessions.diagnosis.predicates import RuntimeEvidence
 from sessions.diagnosis.ranking import rank_hints
-from sessions.phases import StartupSummary
+from sessions.phases import StartupSummary, error_headline
 from sessions.redaction import collect_secrets, secret_values
 
 # Environment that explains hangs (NCCL, CUDA, proxies, SGLang switches); the rest stays out of bundles.
@@ -167,7 +167,7 @@ def diagnose(
         with_stacks=with_stacks,
         log_path=str(status.log_path),
         line_count=summary.line_count,
-        error=redactor.text(summary.error) if summary.error else None,
+        error=redactor.text(error_headline(summary) or "") if summary.error else None,
         error_line=summary.error_line,
         argv=tuple(redactor.text(a) for a in _redact_argv_values(ctx.argv)),
         env=_env_shown(ctx),

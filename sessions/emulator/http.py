@@ -7,7 +7,7 @@ Bearer <key>``; ``/health*`` and ``/metrics`` are exempt).
 Endpoints: ``GET /health`` ``/health_generate`` (503 until warmup is done; otherwise a 1-token
 generation), ``GET /ready``, ``GET /model_info`` (``/get_model_info``: deprecated alias),
 ``GET /server_info`` (``/get_server_info``), ``GET /v1/models``, ``POST|PUT /generate``,
-``GET|POST /flush_cache``, ``POST /abort_request``, ``POST /freeze_gc``, ``GET /metrics`` (with
+``POST /v1/chat/completions`` (openai_chat.py), ``GET|POST /flush_cache``, ``POST /abort_request``, ``POST /freeze_gc``, ``GET /metrics`` (with
 ``--enable-metrics``).  ``/generate`` with ``"stream": true`` answers in SGLang's SSE framing, one chunk per
 scheduler forward.
 Request bodies over `MAX_BODY_BYTES` (64 MiB; chunked ones too) are answered 413 and never read (uvicorn has no
@@ -27,6 +27,15 @@ from urllib.parse import parse_qs, urlsplit
 
 from sessions.emulator.backend import RequestError
 from sessions.emulator.console import Console
+from sessions.emulator.openai_chat import (
+    ChatError,
+    ChatTemplate,
+    chat_response,
+    generate_request,
+    parse_chat_request,
+    refusal,
+    stream_chunks,
+)
 from sessions.emulator.tokenizer_manager import ContractError, TokenizerManager, split_generate_request
 
 # Request bodies past this are refused with 413 (Content-Length at once, a chunked body as soon as it passes
@@ -52,6 +61,7 @@ _ROUTES = {
     "/server_info": ("GET",),
     "/get_server_info": ("GET",),
     "/v1/models": ("GET",),
+    "/v1/chat/completions": ("POST",),
     "/generate": ("POST", "PUT"),
     "/flush_cache": ("GET", "POST"),
     "/abort_request": ("POST",),
@@ -70,6 +80,7 @@ class EmulatorHTTPServer(ThreadingHTTPServer):
         self.address_family = socket.AF_INET6 if ":" in host else socket.AF_INET
         self.manager = manager
         self.console = console
+        self.chat_template = ChatTemplate(manager.args, manager.model)
         super().__init__((host, port), _Handler, bind_and_activate=False)
 
     def server_bind(self) -> None:
@@ -310,6 +321,75 @@ class _Handler(BaseHTTPRequestHandler):
             self._json(exc.status, {"error": {"message": str(exc)}})
             return
         self._json(200, responses if batch else responses[0], compact=True)
+
+    def _v1_chat_completions(self) -> None:
+        """OpenAI chat (openai_chat.py): the request is checked and the prompt rendered before any byte is
+        sent, so every refusal is an HTTP status with SGLang's top-level ``ErrorResponse``."""
+        manager = self.server.manager
+        parser = manager.args.get("reasoning_parser")
+        stream = None
+        try:
+            raw = self._read_body()
+            media = self.headers.get("content-type", "").lower().split(";", 1)[0].strip()
+            if media != "application/json":  # http_server.py:695-708
+                raise ChatError("Unsupported Media Type: Only 'application/json' is allowed", "Bad Request")
+            try:
+                body = json.loads(raw or b"null")
+            except json.JSONDecodeError as exc:
+                raise ChatError(f"JSON decode error: {exc.msg} (line {exc.lineno})", "Bad Request") from None
+            request = parse_chat_request(body)
+            generate = generate_request(request, self.server.chat_template, manager.args, manager.model)
+            stream = manager.open_stream(generate)
+            if not request.stream:
+                response: dict[str, Any] = {}
+                while not stream.finished:
+                    response = stream.next_response() or response
+                self._json(200, chat_response(request, response, parser), compact=True)
+                return
+            # serving_chat.py:2422-2427 kick-starts the generator so that a refusal is still an HTTP error:
+            first = stream.next_response()
+        except ChatError as exc:
+            if stream is not None:
+                stream.close()
+            self._json(exc.status, exc.body(), compact=True)
+            return
+        except RequestError as exc:
+            self._json(refusal(exc).status, refusal(exc).body(), compact=True)
+            return
+        self._stream_chat(request, stream, first, parser)
+
+    def _stream_chat(self, request: Any, stream: Any, first: dict[str, Any] | None, parser: str | None) -> None:
+        self.send_response(200)
+        self.send_header("content-type", "text/event-stream; charset=utf-8")
+        self.send_header("transfer-encoding", "chunked")
+        self.end_headers()
+
+        def responses() -> Any:
+            if first is not None:
+                yield first
+            while not stream.finished:
+                response = stream.next_response()
+                if response is None:
+                    break
+                yield response
+
+        try:
+            try:
+                for chunk in stream_chunks(request, responses(), parser):
+                    self._sse(chunk)
+            except RequestError as exc:
+                self._sse({"error": ChatError(str(exc)).body()})
+            self._write_chunk(b"data: [DONE]\n\n")
+            self._write_chunk(b"")
+            self._finish(200)
+        except (BrokenPipeError, ConnectionResetError):
+            self.close_connection = True
+            if not stream.finished:
+                self.server.manager.abort(stream.rid)
+                stream.close()
+            self.server.console.log(
+                f"[http_server] Client disconnected: {self.client_address[0]}:{self.client_address[1]}"
+            )
 
     def _stream(self, requests: list[dict[str, Any]], batch: bool) -> None:
         """SSE as SGLang sends it (http_server.py:956-981): ``data: <compact json>\n\n`` per chunk, then

@@ -38,6 +38,7 @@ class DatasetRecord:
     tools: tuple[dict[str, Any], ...] | None = None
     input_ids: tuple[int, ...] | None = None
     loss_mask: tuple[int, ...] | None = None
+    row_id: str | None = None  # the row's own string ``id`` (a regeneration job's output always has one)
 
 
 @dataclass(frozen=True)
@@ -148,6 +149,7 @@ def _chat(row: dict, key: str, index: int, line: int) -> DatasetRecord:
     return DatasetRecord(
         index=index, line=line, kind="sharegpt" if sharegpt else "openai",
         messages=tuple(messages), tools=tuple(tools) if tools else None,
+        row_id=row["id"] if isinstance(row.get("id"), str) and row["id"] else None,
     )
 
 

@@ -20,6 +20,8 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+from sessions import safe_files
+
 IDENTITY_KEYS = ("model_path", "served_model_name", "weights", "model_config", "numerics", "capture_layers",
                  "chat_template", "sglang_version", "capture_dir", "rid_prefix")
 # Server args that change the numbers a layer computes from the same weights (adv22: a server of the same
@@ -83,8 +85,6 @@ def weights_of(folder: Path) -> dict[str, list[int]] | None:
 def _model_config_digest(folder: Path) -> str | None:
     """sha256 of the model folder's ``config.json`` as parsed (an edited ``rope_scaling``, layer count or
     ``torch_dtype`` changes the states with the weights unchanged), read by `sessions.safe_files`."""
-    from sessions import safe_files
-
     try:
         config = safe_files.read_json(folder / "config.json", safe_files.MODEL_CONFIG)
     except OSError:
@@ -103,8 +103,6 @@ def _capture_layers(args: dict[str, Any]) -> Any:
 def _chat_template_digest(folder: Path | None, server_template: Any) -> str | None:
     """sha256 of the chat template the server applies: its ``--chat-template`` (a file's text, or the
     name given), else the model folder's (tokenizer_config.json's ``chat_template`` and template files)."""
-    from sessions import safe_files
-
     # Read by `sessions.safe_files` (adv22: a FIFO planted as chat_template.jinja held the job's start for
     # good, and a deeply nested tokenizer_config.json raised RecursionError out of the identity check).
     digest = hashlib.sha256()

@@ -31,7 +31,7 @@ from sessions.extraction.progress import (
     process_alive,
     read_progress,
 )
-from sessions.extraction.spec import JobSpec, JobSpecError, check_paths, load_job_spec
+from sessions.extraction.spec import JOB_DATASET_PREFIX, JobSpec, JobSpecError, check_paths, load_job_spec
 from sessions.home import (
     Home,
     atomic_write_json,
@@ -172,6 +172,26 @@ def _preflight_output_dir(spec: JobSpec, home: Home) -> None:
         raise JobError(f"output_dir {out} is not empty{hint}", code=1)
 
 
+def resolve_job_dataset(spec: JobSpec, home: Home) -> JobSpec:
+    """``dataset = "job:<id>"``: the success file of that (finished) regeneration job, with the sample ids
+    following its row ids."""
+    text = str(spec.dataset)
+    if not text.startswith(JOB_DATASET_PREFIX):
+        return spec
+    source_id = text[len(JOB_DATASET_PREFIX):]
+    try:
+        progress = job_status(source_id, home)  # the regeneration job records its output path there
+    except JobError as exc:
+        raise JobError(f"job.dataset: {exc}", code=2) from None
+    if progress.mode != "regenerate":
+        raise JobError(f"job.dataset: job {source_id} is an extraction job, not a regeneration job", code=2)
+    output = Path(progress.output_dir)
+    if progress.state != "done":
+        raise JobError(f"job.dataset: regeneration job {source_id} is {progress.state}, not done; extract from "
+                       "it once it has finished (`eagle3-tui regenerate status " + source_id + "`)", code=2)
+    return replace(spec, dataset=output, sample_ids="row")
+
+
 def create_job(spec_path: Path | str, home: Home | None = None) -> tuple[str, Path]:
     """Check the spec and make the job dir (no process yet); returns (job id, job dir)."""
     home = (home or resolve_home()).ensure()
@@ -181,6 +201,7 @@ def create_job(spec_path: Path | str, home: Home | None = None) -> tuple[str, Pa
         raise JobError(f"job spec {spec_path} not found", code=2) from None
     except JobSpecError as exc:
         raise JobError(str(exc), code=2) from None
+    spec = resolve_job_dataset(spec, home)
     problems = check_paths(spec)
     if problems:
         raise JobError(f"{spec_path}: " + "; ".join(str(p) for p in problems), code=2)
@@ -275,19 +296,33 @@ def open_job_log(path: Path) -> int:
     return fd
 
 
-def spawn(path: Path, resume: bool, accept_server: bool = False) -> int:
-    """Start the job process detached; return its pid (also recorded in progress.json)."""
+def update_progress(path: Path, **fields: Any) -> None:
+    """Merge ``fields`` into the job's progress file (the regeneration job writes the same file)."""
+    _write_progress(path, **fields)
+
+
+# The job process of each kind of job (job.json's "mode"), so that pause/resume/cancel serve both.
+RUNNERS = {"extract": "sessions.extraction.runner", "regenerate": "sessions.regeneration.runner"}
+
+
+def spawn(path: Path, resume: bool, accept_server: bool = False, module: str | None = None,
+          python: str | None = None) -> int:
+    """Start the job process (``python -m <module> --job-dir DIR``) detached; return its pid (also recorded
+    in progress.json).  By default the module is the one of the job's mode and ``python`` the extraction
+    spec's interpreter (a regeneration job needs only httpx: this one)."""
     import psutil
 
-    spec = load_job_spec(path / SPEC_FILE)
-    python = job_python(spec)
+    mode = str((read_json(path / JOB_FILE, default={}) or {}).get("mode") or "extract")
+    module = module or RUNNERS.get(mode, RUNNERS["extract"])
+    if python is None:
+        python = sys.executable if mode == "regenerate" else job_python(load_job_spec(path / SPEC_FILE))
     env = dict(os.environ)
     entry = _job_pythonpath(python, path.parent.parent)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (entry, env.get("PYTHONPATH", "")) if p)
     env.setdefault("HF_HUB_OFFLINE", "1")  # local files only: a job never reaches a hub
     env.setdefault("TRANSFORMERS_OFFLINE", "1")
     env["PYTHONUNBUFFERED"] = "1"
-    argv = [python, "-m", "sessions.extraction.runner", "--job-dir", str(path)]
+    argv = [python, "-m", module, "--job-dir", str(path)]
     if resume:
         argv.append("--resume")
     atomic_write_json(path / CONTROL_FILE, {"pause": False, "cancel": False, "accept_server": accept_server})

@@ -57,6 +57,8 @@ class JobProgress:
     paused_by_user: bool = False
     job_dir: str = ""
     python: str | None = None  # the interpreter running the job
+    mode: str = "extract"  # "extract" | "regenerate" (sessions.regeneration writes the same file)
+    stats: dict[str, Any] | None = None  # regeneration: the data's shape (answer lengths, finish reasons, ...)
 
     @property
     def fraction(self) -> float:
@@ -102,7 +104,8 @@ def read_progress(job_dir: Path) -> JobProgress | None:
         progress = replace(progress, state="interrupted", eta_s=None, samples_per_s=0.0, tokens_per_s=0.0,
                            gb_per_s=0.0,
                            reason="the job process is gone (killed, or the machine restarted); "
-                                  "`extract resume` continues it")
+                                  f"`{'regenerate' if progress.mode == 'regenerate' else 'extract'} resume` "
+                                  "continues it")
     return progress
 
 

@@ -102,6 +102,7 @@ class JobRun(OutputBookkeeping):
         self.estimated_output_bytes: int | None = None
         self.sglang_version: str | None = None
         self._render_stop = threading.Event()
+        self.row_ids: dict[int, str] = {}  # index -> row id, only with sample_ids = "row"
         self.pipeline_started_at: float | None = None
         self.done_at_pipeline_start = 0
         self._uncommitted: list[ManifestEntry] = []
@@ -195,6 +196,8 @@ class JobRun(OutputBookkeeping):
             if isinstance(record, DatasetLineError):
                 yield self._entry(record.index, record.line, "error", reason=record.reason)
                 continue
+            if self.spec is not None and self.spec.sample_ids == "row" and record.row_id:
+                self.row_ids[record.index] = record.row_id
             try:
                 yield self.renderer.render(record)
             except RenderError as exc:
@@ -204,7 +207,12 @@ class JobRun(OutputBookkeeping):
                                   reason=f"cannot render: {type(exc).__name__}: {exc}")
 
     def _entry(self, index: int, line: int, status: str, **fields: Any) -> ManifestEntry:
-        return ManifestEntry(index=index, line=line, sample_id=f"{self.job_id}-{index}", status=status, **fields)
+        return ManifestEntry(index=index, line=line, sample_id=self._sample_id(index), status=status, **fields)
+
+    def _sample_id(self, index: int) -> str:
+        """``<job id>-<index>``, or the row's own id when the spec says ``sample_ids = "row"`` (a dataset
+        written by a regeneration job: the ids follow its rows)."""
+        return self.row_ids.get(index) or f"{self.job_id}-{index}"
 
     def _disk_preflight(self, head: list[Any]) -> None:
         spec = self.spec
@@ -438,7 +446,7 @@ class JobRun(OutputBookkeeping):
         assert spec is not None and spec.capture_dir is not None and self.client and self.gate
         capture_dir = spec.capture_dir
         rid = f"{spec.rid_prefix}{self.job_id}-{sample.index}"
-        sample_id = f"{self.job_id}-{sample.index}"
+        sample_id = self._sample_id(sample.index)
         loop = asyncio.get_running_loop()
 
         async def collect(_meta: dict[str, Any]) -> ManifestEntry:

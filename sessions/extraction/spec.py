@@ -16,6 +16,8 @@ from urllib.parse import urlsplit
 
 DATASET_FORMATS = ("auto", "sharegpt", "openai", "tokenized")
 TOO_LONG_POLICIES = ("truncate", "skip")
+SAMPLE_ID_SOURCES = ("index", "row")  # "<job id>-<line index>", or the row's own `id` (regeneration output)
+JOB_DATASET_PREFIX = "job:"  # dataset = "job:<regeneration job id>": that job's <out>.jsonl
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,47}$")
 _RID_PREFIX_RE = re.compile(r"^[A-Za-z0-9._:-]{1,64}$")
 
@@ -84,6 +86,7 @@ class JobSpec:
     draft_vocab_size: int | None = None
     num_samples: int | None = None
     disk_preflight: bool = True
+    sample_ids: str = "index"
     source_path: Path | None = None
     # Filled by job.resolve_spec from a session's profile (not TOML keys): physical capture points.
     capture_layers: tuple[int, ...] | None = None
@@ -179,6 +182,7 @@ _FIELDS: dict[str, _Field] = {
     "draft_vocab_size": _Field("draft_vocab_size", "int", _positive),
     "num_samples": _Field("num_samples", "int", _positive),
     "disk_preflight": _Field("disk_preflight", "bool"),
+    "sample_ids": _Field("sample_ids", "choice", choices=SAMPLE_ID_SOURCES),
 }
 _REQUIRED = ("name", "dataset", "output_dir")
 _KIND_WORDS = {"str": "a string", "path": "a path string", "int": "an integer", "float": "a number",
@@ -263,7 +267,9 @@ def parse_job_spec(text: str, source: str = "<job spec>", base_dir: Path | None 
         if problem:
             problems.append(SpecProblem(dotted, problem, lines.get(dotted)))
             continue
-        if spec_field.kind == "path" and base_dir is not None and not checked.is_absolute():
+        if key == "dataset" and isinstance(value, str) and value.startswith(JOB_DATASET_PREFIX):
+            checked = Path(value)  # another job's output: job.create_job resolves it
+        elif spec_field.kind == "path" and base_dir is not None and not checked.is_absolute():
             checked = (base_dir / checked).resolve()
         values[spec_field.attr] = checked
     for key in _REQUIRED:

@@ -8,7 +8,7 @@
 * `sessions.logs.display`: what is shown of a line, redacted once.
 """
 
-from sessions.logs.display import shown
+from sessions.logs.display import printed, shown
 from sessions.logs.file import LogFile, PollResult
 from sessions.logs.filter import MAIN_RANK, LogFilter
 from sessions.logs.lines import (
@@ -43,6 +43,7 @@ __all__ = [
     "collapse_cr",
     "iter_blocks",
     "open_log",
+    "printed",
     "rank_of",
     "read_head_and_tail",
     "read_increment",

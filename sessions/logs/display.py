@@ -13,6 +13,13 @@ from sessions.logs.lines import LogLine
 from sessions.redaction import redact_text
 
 
+def printed(line: LogLine) -> str:
+    """What ``eagle3-tui logs`` prints of a line: the line as written (colours kept, like ``tail``), except
+    a line a progress bar redrew with ``\r``: that is one line per bar in its last state, the text the
+    TUI's log pane shows (`sessions.logs.lines.clean`), never every frame of it."""
+    return line.text if "\r" in line.raw else line.raw
+
+
 def shown(line: LogLine | str, secrets: Sequence[str] = (), *, raw: bool = False) -> str:
     """``line`` as it may be shown: its cleaned text (``raw``: as written) with secrets redacted."""
     text = line if isinstance(line, str) else (line.raw if raw else line.text)

@@ -9,7 +9,7 @@ Rank (which TP rank printed the line), in this order:
 1. an explicit tag: SGLang's ``[<time> <ranks>]`` prefix in every form from 0.4 to 0.5.23 (``[23:17:01
    TP7]``, ``[2025-01-01 10:00:00.123 DP1 TP3 EP3]``, any subset of ``DP PP ATTN_CP MOE_DP CP TP EP``; a
    scheduler with ranks but no ``TPn`` is its group's only TP rank, TP0), and torch's ``[rankN]:`` (the
-   global rank, which is the TP rank when pp_size is 1); a docker-compose ``name  | `` prefix is skipped;
+   global rank, which is the TP rank when pp_size is 1); a wrapper (`strip_wrapper`) is skipped;
 2. a tqdm bar: TP0 (SGLang draws weight-loading and CUDA-graph bars on rank 0 only).  Before the
    continuation rule, because a bar at 0-9% starts with spaces (``  0%|``);
 3. a continuation line (a traceback frame, ``During handling …``, ``SomeError: …``, a blank line): the
@@ -98,6 +98,67 @@ def strip_container_prefix(text: str) -> tuple[str, str]:
     return text[: m.end()], text[m.end():]
 
 
+# Wrappers that deployments put in front of the process's own line (issue 23 class 1), one form each; they
+# are peeled off in a loop, since they stack (a Ray actor's line in a container, quoted in markdown).
+_WRAPPER_RE = re.compile(
+    r"(?:"
+    r"> ?"  # a markdown quote
+    r"|\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d+)?(?:Z|[+-]\d\d:?\d\d)? (?:stdout|stderr) [FP] "  # Kubernetes CRI
+    r"|\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d+)?(?:Z|[+-]\d\d:?\d\d) "  # docker logs -t
+    r"|\((?:[\w.\-]+ )?pid=\d+(?:, ip=[\d.]+)?\) "  # a Ray actor: `(SGLangEngine pid=123, ip=10.0.0.1) `
+    # a deployment's own logger format: `[<time>][<file>:<line>][INFO]: `, any bracketed fields, no "] "
+    r"|(?:\[[^\]\n]*\])+?\[(?:DEBUG|INFO|WARNING|WARN|ERROR|CRITICAL|FATAL)\]:? ?"
+    # Python's logging formats: `2025-01-01 10:00:00,123 - name - INFO - `, `INFO:name:`, `INFO     name: `
+    r"|\d{4}-\d\d-\d\d \d\d:\d\d:\d\d[,.]\d+ (?:- [\w.\-]+ )?- (?:DEBUG|INFO|WARNING|ERROR|CRITICAL) - "
+    r"|(?:DEBUG|INFO|WARNING|ERROR|CRITICAL):[\w.\-]+:"
+    r"|[A-Za-z0-9][\w.\-]*\s+\| ?"  # docker compose `name  | `
+    r")"
+)
+# SGLang's own header, wherever an unknown wrapper put it
+_HEADER_ANYWHERE_RE = re.compile(
+    r"\[(?:\d{4}-\d\d-\d\d[ T])?\d\d:\d\d:\d\d(?:[.,]\d+)?(?: (?:DP|PP|ATTN_CP|MOE_DP|CP|TP|EP)\d+)*\] "
+)
+_REPEATED_RE = re.compile(r"\s*\[repeated \d+x across cluster\]\s*$")  # Ray's log deduplication
+
+
+def own_header(text: str, pos: int = 0) -> re.Match[str] | None:
+    """SGLang's ``[<time> <ranks>] `` header at ``pos``, or None.  A bracketed time followed at once by
+    another bracket (``[<time>][<file>:<line>][INFO]: ``) is a deployment's own format, not SGLang's."""
+    if not text.startswith("[", pos):
+        return None
+    m = PREFIX_RE.match(text, pos)
+    if m is None or text.startswith("[", m.end()) and text[m.end() - 1] == "]":
+        return None
+    return m
+
+
+def strip_wrapper(text: str) -> tuple[str, str]:
+    """(wrapper, message): whatever a deployment put in front of SGLang's own line, split off.
+
+    Known forms (markdown ``> ``, Kubernetes CRI ``<ts> stdout F ``, ``docker logs -t``, docker compose,
+    Ray's ``(pid=…)`` with its ``[repeated 2x across cluster]`` suffix, Python logging formats and
+    ``[<time>][<file>:<line>][INFO]: ``) are peeled off; then, for an unknown one, the text before SGLang's
+    own ``[<date> <time> …] `` header.  A line that is SGLang's own (it starts with ``[`` and its header)
+    has no wrapper.  Where the message starts is never a reason not to read it."""
+    if own_header(text) is not None:
+        return "", text
+    if "repeated" in text and "across cluster]" in text:
+        text = _REPEATED_RE.sub("", text)
+    pos = 0
+    while True:
+        m = _WRAPPER_RE.match(text, pos)
+        if m is None or m.end() == pos:
+            break
+        pos = m.end()
+        if text.startswith("[", pos) and own_header(text, pos) is not None:
+            return text[:pos], text[pos:]
+    if "[" in text:
+        h = _HEADER_ANYWHERE_RE.search(text, pos)
+        if h is not None and h.start() > pos and not _BAR_TAIL_RE.search(text, pos, h.start()):
+            return text[: h.start()], text[h.start():]
+    return text[:pos], text[pos:]
+
+
 Tag = tuple[tuple[str, int], ...]
 """A line's explicit rank tag: its prefix's tokens in order (``(("DP", 1), ("TP", 3))``), or
 ``((TORCH_RANK, n),)`` for torch's ``[rankN]:``.  A bar's tag is ``()``: TP0 of the main group."""
@@ -111,11 +172,12 @@ def _tag_of(ranks: str) -> Tag:
 
 def _tag_and_stamp(text: str) -> tuple[Tag | None, bool]:
     """(the explicit tag of a cleaned line or None, whether the line has SGLang's ``[<time>]`` prefix)."""
-    if not text.startswith("["):
-        _, text = strip_container_prefix(text)
+    m = own_header(text)
+    if m is None:
+        wrapper, text = strip_wrapper(text)  # a wrapper never hides the line's own tag
         if not text.startswith("["):
             return None, False
-    m = PREFIX_RE.match(text)
+        m = PREFIX_RE.match(text) if wrapper else own_header(text)
     if m is not None:
         ranks = m.group("ranks")
         return (_tag_of(ranks) if ranks else None), True

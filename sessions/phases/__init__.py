@@ -20,6 +20,7 @@ from sessions.phases.model import (
     PhaseProgress,
     StartupPhase,
     StartupSummary,
+    error_headline,
 )
 from sessions.phases.summarize import summarize_bytes, summarize_file, summarize_text
 from sessions.phases.tracker import MAX_ERRORS, StartupTracker
@@ -36,6 +37,7 @@ __all__ = [
     "StartupSummary",
     "StartupTracker",
     "collapse_cr",
+    "error_headline",
     "strip_ansi",
     "summarize_bytes",
     "summarize_file",

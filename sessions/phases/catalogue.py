@@ -9,16 +9,15 @@ Everything here is pure: patterns, tables and functions of one line.  The state 
 traceback is open) is the tracker's (`sessions.phases.tracker`).
 
 Speed: a log is mostly runtime noise (``Decode batch``, access lines).  Those lines carry no startup facts,
-so the tracker skips them by one anchored regex (`NOISE_LINE_BYTES_RE`); `NOT_STAMPED_RE` and
-`NOT_TEMPLATE_RE` find the other lines of a big buffer with a C-speed search.  Every other line passes a
-cheap substring test (`KEYWORD_RE`) before any other regex runs.
+so the tracker skips them by one anchored regex (`NOISE_LINE_BYTES_RE`); `NOT_STAMPED_RE` and `NOT_TEMPLATE_RE` find
+the other lines of a big buffer with C-speed searches.  Every other line passes a cheap substring test (`KEYWORD_RE`) before any other regex runs.
 """
 
 from __future__ import annotations
 
 import re
 
-from sessions.logs.lines import ANSI_RE, PREFIX_RE, collapse_cr, strip_container_prefix
+from sessions.logs.lines import ANSI_RE, PREFIX_RE, collapse_cr, strip_wrapper
 from sessions.phases.model import StartupPhase
 
 # A line longer than this keeps its head and its tail only (a tqdm bar that never ends, a 50 MB dump).
@@ -39,11 +38,17 @@ _NOISE_BODY = (
     rb"(?:Decode batch|Prefill batch|INFO: +[\d\[:]|Receive: |Finish: )"
 )
 NOISE_LINE_BYTES_RE = re.compile(_NOISE_BODY)
-# Finding the other lines fast: those not starting with "[20", and those with a "] " not followed by a
-# runtime template (each is then checked against the noise pattern).  A line that starts with "[20" and
-# has no "] " at all can be neither a marker nor an error line, and is skipped too.
+# Finding the other lines fast: the start of every line that is not runtime noise, in one C-speed scan (a
+# negative look-ahead at each newline).  Only SGLang's own noise lines are skipped: a line that starts any
+# other way (a wrapper of any form before the message, issue 23) is read.
+# Two C-speed searches find them: lines not starting with "[20"; lines with a "] " or "]: " not followed by
+# a runtime template (the second form is a deployment's own ``[<time>][<file>:<line>][INFO]: `` wrapper).
+# Each is then checked against the noise pattern.  A line that starts with "[20" and has no "] " or "]: "
+# at all can be neither a marker nor an error line.
 NOT_STAMPED_RE = re.compile(rb"\n(?!\[20)")
-NOT_TEMPLATE_RE = re.compile(rb"\] (?!Decode batch|Prefill batch|INFO: +[\d\[:]|Receive: |Finish: )")
+NOT_TEMPLATE_RE = re.compile(rb"\]:? (?!Decode batch|Prefill batch|INFO: +[\d\[:]|Receive: |Finish: )")
+# Serving stats lines, wherever they stand in a line: proof that the start has finished (issue 23 class 2)
+BATCH_LINE_BYTES_RE = re.compile(rb"(?:Decode|Prefill) batch(?: \[\d+\])?[.,] ")
 
 # Substrings (of the lower-cased line) that a line must contain for the tracker to look closer.
 _KEYWORDS = (
@@ -131,6 +136,15 @@ FRAME_FUNCS = {
     "_wait_and_warmup": StartupPhase.WARMUP,
     "_execute_server_warmup": StartupPhase.WARMUP,
 }
+# Frames of the scheduler's serving loop: a traceback through them is a crash while serving (the start had
+# finished), whatever the log showed before (issue 23 class 3).
+SERVING_FRAMES = frozenset({
+    "event_loop_normal", "event_loop_overlap", "event_loop_pp", "event_loop_normal_disagg_prefill",
+    "event_loop_overlap_disagg_prefill", "event_loop_normal_disagg_decode", "event_loop_overlap_disagg_decode",
+    "run_batch", "process_batch_result", "process_batch_result_decode", "process_batch_result_prefill",
+    "get_next_batch_to_run", "get_new_batch_prefill", "update_running_batch", "run_event_loop",
+    "forward_batch_generation", "process_input_requests",
+})
 FRAME_PATHS = (
     ("/model_loader/", StartupPhase.LOADING_WEIGHTS),
     ("kv_cache_configurator", StartupPhase.KV_CACHE),
@@ -160,10 +174,10 @@ def timestamp_of(text: str) -> str | None:
     """The timestamp a line shows (its last ``\\r`` segment), or None."""
     if "\x1b" in text:
         text = ANSI_RE.sub("", text)
-    if not text.startswith("["):
-        _, text = strip_container_prefix(text)
     if "\r" in text:
         text = collapse_cr(text)
+    if not text.startswith("["):
+        _, text = strip_wrapper(text)
     m = PREFIX_RE.match(text)
     if m is not None:
         return m.group("ts")
@@ -264,7 +278,7 @@ def exception_kind(text: str) -> str:
         return "gloo"
     if "nccl" in low:
         return "nccl"
-    if "not enough memory" in low:
+    if "not enough memory" in low or ("memory" in low and "kv cache" in low):
         return "negative_kv"
     return "traceback"
 

@@ -63,6 +63,21 @@ class LogError:
     fatal: bool = True
     rank: int | None = None  # global TP rank of the line, when it has one
     detail: str | None = None  # the exception line that ended the traceback under this line, if any
+    detail_line: int | None = None  # its line number
+    # the first exception of a chained traceback ("During handling of the above exception ...", "The above
+    # exception was the direct cause ..."): the root cause, when ``detail`` is the last one
+    cause: str | None = None
+    cause_line: int | None = None
+    while_serving: bool = False  # its traceback ran through the serving loop (the server was up)
+
+    @property
+    def exception(self) -> str:
+        """What the error says: the exception line that ended its traceback, else the line itself."""
+        return self.detail or self.text
+
+    @property
+    def exception_line(self) -> int:
+        return self.detail_line if self.detail is not None and self.detail_line is not None else self.line_no
 
 
 @dataclass(frozen=True)
@@ -71,8 +86,13 @@ class StartupSummary:
 
     phase: StartupPhase = StartupPhase.LAUNCHING
     outcome: str = "incomplete"  # "ready" | "crashed" | "incomplete"
-    error: str | None = None  # first fatal error line
+    # The first fatal error, as the exception that raised it: its exception line (type and message) when
+    # a traceback ended in one, else the error line itself; never a "... hit an exception: Traceback" header
+    error: str | None = None
     error_line: int | None = None
+    error_rank: int | None = None  # the global rank that raised it (None: the main process or unknown)
+    error_cause: str | None = None  # a chained traceback's root cause (``error`` is then the last exception)
+    error_cause_line: int | None = None
     errors: tuple[LogError, ...] = ()
     events: tuple[PhaseEvent, ...] = ()
     progress: PhaseProgress | None = None
@@ -88,6 +108,17 @@ class StartupSummary:
     server_args: dict[str, object] = field(default_factory=dict)  # selected keys of the server_args line
     capture_dir: str | None = None
     errors_dropped: int = 0  # errors beyond the kept ones (a runtime log can hold thousands)
+
+
+def error_headline(summary: StartupSummary) -> str | None:
+    """The crash in one line for people (card, diagnosis, history, notification): the exception, the rank
+    that raised it, and a chained traceback's root cause, e.g. ``TP1: RuntimeError: Not enough memory ...``
+    or ``TP0: RuntimeError: boom (root cause: KeyError: 'x')``."""
+    if summary.error is None:
+        return None
+    who = f"TP{summary.error_rank}: " if summary.error_rank is not None else ""
+    cause = f" (root cause: {summary.error_cause})" if summary.error_cause else ""
+    return f"{who}{summary.error}{cause}"
 
 
 # Arrival markers in startup order (the TUI shows them in this order).

@@ -11,6 +11,7 @@ prefixes, torch's C++ ``[rank6]:[E207 …]`` lines, and Python tracebacks.
 
 from __future__ import annotations
 
+import dataclasses
 import re
 
 from sessions.logs.lines import (
@@ -18,13 +19,15 @@ from sessions.logs.lines import (
     PREFIX_RE,
     clean,
     collapse_cr,
+    own_header,
     own_tag,
     strip_ansi,
-    strip_container_prefix,
+    strip_wrapper,
 )
 from sessions.phases.catalogue import (
     BAR_SGLANG_RE,
     BAR_TQDM_RE,
+    BATCH_LINE_BYTES_RE,
     CALL_RE,
     CAPTURE_PLUGIN_RE,
     CPP_LINE_RE,
@@ -44,6 +47,7 @@ from sessions.phases.catalogue import (
     PHASE_OF_PROGRESS,
     PYLOG_TS_RE,
     REGISTER_GRAPH_RE,
+    SERVING_FRAMES,
     TRUNCATION_MARK_BYTES,
     bar_label,
     classify,
@@ -64,7 +68,10 @@ from sessions.phases.model import (
     StartupSummary,
 )
 from sessions.phases.topology import Topology
+from sessions.serving import parse_batch_line
 
+# errors that follow a crash as its consequence (the parent reaping its children), not another crash
+_ECHO_KINDS = frozenset({"sigquit", "killed", "exit", "subprocess_crashed", "scheduler_died"})
 MAX_ERRORS = 256  # errors kept; a runtime log can hold thousands (the rest are counted in errors_dropped)
 
 
@@ -106,6 +113,17 @@ class StartupTracker:
         self._tb_rank: int | None = None
         # (line_no, text, rank, index of its own error) of a line that may head the next line's traceback
         self._header_candidate: tuple[int, str, int | None, int | None] | None = None
+        self._tb_serving = False  # the open traceback ran through the serving loop
+        # chained tracebacks: the error the last closed traceback belongs to, and the line it closed at;
+        # `_chain_next` is that error once "During handling ..." / "The above exception ..." followed it
+        self._chain_owner: int | None = None
+        self._chain_at = 0
+        self._chain_next: int | None = None
+        # an exception line outside any traceback (an abridged paste): fatal when nothing moved on after it
+        self._bare_exception: tuple[int, str, int | None] | None = None
+        self._moved_at = 0  # the line of the last phase event or progress
+        self._warmup_batches = 0  # serving lines seen in warmup (its own request logs one Prefill batch)
+        self._wrapper_re: re.Pattern[str] | None = None  # an unknown wrapper learned from this log
         # partial line (bytes) waiting for its newline; bounded (head + tail)
         self._pending = bytearray()
         self._pending_cut = False
@@ -175,12 +193,21 @@ class StartupTracker:
         starts.update(buf.rfind(b"\n", begin, m.start()) + 1 or begin
                       for m in NOT_TEMPLATE_RE.finditer(buf, begin, end))
         starts.discard(end)
+        serving: set[int] = set()
+        if self._phase is not StartupPhase.READY:
+            # serving lines are noise once ready; before, the first few are evidence that the start finished
+            for n, m in enumerate(BATCH_LINE_BYTES_RE.finditer(buf, begin, end)):
+                if n == 3:
+                    break
+                serving.add(buf.rfind(b"\n", begin, m.start()) + 1 or begin)
+            starts |= serving
         counted_to = begin  # the newlines before this offset are counted in `lines`
         lines = 0
         self._scan_buf, self._scan_begin = buf, begin
         for start in sorted(starts):
-            if NOISE_LINE_BYTES_RE.match(buf, start, end) is not None:
-                continue
+            if NOISE_LINE_BYTES_RE.match(buf, start, end) is not None and (
+                    start not in serving or self._phase is StartupPhase.READY):
+                continue  # noise (a serving line is read while it may prove the start finished)
             lines += buf.count(b"\n", counted_to, start)
             counted_to = start
             self._scan_start = start
@@ -230,8 +257,9 @@ class StartupTracker:
         ts = timestamp_of(text)
         if ts is not None:
             self._last_ts = ts
-        candidate = not raw.startswith(b"[20") or NOT_TEMPLATE_RE.search(raw) is not None
-        if candidate and NOISE_LINE_BYTES_RE.match(raw) is None:
+        candidate = not raw.startswith(b"[20") or NOT_TEMPLATE_RE.search(raw) is not None  # as `_scan` finds
+        noise = NOISE_LINE_BYTES_RE.match(raw) is not None
+        if (candidate and not noise) or (self._phase is not StartupPhase.READY and BATCH_LINE_BYTES_RE.search(raw)):
             self._line(text, line_no)
         else:
             self._last_line = raw
@@ -245,6 +273,11 @@ class StartupTracker:
         """One line that is not runtime noise (``_last_ts`` is settled by the caller)."""
         if "\x1b" in text:  # colours (docker compose paints its prefixes) would split the keywords
             text = ANSI_RE.sub("", text)
+        wrapper = ""
+        if own_header(text) is None:
+            wrapper, text = self._unwrap(text)
+        if self._phase is not StartupPhase.READY and "batch" in text:
+            self._serving_line(text, line_no)
         if text[:1] == "[" and "\r" not in text:
             pm = PREFIX_RE.match(text)
             ts = pm.group("ts") if pm is not None else None
@@ -257,7 +290,7 @@ class StartupTracker:
             return
         if explicit and rank is not None:
             self._ranks_seen.add(rank)
-        container, body = strip_container_prefix(text)
+        container, body = wrapper, text
         if "\r" in body:
             pieces = [p for p in body.split("\r") if p.strip()]
             whole = len(pieces) == 1
@@ -272,6 +305,32 @@ class StartupTracker:
                 self._segment(part, line_no, shown, rank)
         if ts is not None:
             self._event_ts = ts
+
+    def _unwrap(self, text: str) -> tuple[str, str]:
+        """(wrapper, message) of a line: a wrapper this log has shown before, else `strip_wrapper`.  A
+        wrapper that stood before SGLang's own header is learned (its digits as any digits), so that the
+        log's lines without a header (traceback frames, bars) lose it too."""
+        if self._wrapper_re is not None:
+            m = self._wrapper_re.match(text)
+            if m is not None and m.end():
+                return text[: m.end()], text[m.end():]
+        wrapper, rest = strip_wrapper(text)
+        if wrapper and own_header(rest) is not None:
+            self._wrapper_re = re.compile(re.sub(r"\d+", r"\\d+", re.escape(wrapper)))
+        return wrapper, rest
+
+    def _serving_line(self, text: str, line_no: int) -> None:
+        """A ``Decode batch`` / ``Prefill batch`` stats line before ready: the start has finished.  The
+        warmup's own request logs one ``Prefill batch`` before "fired up", so in warmup it takes a second
+        serving line (or a ``Decode batch``)."""
+        line = parse_batch_line(text)
+        if line is None:
+            return
+        if self._phase is StartupPhase.WARMUP and line.kind == "prefill":
+            self._warmup_batches += 1
+            if self._warmup_batches < 2:
+                return
+        self._advance(StartupPhase.READY, line_no)
 
     def _segment(self, s: str, line_no: int, shown: str, rank: int | None) -> None:
         # 1. traceback continuation
@@ -293,6 +352,10 @@ class StartupTracker:
                 self._close_traceback((line_no, s))
                 return
             self._close_traceback(None)
+        if s.startswith(("During handling of the above exception", "The above exception was the direct cause")):
+            if self._chain_owner is not None and line_no - self._chain_at <= 3:
+                self._chain_next = self._chain_owner  # the next traceback continues that error's chain
+            return
         # 2. the server_args dump: settings only, never markers or errors (it holds "sigquit", "watchdog")
         if "server_args=" in s:
             self._topology.read_server_args(s)
@@ -320,6 +383,12 @@ class StartupTracker:
             return
         # 5. errors, then markers, then progress
         n_errors = len(self._errors)
+        if ": " in msg and msg[:1].isalpha():
+            em = EXCEPTION_LINE_RE.match(msg)
+            if em is not None and em.group("colon") and em.group("name").endswith(EXCEPTION_SUFFIXES):
+                self._bare_exception = (line_no, msg, rank)  # fatal if it ends the log (`summary`)
+                if exception_kind(msg) == "negative_kv":  # no room for the KV pool: the start got that far
+                    self._advance(StartupPhase.KV_CACHE, line_no)
         self._errors_in(s, msg, line_no, rank, shown)
         self._markers_in(msg, line_no, rank)
         if "%" in msg:
@@ -342,12 +411,16 @@ class StartupTracker:
             elif PREFIX_RE.match(s) is not None or before.endswith(":"):
                 # a logged exception: "<message>: Traceback (most recent call last):"
                 owner = self._add_error(line_no, "traceback", shown, True, rank)
+        elif self._chain_next is not None:
+            owner, self._chain_next = self._chain_next, None  # the next traceback of a chain
         else:
             hc = self._header_candidate
             if hc is not None and hc[0] == line_no - 1:
                 # the header is the line before: its rank is the one this traceback took (the core's rule)
                 owner = hc[3] if hc[3] is not None else self._add_error(hc[0], "traceback", hc[1], True, hc[2])
         self._tb_open, self._tb_line, self._tb_header, self._tb_rank = True, line_no, owner, rank
+        self._tb_serving = False
+        self._bare_exception = None
 
     def _close_traceback(self, exception: tuple[int, str] | None) -> None:
         """End of the traceback: at its exception line (``exception``) or cut short (None)."""
@@ -355,23 +428,44 @@ class StartupTracker:
             return
         self._tb_open = False
         header = self._tb_header
+        serving = self._tb_serving
+        self._chain_owner, self._chain_at = None, 0
         if header is not None and header < len(self._errors):
+            err = self._errors[header]
             if exception is not None:
-                err = self._errors[header]
                 kind = err.kind
                 if kind == "traceback":
                     kind = exception_kind(exception[1])
-                self._errors[header] = LogError(err.line_no, kind, err.text, err.fatal, err.rank, exception[1])
+                cause, cause_line = err.cause, err.cause_line
+                if err.detail is not None:  # a chain: its first exception is the root cause
+                    cause, cause_line = cause or err.detail, cause_line or err.detail_line
+                err = LogError(err.line_no, kind, err.text, err.fatal, err.rank, exception[1], exception[0],
+                               cause, cause_line, err.while_serving)
+                self._chain_owner, self._chain_at = header, exception[0]
+            if serving and not err.while_serving:
+                err = dataclasses.replace(err, while_serving=True)
+            self._errors[header] = err
             return
         if header is not None:
             return
         if exception is not None:
             line_no, text = exception
-            self._add_error(line_no, exception_kind(text), text, True, self._tb_rank)
+            owner = self._add_error(line_no, exception_kind(text), text, True, self._tb_rank)
+            if owner is not None:
+                self._errors[owner] = LogError(line_no, self._errors[owner].kind, text, True, self._tb_rank,
+                                               None, None, None, None, serving)
+                self._chain_owner, self._chain_at = owner, line_no
         else:
-            self._add_error(self._tb_line, "traceback", "Traceback (most recent call last):", True, self._tb_rank)
+            owner = self._add_error(self._tb_line, "traceback", "Traceback (most recent call last):", True,
+                                    self._tb_rank)
+            if owner is not None and serving:
+                self._errors[owner] = dataclasses.replace(self._errors[owner], while_serving=True)
 
     def _frame(self, func: str, path: str, line_no: int) -> None:
+        if func in SERVING_FRAMES:  # the scheduler's serving loop: the start had finished
+            self._tb_serving = True
+            self._advance(StartupPhase.READY, line_no)
+            return
         phase = phase_of_frame(func, path)
         if phase is not None:
             self._advance(phase, line_no)
@@ -487,6 +581,7 @@ class StartupTracker:
         self._set_progress(PhaseProgress(label, done, total, detail), line_no)
 
     def _set_progress(self, progress: PhaseProgress, line_no: int) -> None:
+        self._moved_at = line_no
         phase = PHASE_OF_PROGRESS.get(progress.label)
         if phase is not None:
             self._advance(phase, line_no)
@@ -494,6 +589,7 @@ class StartupTracker:
 
     def _advance(self, phase: StartupPhase, line_no: int) -> None:
         if phase.order > self._phase.order:
+            self._moved_at = line_no
             self._phase = phase
             self._progress = None
             event = PhaseEvent(phase, line_no, self._event_ts)
@@ -522,7 +618,7 @@ class StartupTracker:
         if m is None:
             return None
         desc = tail[: m.start()].rstrip().rstrip(":").strip()
-        _, desc = strip_container_prefix(desc)
+        _, desc = strip_wrapper(desc)
         found = bar_label(desc) if desc else (("cuda graph", None) if self._phase is StartupPhase.CUDA_GRAPH
                                                else None)
         if found is None:
@@ -537,30 +633,61 @@ class StartupTracker:
             return later > StartupPhase.KV_CACHE.order
         return later >= at + 2
 
+    def _open_chain_error(self) -> LogError | None:
+        """The error of a traceback still open (being written, or an excerpt cut inside it) that no error
+        line owns: its chain's, when it continues one, else a bare traceback's."""
+        if not self._tb_open or self._tb_header is not None:
+            return None
+        return LogError(self._tb_line, "traceback", "Traceback (most recent call last):", True, self._tb_rank,
+                        while_serving=self._tb_serving)
+
+    def _bare_exception_error(self, errors: list[LogError]) -> LogError | None:
+        """An exception line outside any traceback (a paste that dropped the traceback) as a fatal error,
+        when it ends the log: nothing moved on after it, and what came after is only the crash's echo."""
+        bare = self._bare_exception
+        if bare is None or self._tb_open or self._moved_at > bare[0]:
+            return None
+        line_no, text, rank = bare
+        if any(e.line_no >= line_no and e.kind not in _ECHO_KINDS for e in errors):
+            return None
+        return LogError(line_no, exception_kind(text), text, True, rank, text, line_no)
+
     def summary(self) -> StartupSummary:
         errors = list(self._errors)
-        if self._tb_open and self._tb_header is None:  # a bare traceback still being written
-            errors.append(LogError(self._tb_line, "traceback", "Traceback (most recent call last):", True,
-                                   self._tb_rank))
+        open_error = self._open_chain_error()
+        if open_error is not None:
+            errors.append(open_error)
+        bare = self._bare_exception_error(errors)
+        if bare is not None:
+            errors.append(bare)
         ready_line = next((e.line_no for e in self._events if e.phase is StartupPhase.READY), None)
         settled: list[LogError] = []
         for err in errors:
             fatal = err.fatal
-            if ready_line is not None and (err.line_no < ready_line or err.kind not in HARD_FATAL_KINDS):
+            if err.while_serving:
+                pass  # the serving loop raised: a crash of a server that was up
+            elif ready_line is not None and (err.line_no < ready_line or err.kind not in HARD_FATAL_KINDS):
                 fatal = False  # the server came up (or kept serving) after it
             if fatal and err.kind in SOFT_ERROR_KINDS and self._went_on_after(err):
                 fatal = False
-            settled.append(err if fatal == err.fatal else LogError(err.line_no, err.kind, err.text, fatal,
-                                                                    err.rank, err.detail))
+            settled.append(err if fatal == err.fatal else dataclasses.replace(err, fatal=fatal))
         first = min((e for e in settled if e.fatal), key=lambda e: e.line_no, default=None)
+        error_rank = None
+        if first is not None:
+            error_rank = first.rank
+            if error_rank is None and "Scheduler" in first.text and (self._topology.ranks_expected() or 1) == 1:
+                error_rank = 0  # a TP1 scheduler tags no line: it is TP0
         outcome = "crashed" if first is not None else ("ready" if ready_line is not None else "incomplete")
         arrival = {m: tuple(sorted(self._arrival[m])) for m in ARRIVAL_MARKERS if m in self._arrival}
         progress = self._pending_progress() or self._progress
         return StartupSummary(
             phase=self._phase,
             outcome=outcome,
-            error=first.text if first is not None else None,
-            error_line=first.line_no if first is not None else None,
+            error=first.exception if first is not None else None,
+            error_line=first.exception_line if first is not None else None,
+            error_rank=error_rank,
+            error_cause=first.cause if first is not None else None,
+            error_cause_line=first.cause_line if first is not None else None,
             errors=tuple(sorted(settled, key=lambda e: e.line_no)),
             events=tuple(self._events),
             progress=progress,

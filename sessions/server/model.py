@@ -215,6 +215,8 @@ class SessionStatus:
             "phase_entered_at": dict(self.phase_entered_at),
             "error": s.error,
             "error_line": s.error_line,
+            "error_rank": s.error_rank,
+            "error_cause": s.error_cause,
             "progress": progress,
             "ranks_expected": s.ranks_expected,
             "ranks_loaded": list(s.ranks_loaded),

@@ -22,6 +22,18 @@ forward_batch, ...) -> ModelRunnerOutput`` (``model_executor/model_runner.py:181
 extend_prefix_lens_cpu/extend_seq_lens_cpu`` (``model_executor/forward_batch_info.py:498-670``);
 ``get_parallel().attn_tp_rank`` and ``.pp_group.is_last_rank`` (``runtime_context.py:1285``,
 ``arg_groups/fields/parallel.py:362,409``).
+
+SGLang 0.5.14 and 0.5.18 (read statically from their wheels, docs/sglang-facts.md §9): the same plugin
+framework, hook targets, ForwardBatch fields and ``ForwardMode.is_extend_without_speculative``; the rank
+names are properties of ``runtime_context.ParallelContext`` there (0.5.14 ``runtime_context.py:120-185``), so
+`_writer_rank` reads them unchanged.  Their ``LogitsProcessorOutput`` has no ``last_hidden_states``: with aux
+capture on, ``hidden_states`` holds only the concatenated aux rows (0.5.14 ``logits_processor.py:596-600``).
+The post-norm final rows are the ``hidden_states`` argument of ``LogitsProcessor.forward`` (the models pass
+the output of their final norm, e.g. 0.5.14 ``llama.py:552-558``, ``deepseek_v2.py:2763``), so a third AFTER
+hook (`CaptureHook.after_logits`) keeps that argument beside the output object it produced, and the forward
+hook takes it when its ``logits_output`` is that very object.  Aux capture there needs an EAGLE-3 draft
+(``--speculative-draft-model-path``); the target's prefill runs with ``CaptureHiddenMode.FULL``
+(0.5.14 ``speculative/eagle_worker_v2.py:1071-1079``), so ``hidden_states`` covers every token.
 """
 from __future__ import annotations
 
@@ -37,6 +49,8 @@ from .spec import CaptureSpec, CaptureSpecError, capture_active_line
 FORWARD_TARGET = "sglang.srt.model_executor.model_runner.ModelRunner.forward"
 # Runs after load_model() and set_eagle3_layers_to_capture(), before CUDA graphs (model_runner.py:1105).
 LOADED_TARGET = "sglang.srt.model_executor.model_runner.ModelRunner.init_attention_backends"
+# Only used where LogitsProcessorOutput has no last_hidden_states (SGLang before 0.5.23): see the docstring.
+LOGITS_TARGET = "sglang.srt.layers.logits_processor.LogitsProcessor.forward"
 SCHEDULER_TITLE_PREFIX = "sglang::scheduler"
 SCHEDULER_TARGET_PREFIX = "run_scheduler_process"
 
@@ -90,9 +104,38 @@ def register() -> CaptureHook | None:
         state = CaptureHook(spec)
         HookRegistry.register(FORWARD_TARGET, state.after_forward, HookType.AFTER)
         HookRegistry.register(LOADED_TARGET, state.after_model_loaded, HookType.AFTER)
+        if "last" in spec.dump and output_lacks_last_hidden_states():
+            HookRegistry.register(LOGITS_TARGET, state.after_logits, HookType.AFTER)
         _registered_state = state
         atexit.register(state.close)
         return state
+
+
+def output_lacks_last_hidden_states() -> bool:
+    """True when this SGLang's ``LogitsProcessorOutput`` declares no ``last_hidden_states`` (0.5.14, 0.5.18).
+
+    Read from the source with ``ast`` (``find_spec`` locates the package without importing it): importing
+    ``logits_processor`` here, inside ``load_plugins()``, would pull torch and half of SGLang before the
+    scheduler has set up its process.  False when the file cannot be read (nothing to hook then)."""
+    import ast
+    import importlib.util
+    import os
+
+    try:
+        found = importlib.util.find_spec("sglang")
+        origin = found.origin if found is not None else None
+        if origin is None:
+            return False
+        path = os.path.join(os.path.dirname(origin), "srt", "layers", "logits_processor.py")
+        with open(path, encoding="utf-8") as fh:
+            tree = ast.parse(fh.read(), filename=path)
+    except (OSError, SyntaxError, ValueError, ImportError):
+        return False
+    for node in tree.body:
+        if isinstance(node, ast.ClassDef) and node.name == "LogitsProcessorOutput":
+            return not any(isinstance(item, ast.AnnAssign) and isinstance(item.target, ast.Name)
+                           and item.target.id == "last_hidden_states" for item in node.body)
+    return False
 
 
 # -- the hook -----------------------------------------------------------------------------------------
@@ -159,6 +202,8 @@ class CaptureHook:
         self._active_logged = False
         self._warned: set[str] = set()
         self._version: str | None = None
+        # (LogitsProcessorOutput, the post-norm rows it was computed from), for SGLang without last_hidden_states
+        self._final_rows: tuple[Any, Any] | None = None
 
     # -- helpers --
     def _is_writer_rank(self) -> bool:
@@ -211,20 +256,44 @@ class CaptureHook:
             self._warn_once("loaded", "eagle3-capture: could not report the capture layers: %s", exc)
         return
 
+    def after_logits(self, result: Any, processor: Any, *args: Any, **kwargs: Any) -> None:
+        """AFTER ``LogitsProcessor.forward(input_ids, hidden_states, lm_head, metadata, aux_hidden_states)``:
+        where the output keeps no ``last_hidden_states``, remember the post-norm rows it came from."""
+        try:
+            if result is None or hasattr(result, "last_hidden_states"):
+                return  # 0.5.23 keeps them itself (or a dummy run returned nothing)
+            hidden = args[1] if len(args) > 1 else kwargs.get("hidden_states")
+            metadata = args[3] if len(args) > 3 else kwargs.get("logits_metadata")
+            aux = args[4] if len(args) > 4 else kwargs.get("aux_hidden_states")
+            mode = getattr(metadata, "forward_mode", None)
+            if hidden is None or aux is None or mode is None or not mode.is_extend_without_speculative():
+                return  # not a capturing target prefill (a draft's call, a decode, a verify)
+            self._final_rows = (result, hidden)
+        except Exception as exc:  # noqa: BLE001 - never break a forward
+            self._warn_once("logits", "eagle3-capture: could not keep the final hidden states: %s", exc)
+
+    def _take_final_rows(self, logits_output: Any) -> Any:
+        """The rows `after_logits` kept for exactly this output object (None otherwise); clears the slot."""
+        kept, self._final_rows = self._final_rows, None
+        if kept is not None and logits_output is not None and kept[0] is logits_output:
+            return kept[1]
+        return None
+
     def after_forward(self, result: Any, runner: Any, *args: Any, **kwargs: Any) -> None:
         """AFTER ``ModelRunner.forward``: copy the job's rows and queue them for the writer.
 
         Returns None so SGLang keeps its own result.
         """
         forward_batch = args[0] if args else kwargs.get("forward_batch")
+        final_rows = self._take_final_rows(getattr(result, "logits_output", None))
         try:
-            self._capture(result, runner, forward_batch)
+            self._capture(result, runner, forward_batch, final_rows)
         except Exception as exc:  # noqa: BLE001 - a capture failure must not kill serving; say it loudly
             rids = getattr(forward_batch, "rids", None)
             logger.error("eagle3-capture: capturing a forward of %s failed: %s: %s", rids,
                          type(exc).__name__, exc)
 
-    def _capture(self, result: Any, runner: Any, forward_batch: Any) -> None:
+    def _capture(self, result: Any, runner: Any, forward_batch: Any, final_rows: Any = None) -> None:
         if forward_batch is None or getattr(runner, "is_draft_worker", False):
             return
         mode = getattr(forward_batch, "forward_mode", None)
@@ -243,13 +312,18 @@ class CaptureHook:
         logits_output = getattr(result, "logits_output", None)
         aux = getattr(logits_output, "hidden_states", None)
         last = getattr(logits_output, "last_hidden_states", None) if "last" in self.spec.dump else None
+        if last is None and "last" in self.spec.dump:
+            last = final_rows  # SGLang before 0.5.23: the hidden_states argument of LogitsProcessor.forward
         if aux is None:
             self._warn_once("no-aux", "eagle3-capture: the forward returned no hidden states; start the "
-                            "server with --enable-return-aux-hidden-states --speculative-algorithm EAGLE3")
+                            "server with --enable-return-aux-hidden-states --speculative-algorithm EAGLE3 "
+                            "(SGLang 0.5.23), or, where SGLang has no capture-only mode (0.5.14, 0.5.18), with "
+                            "--speculative-algorithm EAGLE3 --speculative-draft-model-path DIR")
             return
         if "last" in self.spec.dump and last is None:
-            self._warn_once("no-last", "eagle3-capture: the forward kept no last_hidden_states; the "
-                            "chunks are written without 'last'")
+            self._warn_once("no-last", "eagle3-capture: the forward kept no last_hidden_states (nor did "
+                            "LogitsProcessor.forward see its final rows, e.g. a prefill CUDA graph replay); "
+                            "the chunks are written without 'last'")
         total = sum(int(n) for n in seq_lens)
         input_ids = forward_batch.input_ids
         for label, tensor in (("aux", aux), ("last", last), ("input_ids", input_ids)):

@@ -1,0 +1,67 @@
+"""Regenerate, then extract: an extraction job whose dataset is a regeneration job's output
+(``dataset = "job:<id>"``), over the same capture session; the sample ids follow the row ids."""
+from __future__ import annotations
+
+import json
+
+import pytest
+from _extract_support import run_cli, stop_job, wait_for, write_spec
+from test_extract_job import capture_dir, demo_model, manifest, start_server  # noqa: F401 - fixtures
+
+from sessions.extraction.job import job_status
+
+pytestmark = pytest.mark.slow
+
+
+def finish(job_id: str, home):
+    return wait_for(lambda: (p := job_status(job_id, home)).state in ("done", "failed", "cancelled") and p,
+                    f"job {job_id} ends", 240)
+
+
+def test_an_extraction_job_reads_a_regeneration_jobs_output_with_its_row_ids(
+        home, cli_env, make_emulator_profile, launched, demo_model, capture_dir, tmp_path) -> None:  # noqa: F811
+    session = start_server(make_emulator_profile, launched, demo_model, capture_dir)
+    rows = [{"id": f"q{i}", "conversations": [{"from": "human", "value": f"Question {i}: where is Paris?"},
+                                               {"from": "gpt", "value": "Somewhere."}]} for i in range(6)]
+    dataset = tmp_path / "data.jsonl"
+    dataset.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    regen_spec = write_spec(tmp_path / "regen.toml", mode="regenerate", name="regen", dataset=dataset,
+                            output=tmp_path / "regen" / "data.jsonl", sessions=[session.session_id],
+                            temperature=0.0, max_tokens=24, window=2)
+    started = run_cli(["regenerate", "run", str(regen_spec)], cli_env)
+    assert started.returncode == 0, started.stderr
+    regen_id = started.stdout.strip()
+    extract_spec = write_spec(tmp_path / "extract.toml", name="x", session=session.session_id,
+                              dataset=f"job:{regen_id}", output_dir=tmp_path / "out", concurrency=2)
+    try:
+        regen = finish(regen_id, home)
+    finally:
+        stop_job(regen_id, home)
+    assert regen.state == "done", regen.reason
+    started = run_cli(["extract", "run", str(extract_spec)], cli_env)
+    assert started.returncode == 0, started.stderr
+    extract_id = started.stdout.strip()
+    try:
+        done = finish(extract_id, home)
+    finally:
+        stop_job(extract_id, home)
+    assert done.state == "done", done.reason
+    assert done.dataset == str(tmp_path / "regen" / "data.jsonl")
+    ok = [e for e in manifest(tmp_path / "out") if e["status"] == "ok"]
+    assert sorted(e["sample_id"] for e in ok) == [f"q{i}" for i in range(6)]
+    import torch
+
+    for entry in ok:
+        assert torch.load(tmp_path / "out" / entry["path"], weights_only=True)["sample_id"] == entry["sample_id"]
+    # (No --lm-head-check here: the demo model's random weights emit partial UTF-8 tokens, whose "\ufffd"
+    # text does not re-tokenize to the ids it generated, so its own answers do not survive the text round trip.)
+    verify = run_cli(["extract", "verify", str(tmp_path / "out")], cli_env, timeout=300)
+    assert verify.returncode == 0, verify.stdout + verify.stderr
+
+
+def test_a_job_dataset_that_is_not_done_or_not_a_regeneration_job_is_refused(home, cli_env, tmp_path) -> None:
+    spec = write_spec(tmp_path / "extract.toml", name="x", server_url="http://127.0.0.1:1",
+                      capture_dir=tmp_path, model_path=tmp_path, dataset="job:nope-1", output_dir=tmp_path / "o")
+    result = run_cli(["extract", "run", str(spec)], cli_env)
+    assert result.returncode == 2
+    assert "job.dataset: no job 'nope-1'" in result.stderr
