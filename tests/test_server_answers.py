@@ -390,3 +390,13 @@ def test_a_url_that_urlsplit_refuses_is_an_error_not_a_raise(url: str) -> None:
     answer = fetch(url, deadline_s=1.0)
     assert answer.status is None and answer.error, answer
     assert get_json(url, deadline_s=1.0).error
+
+
+@pytest.mark.parametrize("body", [b"[" * 100_000 + b"]" * 100_000, b'{"choices": [{"message": {"content": NaN}}]}'])
+def test_a_regeneration_answer_nested_deep_or_not_finite_is_the_retried_error(body: bytes) -> None:
+    """adv22: the regeneration runner's ``reply.json()`` raised RecursionError for a 100,000-deep answer,
+    which its retry (``except (httpx.TransportError, ValueError)``) does not catch."""
+    from sessions.regeneration.runner import answer_json
+
+    with pytest.raises(ValueError, match="the answer"):
+        answer_json(body)
