@@ -190,8 +190,25 @@ class Eagle3App(TypeAheadApp[int]):
         super()._handle_exception(error)
 
     def on_unmount(self) -> None:
+        for bench in self._compares():  # however the app ends (a signal, a second q): end them, stopping
+            bench.end_compare()         # what they launched (the process waits for those worker threads)
         if self._gpu_source is not None:
             self._gpu_source.close()
+
+    def _compares(self) -> list[Any]:
+        """The bench screens on the stack whose compare still runs (it may have launched servers)."""
+        from app.screens.bench import BenchScreen
+
+        return [s for s in self.screen_stack if isinstance(s, BenchScreen) and s.comparing]
+
+    async def action_quit(self) -> None:
+        """Quit; a running compare first ends and stops the servers it launched (shown on its screen), then
+        the app exits.  Servers that the user launched keep running, as always.  A second q quits at once
+        (on_unmount still ends the compare, and the process waits for its stops)."""
+        for bench in self._compares():
+            if bench.end_compare(then=self.exit):
+                return
+        self.exit()
 
     def action_command_palette(self) -> None:
         """Open the palette (ctrl+p): Textual's, with a burst-safe input and a page-safe list."""
@@ -237,8 +254,11 @@ class Eagle3App(TypeAheadApp[int]):
         self.hangup_received = True
         if not terminal_alive():
             self._detach_output()
+        for bench in self._compares():
+            bench.end_compare()
         threading.Thread(
-            target=_exit_after, args=(HANGUP_EXIT_DEADLINE_S,), name="hangup-deadline", daemon=True
+            target=_exit_after, args=(HANGUP_EXIT_DEADLINE_S, self._compares), name="hangup-deadline",
+            daemon=True,
         ).start()
         self.exit(0)
 
@@ -261,8 +281,21 @@ class Eagle3App(TypeAheadApp[int]):
             self._hangup()
 
 
-def _exit_after(seconds: float) -> None:
+COMPARE_CLEANUP_DEADLINE_S = 120.0
+
+
+def _exit_after(seconds: float, busy: Callable[[], list[Any]] = list) -> None:
+    """End the process after ``seconds``, later while ``busy()`` (a compare still stopping the servers it
+    launched: cutting that short would leave them running), but never past the cleanup deadline."""
     time.sleep(seconds)
+    deadline = time.monotonic() + COMPARE_CLEANUP_DEADLINE_S
+    while time.monotonic() < deadline:
+        try:
+            if not busy():
+                break
+        except Exception:  # noqa: BLE001 - the app is half torn down: stop waiting for it
+            break
+        time.sleep(0.2)
     os._exit(0)
 
 

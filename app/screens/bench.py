@@ -9,13 +9,18 @@ best row, single-stream tok/s, TTFT and throughput at the highest concurrency; t
 B = the second's; with fewer than two marked, type ``A B``: profiles or sessions): each is launched if
 needed, both are benched `BenchScreen.rounds` times, alternating, and stopped after; the screen shows the
 workload, B against A per concurrency (medians with their min-max range over rounds) and the verdict.
+A compare that is still running when the screen closes (``escape``) or the TUI quits is ended there and
+then, and stops the servers it launched (`end_compare`): the CLI does the same on its signals, and the
+TUI's thread worker is reached by none.  Quitting waits for those stops and says so on the screen.
 The top pane scrolls both ways (``tab`` focuses it, then the arrows, PgUp/PgDn, Home/End), so at 80x24 no
 row or column of the tables is out of reach.
 """
 
 from __future__ import annotations
 
+import threading
 import time
+from collections.abc import Callable
 from typing import Any, ClassVar
 
 from rich.text import Text
@@ -84,6 +89,9 @@ class BenchScreen(Screen):
         self.rows: list[Any] = []
         self.marked: list[str] = []
         self.last_compare: dict[str, Any] | None = None
+        self.comparing = False  # a compare's worker runs (until its cleanup has stopped what it launched)
+        self.compare_ended = threading.Event()  # set: the running compare is asked to end
+        self._after_compare: Callable[[], Any] | None = None
 
     def compose(self) -> ComposeResult:
         with ScrollableContainer(id="run-pane", classes="pane", can_focus=True):
@@ -267,6 +275,8 @@ class BenchScreen(Screen):
         if self.running:
             return
         self.running = True
+        self.comparing = True
+        self.compare_ended.clear()
         self.query_one("#results", DataTable).add_class("-hidden")  # a compare shows its own table
         self.query_one("#progress", ProgressBar).add_class("-running")
         self.query_one("#run-status", Static).update(f"Comparing {a} (A) with {b} (B), {self.rounds} rounds ...")
@@ -277,20 +287,54 @@ class BenchScreen(Screen):
         from sessions.bench.compare import run_compare
         from sessions.bench.session_bench import BenchOptions, demo_compare_options
 
+        app = self.app  # while the screen is attached: a closed screen no longer reaches its app
+
+        def tell(callback: Callable[..., Any], *args: Any) -> bool:
+            # The screen may be closed and the app gone while the compare unwinds: a note that cannot be
+            # shown is dropped, so that nothing keeps the cleanup from stopping what was launched.
+            try:
+                app.call_from_thread(callback, *args)
+            except Exception:  # noqa: BLE001 - see above
+                return False
+            return True
+
         def say(note: str) -> None:
-            self.app.call_from_thread(self._say, note)
+            tell(self._say, note)
 
         def progress(concurrency: int, done: int, total: int) -> None:
-            self.app.call_from_thread(self._compare_progress, concurrency, done, total)
+            tell(self._compare_progress, concurrency, done, total)
 
         try:
             options = self.default_options or (demo_compare_options() if self.home.demo else BenchOptions())
             report = run_compare(a, b, options, self.home, say, progress,
-                                 argv=["eagle3-tui", "bench", "compare", a, b], rounds=self.rounds)
+                                 argv=["eagle3-tui", "bench", "compare", a, b], rounds=self.rounds,
+                                 stop_requested=self.compare_ended.is_set)
         except Exception as exc:  # noqa: BLE001 - shown on the screen, the TUI keeps running
-            self.app.call_from_thread(self._failed, _failure_text(exc))
+            tell(self._failed, _failure_text(exc))
             return
-        self.app.call_from_thread(self._compared, report)
+        finally:
+            if not tell(self._compare_over):
+                self.comparing = False  # the app is gone: nobody waits for `then`
+        tell(self._compared, report)
+
+    def end_compare(self, then: Callable[[], Any] | None = None) -> bool:
+        """Ask the running compare to end (it stops the servers it launched), and call ``then`` once its
+        cleanup is done.  False when there is no compare to end, or it is already ending."""
+        if not self.comparing or self.compare_ended.is_set():
+            return False
+        self.compare_ended.set()
+        self._after_compare = then
+        note = "Ending the compare: stopping the servers it launched" + (", then quitting ..." if then else " ...")
+        self.notify(note, title="bench compare", timeout=20)
+        if self.is_attached:
+            self.query_one("#run-status", Static).update(Text(note, style="bold yellow"))
+        return True
+
+    def _compare_over(self) -> None:
+        self.comparing = False
+        then, self._after_compare = self._after_compare, None
+        if then is not None:
+            then()
 
     def _say(self, note: str) -> None:
         self.query_one("#run-status", Static).update(note)
@@ -318,6 +362,7 @@ class BenchScreen(Screen):
         self.load_history()
 
     def action_close(self) -> None:
+        self.end_compare()  # the compare's table lives on this screen: leaving it ends the compare
         self.app.pop_screen()
 
 

@@ -56,6 +56,41 @@ READY_TIMEOUT_S = 600.0
 _LOG_WINDOW_LIMIT = 64 << 20
 
 Say = Callable[[str], None]  # progress notes for people ("launching tiny-llama ...")
+StopRequested = Callable[[], bool]  # True once the caller wants the compare to end (the TUI quitting)
+
+
+class CompareCancelled(BenchError):
+    """The caller asked the compare to end (``stop_requested``): it unwinds like a failure, so that its
+    cleanup stops what it launched."""
+
+
+def _check(stop_requested: StopRequested | None) -> None:
+    if stop_requested is not None and stop_requested():
+        raise CompareCancelled("compare cancelled; what it launched is stopped")
+
+
+def _watched(progress: Progress | None, stop_requested: StopRequested) -> Progress:
+    """``progress`` that first checks ``stop_requested`` (called on the bench's thread per request)."""
+
+    def watched(concurrency: int, done: int, total: int) -> None:
+        _check(stop_requested)
+        if progress is not None:
+            progress(concurrency, done, total)
+
+    return watched
+
+
+def _quiet(say: Say) -> Say:
+    """``say`` for the cleanup: a note that cannot be shown (the TUI that asked for it is gone) must never
+    keep a launched server from being stopped."""
+
+    def note(text: str) -> None:
+        try:
+            say(text)
+        except Exception:  # noqa: BLE001, S110 - a progress note is not worth a server left running
+            pass
+
+    return note
 
 
 @dataclass
@@ -104,7 +139,8 @@ def lookup_side(ref: str, home: Any) -> _Side:
     return _Side(ref, snapshot, session, existing=frozenset({session.session_id}))
 
 
-def bring_up(side: _Side, home: Any, say: Say, force: bool, retry_hint: str) -> None:
+def bring_up(side: _Side, home: Any, say: Say, force: bool, retry_hint: str,
+             stop_requested: StopRequested | None = None) -> None:
     """Make ``side`` ready: its session, or a launch of its profile (``force``: even on busy GPUs)."""
     from sessions.server import AlreadyRunning, GpuBusy, LaunchError, ServerSession
 
@@ -122,7 +158,7 @@ def bring_up(side: _Side, home: Any, say: Say, force: bool, retry_hint: str) -> 
                 from None
         except LaunchError as exc:
             raise BenchError(f"{side.ref}: launch failed: {exc}") from None
-    _wait_ready(side.session, side.ref, say)
+    _wait_ready(side.session, side.ref, say, stop_requested=stop_requested)
 
 
 def take_down(side: _Side, home: Any, say: Say) -> None:
@@ -144,7 +180,9 @@ def take_down(side: _Side, home: Any, say: Say) -> None:
 
 def stop_all(sides: list[_Side], home: Any, say: Say) -> None:
     """`take_down` every side, even when a signal's exception lands in the middle of one stop: that side is
-    tried again and the others still run; the first such exception is raised after all of them."""
+    tried again and the others still run; the first such exception is raised after all of them.  Notes go
+    through `_quiet`: one that fails stops nothing."""
+    say = _quiet(say)
     pending: BaseException | None = None
     for side in sides:
         for _ in range(2):
@@ -186,10 +224,12 @@ def schedule(rounds: int, mode: str) -> list[tuple[int, int]]:
     return order
 
 
-def _wait_ready(session: Any, ref: str, say: Say, timeout_s: float = READY_TIMEOUT_S) -> Any:
+def _wait_ready(session: Any, ref: str, say: Say, timeout_s: float = READY_TIMEOUT_S,
+                stop_requested: StopRequested | None = None) -> Any:
     deadline = time.monotonic() + timeout_s
     shown = None
     while True:
+        _check(stop_requested)
         state = session.status(probe_http=True).state
         if state == "ready":
             return session
@@ -281,10 +321,14 @@ MAX_ROUNDS = 50
 
 def run_compare(a_ref: str, b_ref: str, options: BenchOptions, home: Any, say: Say,
                 progress: Progress | None = None, argv: list[str] | None = None, rounds: int = 3,
-                force: bool = False) -> dict[str, Any]:
+                force: bool = False, stop_requested: StopRequested | None = None) -> dict[str, Any]:
     """Bench A and B ``rounds`` times each, interleaved (`schedule`), launching profiles as few times as
     their GPUs allow and stopping what was launched when done, failed or interrupted (any exception,
-    KeyboardInterrupt and the CLI's SIGTERM/SIGHUP included); keep both results and the comparison."""
+    KeyboardInterrupt and the CLI's SIGTERM/SIGHUP included); keep both results and the comparison.
+
+    ``stop_requested`` is how a caller on another thread (the TUI's worker, which no signal reaches) ends
+    it: polled while waiting for ready, between runs and at each finished request, it raises
+    `CompareCancelled`, and the same cleanup stops what was launched."""
     from sessions.bench.store import save_compare, save_result
 
     options.check()
@@ -298,16 +342,19 @@ def run_compare(a_ref: str, b_ref: str, options: BenchOptions, home: Any, say: S
     order = schedule(rounds, mode)
     retry = f"run the compare with --force (eagle3-tui bench compare {a_ref} {b_ref} --force)"
     results: list[list[dict[str, Any]]] = [[], []]
+    if stop_requested is not None:
+        progress = _watched(progress, stop_requested)
     say(f"{rounds} round{'s' if rounds != 1 else ''}, {mode}: " + " ".join("AB"[i] for _, i in order))
     try:
         if mode == "together":
             for side in sides:
-                bring_up(side, home, say, force, retry)
+                bring_up(side, home, say, force, retry, stop_requested)
         for n, (r, i) in enumerate(order):
+            _check(stop_requested)
             side, other = sides[i], sides[1 - i]
             if mode == "in turn" and other.launched:
                 take_down(other, home, say)  # they share GPUs: one up at a time
-            bring_up(side, home, say, force, retry)
+            bring_up(side, home, say, force, retry, stop_requested)
             say(f"round {r + 1}/{rounds}: benchmarking {'AB'[i]} = {side.ref} (session "
                 f"{side.session.session_id}) ...")
             result = bench_side(_Side(side.ref, side.profile, side.session, side.launched), options, progress,

@@ -37,7 +37,7 @@ class OutputFiles:
     def paths(self) -> dict[str, Path]:
         return {"success": self.output, "error": self.error, "skipped": self.skipped}
 
-    def open(self, resume: bool) -> None:
+    def open_for_append(self, resume: bool) -> None:
         """Open the three files for appending; a fresh job refuses files that exist (as SpecForge's recipe
         does), a resume reads the ids they hold."""
         self.output.parent.mkdir(parents=True, exist_ok=True)

@@ -250,9 +250,9 @@ class RegenRun:
         for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
             signal.signal(sig, lambda *_: self.stop.set())
         try:
-            self.files.open(self.resume)
+            self.files.open_for_append(self.resume)
             self.stats.load(set(self.files.done_ids))
-            self.stats.open()
+            self.stats.open_for_append()
             todo: queue.Queue = queue.Queue()
             for row in read_rows(self.spec.dataset, self.spec.num_samples):
                 self.total += 1

@@ -66,7 +66,7 @@ class RegenStats:
                                    int(data.get("empty") or 0)))
                 ids.discard(data["id"])
 
-    def open(self) -> None:
+    def open_for_append(self) -> None:
         self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
 
     def close(self) -> None:
