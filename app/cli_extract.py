@@ -166,6 +166,11 @@ def _verify(args: argparse.Namespace) -> int:
     out = Path(args.output_dir)
     if not out.is_dir():
         raise CliError(f"{out} is not a folder", 2)
+    # adv22: --against-http -5 compared nothing and said OK; --min-top1 nan failed every check unsaid.
+    if args.against_http < 0:
+        raise CliError(f"--against-http must be 0 or more samples, got {args.against_http}", 2)
+    if not 0.0 <= args.min_top1 <= 1.0:  # NaN fails this too
+        raise CliError(f"--min-top1 must be a fraction in [0, 1], got {args.min_top1}", 2)
     report = verify_output(out, against_http=args.against_http, server_url=args.server_url,
                            lm_head_check=args.lm_head_check,
                            model_path=Path(args.model_path) if args.model_path else None,

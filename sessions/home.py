@@ -125,7 +125,7 @@ def atomic_write_bytes(path: Path, data: bytes, mode: int = 0o600) -> None:
 
 
 def write_new_file(folder: Path, stem: str, data: bytes | Callable[[str], bytes], suffix: str = ".json",
-                   mode: int = 0o600) -> Path:
+                   mode: int = 0o600, ours: bool = True) -> Path:
     """Keep ``data`` as ``<folder>/<stem>[-N]<suffix>`` under a name no other writer gets; the path.
 
     The one primitive of the result store (issue 22 item 12): the bytes go to a temp file created with
@@ -133,8 +133,9 @@ def write_new_file(folder: Path, stem: str, data: bytes | Callable[[str], bytes]
     file (EEXIST: the next N is tried), so two runs saving in the same second never share a path, and a
     reader sees either no file or the whole one.  The temp name is removed after, so the kept file has
     one link (the readers refuse hard links in private folders).  ``data`` may be a function of the
-    chosen name (a record that holds its own id)."""
-    folder = ensure_private_dir(folder)
+    chosen name (a record that holds its own id).  ``ours=False``: a folder the user named (a bundle into
+    ``~/reports``) is used as it is, neither created nor tightened to 0700."""
+    folder = ensure_private_dir(folder) if ours else Path(folder)
     for n in range(1, 10_000):
         name = stem if n == 1 else f"{stem}-{n}"
         path = folder / f"{name}{suffix}"

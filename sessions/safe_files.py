@@ -66,7 +66,7 @@ JOB_SPEC = Kind("job spec", 1 * MiB)
 SETTINGS = Kind("settings file", 1 * MiB)
 MODEL_CONFIG = Kind("model config", 16 * MiB)
 WEIGHT_INDEX = Kind("weight index", 64 * MiB)
-WEIGHTS = Kind("model weights", None)  # hashed in bounded pieces, never read whole
+WEIGHTS = Kind("model weights", None)  # hashed in bounded pieces, or mapped by safetensors (`opened_path`)
 DATASET = Kind("dataset", None)
 SOURCE = Kind("source file", 16 * MiB)  # an installed SGLang's sources, read as text, never run
 LOG = Kind("log", None)
@@ -170,6 +170,19 @@ def open_file(path: str | os.PathLike, kind: Kind) -> Iterator[BinaryIO]:
     """``open(path, "rb")`` as ``kind`` allows (for readers that stream: datasets, logs)."""
     with os.fdopen(open_fd(path, kind), "rb") as fh:
         yield fh
+
+
+@contextmanager
+def opened_path(path: str | os.PathLike, kind: Kind) -> Iterator[str]:
+    """A path to the regular file ``path`` opened as ``kind`` allows, for a library that opens files by name
+    itself (``torch.load(..., mmap=True)``, safetensors' ``safe_open``): ``/proc/self/fd/N`` of the fd held
+    here, so the library reopens the very file checked (a FIFO planted as ``model.safetensors`` or
+    ``data_3.ckpt`` made them wait for a writer for good; a path swapped after a check reaches nothing)."""
+    fd = open_fd(path, kind)
+    try:
+        yield f"/proc/self/fd/{fd}"
+    finally:
+        os.close(fd)
 
 
 def _read_capped(fh: BinaryIO, path: str | os.PathLike, what: str, limit: int | None) -> bytes:
@@ -346,6 +359,21 @@ def describe_os_error(exc: OSError, path: str | os.PathLike | None = None) -> st
     if exc.errno == errno.ENOSPC:
         return f"{shown}: no space left on the device"
     return f"{shown}: {exc.strerror or exc}"
+
+
+def folder_exists(path: str | os.PathLike, what: str = "folder") -> bool:
+    """True for a folder, False when it is simply not there yet; NotADirectoryError naming the file when it,
+    or a folder above it, is a file (adv22: ``<home>/config`` or ``<state>/jobs`` as a file listed "no
+    profiles" and "no extraction jobs", which hid every one of them)."""
+    folder = Path(path)
+    if folder.is_dir():
+        return True
+    blocker = _file_in_the_way(folder)
+    if blocker is None:
+        return False
+    needed = "" if blocker == folder else f" (needed for the {what} {_shown_path(folder)})"
+    raise NotADirectoryError(errno.ENOTDIR, f"{_shown_path(blocker)} is a file where a folder is expected{needed}",
+                             str(folder))
 
 
 def _shown_path(path: str | os.PathLike | None) -> str:

@@ -78,8 +78,12 @@ def fetch(url: str, *, deadline_s: float = DEFAULT_DEADLINE_S, max_bytes: int = 
     def failed(error: str, status: int | None = None, content_type: str = "") -> Answer:
         return Answer(url, status, b"", error, content_type, time.monotonic() - started)
 
-    parts = urlsplit(url)
-    if parts.scheme not in ("http", "https") or not parts.hostname:
+    try:  # urlsplit raises for "http://[::1" (adv22: a ValueError traceback out of "never raises")
+        parts = urlsplit(url)
+        hostname = parts.hostname
+    except ValueError as exc:
+        return failed(f"not a valid URL: {url!r} ({exc})")
+    if parts.scheme not in ("http", "https") or not hostname:
         return failed(f"not an http(s) URL: {url!r}")
     try:
         port = parts.port or (443 if parts.scheme == "https" else 80)
@@ -96,9 +100,9 @@ def fetch(url: str, *, deadline_s: float = DEFAULT_DEADLINE_S, max_bytes: int = 
     status: int | None = None
     content_type = ""
     try:
-        sock = socket.create_connection((parts.hostname, port), timeout=_left(deadline))
+        sock = socket.create_connection((hostname, port), timeout=_left(deadline))
         if parts.scheme == "https":
-            sock = _ssl_context().wrap_socket(sock, server_hostname=parts.hostname)
+            sock = _ssl_context().wrap_socket(sock, server_hostname=hostname)
         conn = h11.Connection(h11.CLIENT, max_incomplete_event_size=HEADERS_MAX_BYTES)
         out = conn.send(h11.Request(method=method, target=target, headers=request_headers)) or b""
         if body:
@@ -242,7 +246,10 @@ def get_json(url: str, *, deadline_s: float = DEFAULT_DEADLINE_S, max_bytes: int
 
 
 def _path(url: str) -> str:
-    return urlsplit(url).path or "/"
+    try:
+        return urlsplit(url).path or "/"
+    except ValueError:  # not a URL at all: fetch has said so
+        return url[:200]
 
 
 # --- numbers ---------------------------------------------------------------------------------------------

@@ -189,6 +189,14 @@ def test_bundle_holds_everything_and_no_secret_from_the_profile_env(hung, tmp_pa
     assert json.loads(next(out.rglob("diagnosis.json")).read_text())["phase"] == "weights_loaded"
     # nothing in the diagnosis object itself either
     assert HF_TOKEN not in json.dumps(d.to_json()) and API_KEY not in json.dumps(d.to_json())
+    # adv22: two bundles of the same second into one folder shared a name (the second replaced the first);
+    # the user's folder keeps its own mode
+    reports = tmp_path / "reports"
+    reports.mkdir(mode=0o755)
+    os.chmod(reports, 0o755)
+    first, second = write_bundle(d, session, reports), write_bundle(d, session, reports)
+    assert first != second and first.is_file() and second.is_file(), (first, second)
+    assert stat.S_IMODE(reports.stat().st_mode) == 0o755 and stat.S_IMODE(second.stat().st_mode) == 0o600
 
 
 def test_one_rank_missing_is_named_with_its_stack_while_the_others_wait(make_emulator_profile, launched):

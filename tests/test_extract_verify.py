@@ -2,9 +2,13 @@
 re-requests samples from the server; ``--lm-head-check`` catches a wrong final state on the demo model."""
 from __future__ import annotations
 
+import http.server
 import json
+import os
 import shutil
+import threading
 from pathlib import Path
+from typing import ClassVar
 
 import httpx
 import pytest
@@ -14,6 +18,7 @@ from _extract_support import run_cli, stop_job, write_spec
 from sessions.capture.writer import write_chunks
 from sessions.extraction.collector import collect_sample
 from sessions.extraction.output import ManifestEntry, OutputDir
+from sessions.extraction.verify import check_sample_file
 
 H, K = 16, 3
 
@@ -80,6 +85,82 @@ def test_contract_violations_inside_a_file_are_named(home, cli_env, tmp_path: Pa
     assert code == 1
     (problem,) = report["problems"]
     assert problem["path"] == "rows_0-2000/data_0.ckpt" and "expected 1-D [T]" in problem["message"]
+
+
+class _Answers(http.server.BaseHTTPRequestHandler):
+    """Answers every POST with the body the test put under the port."""
+
+    bodies: ClassVar[dict[int, bytes]] = {}
+
+    def do_POST(self) -> None:
+        self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        body = self.bodies[self.server.server_address[1]]
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@pytest.mark.parametrize(("body", "why"), [
+    (b"[1]", "is a number, not an object"),
+    (b"[" * 100_000 + b"]" * 100_000, "nested deeper"),
+    (b'{"meta_info": {"hidden_states": [[[NaN, 1.0]]]}}', "not a finite number"),
+    (b'{"meta_info": {"hidden_states": [[[1.0, 2.0], [1.0]]]}}', "not a matrix of numbers"),
+    (b'{"meta_info": {"hidden_states": [[["a", "b"]]]}}', "not a matrix of numbers"),
+    (b'{"meta_info": {"hidden_states": [[[' + b"1.0," * 2_000_000 + b'1.0]]]}}', "cap"),
+])
+def test_a_hostile_generate_answer_is_a_mismatch_with_its_reason(home, cli_env, tmp_path: Path, body: bytes,
+                                                                 why: str) -> None:
+    """adv22: ``--against-http`` read /generate with httpx (no size cap, 600 s per read) and ``.json()``: a
+    non-object answer raised AttributeError, a deep one RecursionError, ragged rows ValueError."""
+    out = build_output(tmp_path, count=1)
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Answers)
+    _Answers.bodies[server.server_address[1]] = body
+    threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
+    try:
+        result = run_cli(["extract", "verify", str(out), "--json", "--against-http", "1", "--server-url",
+                          f"http://127.0.0.1:{server.server_address[1]}"], cli_env)
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr
+    (check,) = json.loads(result.stdout)["http"]
+    assert not check["ok"] and why in check["note"], check
+
+
+def test_a_fifo_for_weights_or_a_sample_is_named_never_waited_on(home, cli_env, tmp_path: Path) -> None:
+    """adv22: safetensors' ``safe_open`` and ``torch.load(mmap=True)`` open files by name themselves; a FIFO
+    planted as ``model.safetensors`` made ``--lm-head-check`` wait for a writer for good (run_cli's timeout
+    only stops a hung test).  Now each is opened by `safe_files.opened_path` first."""
+    out = build_output(tmp_path, count=2)
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps({"hidden_size": H}))
+    os.mkfifo(model / "model.safetensors")
+    result = run_cli(["extract", "verify", str(out), "--lm-head-check", "--model-path", str(model)], cli_env,
+                     timeout=300)
+    assert result.returncode == 1 and "model.safetensors is a FIFO" in result.stderr, result.stderr
+    sample = out / "rows_0-2000" / "data_1.ckpt"
+    sample.unlink()
+    os.mkfifo(sample)
+    problems, data = check_sample_file(sample, H, K * H)
+    assert data == {} and "FIFO" in problems[0], problems
+    with pytest.raises(OSError, match="FIFO"):
+        OutputDir(out).token_counts(OutputDir(out).read_manifest()[0].values())
+
+
+@pytest.mark.parametrize(("extra", "named"), [(["--against-http", "-5"], "--against-http"),
+                                              (["--min-top1", "nan"], "--min-top1"),
+                                              (["--min-top1", "7"], "--min-top1")])
+def test_verify_arguments_out_of_reason_are_refused_naming_the_flag(home, cli_env, tmp_path: Path, extra, named):
+    """adv22: ``--against-http -5`` compared nothing and said OK; ``--min-top1 nan`` could never pass."""
+    out = build_output(tmp_path, count=1)
+    result = run_cli(["extract", "verify", str(out), *extra], cli_env)
+    assert result.returncode == 2 and named in result.stderr and "Traceback" not in result.stderr, result.stderr
 
 
 # -- against the emulator --------------------------------------------------------------------------------

@@ -500,6 +500,21 @@ def test_a_file_where_another_folder_should_be_is_named(folder, argv, home, caps
         assert str(target) in err and ("folder" in err or "directory" in err), (rc, err)
 
 
+@pytest.mark.parametrize(("in_the_way", "argv"), [
+    ("jobs", ["extract", "status"]), ("config", ["profile", "list"]), ("config", ["profile", "new", "p"]),
+])
+def test_a_file_where_a_folder_above_or_the_listed_one_should_be_is_named(in_the_way, argv, home, capsys) -> None:
+    """adv22: ``<state>/jobs`` as a file made `extract status` say "no extraction jobs" (rc 0), and
+    ``<home>/config`` as a file made `profile list` print nothing (rc 0): every job and profile hidden."""
+    import shutil
+
+    target = {"jobs": home.jobs_dir, "config": home.config_root}[in_the_way]
+    shutil.rmtree(target)
+    target.write_text("x")
+    rc, _out, err = cli(capsys, *argv)
+    assert rc != 0 and str(target) in err and "a file where a folder is expected" in err, (rc, err)
+
+
 def test_the_demo_capture_folder_as_a_file_is_named(home, monkeypatch, capsys) -> None:
     from sessions.demo import demo_capture_dir
     from sessions.home import resolve_home

@@ -33,6 +33,8 @@ SECRET_NAMES = [
     "CLIENT_SECRET", "CLIENT_SECRET_2", "clientSecret", "MY_SECRETS", "SIGNING_KEY", "STRIPE_KEY",
     "apiKey", "accessToken", "x-api-key", "--api-key", "--admin-api-key", "--hf-token", "--token",
     "ssl_keyfile_password", "--control-plane-api-keys", "Authorization", "Cookie", "PASSPHRASE",
+    # adv22: shown raw in `profile command` before
+    "MY_SERVICE_CREDS", "AWS_CRED", "SLACK_WEBHOOK_URL", "DISCORD_WEBHOOK", "JWT", "SERVICE_JWT", "BEARER",
 ]
 NOT_SECRET_NAMES = [
     "PWD", "OLDPWD", "PATH", "HOME", "USER", "num_tokens", "max_new_tokens", "tokenizer_path", "NCCL_ALGO",
@@ -50,6 +52,17 @@ def test_secret_names_are_hidden(name: str) -> None:
     assert redact_env({name: "value-of-it-1234"}) == {name: REDACTED}
     assert REDACTED in redact_text(f"{name}=value-of-it-1234") and "value-of-it" not in redact_text(
         f"{name}=value-of-it-1234")
+
+
+def test_every_catalogued_word_passes_the_quick_gate_of_free_text() -> None:
+    """`redact_text` scans assignments only in text holding a hint; a catalogued word no hint covers would
+    be hidden in an env table and shown raw in a log line."""
+    from sessions import redaction
+
+    words = (redaction._SECRET_WORDS | redaction._LAST_WORD_SECRETS | set(redaction._SECRET_SUFFIXES)
+             | {w for pair in redaction._SECRET_PAIRS for w in pair if is_secret_name(w)} | {"token"})
+    uncovered = sorted(w for w in words if not any(h in w for h in redaction._NAME_HINTS))
+    assert not uncovered, uncovered
 
 
 @pytest.mark.parametrize("name", NOT_SECRET_NAMES)
@@ -82,6 +95,15 @@ SHAPES = [
     ('extra_args = ["--api-key", "MyServerKey-Zq81x", "--tp", "8"]', "MyServerKey", '"--tp", "8"'),
     ('DB_PASSWORD = "pa\\"ss\\\\wo\\nrd-Zz9"', "ss\\\\wo", "DB_PASSWORD = "),
     ("-----BEGIN RSA PRIVATE KEY-----\nMIIEowIBAAKCAQEA\n-----END RSA PRIVATE KEY-----", "MIIEowIBAAKCAQEA", ""),
+    ("ngc nvapi-AbCdEfGh12345678IjKlMnOp end", "nvapi-AbCd", "ngc "),
+    ("gcp AIzaSyA1234567890abcdefghijklmnopqrstuv end", "AIzaSyA123", "gcp "),
+    # a secret assignment right after a name and a value that hide nothing (adv22: the match of
+    # ``export HF_TOKEN`` or ``https://h/x?token`` used to swallow the secret's name)
+    ("export HF_TOKEN=value-of-it-1234", "value-of-it", "export HF_TOKEN="),
+    ("docker run -e HF_TOKEN=value-of-it-1234 img", "value-of-it", " img"),
+    ("GET http://h:30000/generate?token=value-of-it-1234 HTTP/1.1", "value-of-it", " HTTP/1.1"),
+    ("see https://hf.co/api/models?access_token=value-of-it-1234", "value-of-it", "https://hf.co/api/models?"),
+    ("wandb https://api.wandb.ai/x?api_key=value-of-it-1234", "value-of-it", "wandb https://api.wandb.ai/x?"),
 ]
 NOT_SECRET_TEXTS = [
     "Basic checks passed; Bearer tokens are fine",

@@ -152,6 +152,10 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(body)
 
+    def do_POST(self) -> None:  # /generate: the request body is read, then answered as a GET
+        self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        self.do_GET()
+
     def log_message(self, *args: Any) -> None:
         pass
 
@@ -308,3 +312,91 @@ def test_every_server_answer_is_read_by_the_one_reader() -> None:
 def test_the_tree_check_sees_a_planted_client_read() -> None:
     planted = ast.parse('import httpx\ndef f(c, base):\n    return c.get(f"{base}/metrics").text\n')
     assert any(_client_call_to_an_answer(n) for n in ast.walk(planted))
+
+
+# --- every answer's JSON is parsed by the one parser (adv22) ---------------------------------------------
+# ``json.loads`` of an answer recurses into a 100,000-deep array (RecursionError out of a request) and
+# takes NaN; ``server_answers.parse_json`` bounds the nesting and wants finite numbers.  The bench's
+# streamed chunks are parsed by `sessions.bench.bounded`, which holds no client and catches both.
+
+
+def _answer_json_parses(tree: ast.AST) -> list[int]:
+    """Lines of ``json.loads(...)``/``json.load(...)``/``<response>.json()`` in a module with a client."""
+    if not (_imports(tree) & (_HTTP_CLIENTS | {"h11"})):
+        return []
+    lines = []
+    for node in ast.walk(tree):
+        if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)):
+            continue
+        fn = node.func
+        if (isinstance(fn.value, ast.Name) and fn.value.id == "json" and fn.attr in {"load", "loads"}) or (
+                fn.attr == "json" and not node.args and not node.keywords):
+            lines.append(node.lineno)
+    return lines
+
+
+def test_every_answer_with_a_client_of_its_own_is_parsed_by_the_one_parser() -> None:
+    offenders = []
+    for folder in ("sessions", "app", "widgets"):
+        for path in sorted((ROOT / folder).rglob("*.py")):
+            rel = path.relative_to(ROOT).as_posix()
+            if rel == "sessions/server_answers.py" or rel.startswith(("sessions/emulator/", "sessions/capture/plugin/")):
+                continue
+            lines = _answer_json_parses(ast.parse(path.read_text(), rel))
+            if lines:
+                offenders.append(f"{rel}: lines {lines}")
+    assert not offenders, "parse server answers with sessions.server_answers.parse_json: " + "; ".join(offenders)
+
+
+@pytest.mark.parametrize("source", ["import httpx\ndef f(r):\n    return r.json()\n",
+                                    "import httpx, json\ndef f(raw):\n    return json.loads(raw)\n",
+                                    "def f(raw):\n    import h11, json\n    return json.loads(raw)\n"])
+def test_the_tree_check_sees_a_planted_answer_parse(source: str) -> None:
+    assert _answer_json_parses(ast.parse(source))
+
+
+def test_a_generate_answer_nested_deep_or_not_finite_is_a_failed_request_with_its_reason(answering) -> None:
+    """adv22: the extraction client's /generate answer went to ``json.loads``: 100,000 nested arrays raised
+    RecursionError out of ``post_generate`` (the sample failed with a traceback in job.log, uncounted)."""
+    import asyncio
+
+    from sessions.extraction.client import AttemptFailed, ExtractionClient
+
+    for body, why in ((b"[" * 100_000 + b"]" * 100_000, "nested deeper"),
+                      (b'{"meta_info": {"prompt_tokens": 3, "e2e_latency": NaN}}', "not a finite number")):
+        url = answering({"/generate": (200, "application/json", body)})
+
+        async def one(url: str = url) -> str:
+            client = ExtractionClient(url, concurrency=1)
+            try:
+                await client.post_generate("r1", [1, 2, 3])
+            except AttemptFailed as exc:
+                return exc.reason
+            finally:
+                await client.aclose()
+            return "no failure"
+
+        reason = asyncio.run(one())
+        assert "/generate answer" in reason and why in reason, reason
+
+
+@pytest.mark.parametrize("url", ["http://[::1", "http://[::1/metrics", "http://h:99999/x", "http://h:port/x",
+                                 "http://[not-an-ip]/x", "ftp://h/x", "http:///x"])
+def test_a_url_that_urlsplit_refuses_is_an_error_not_a_raise(url: str) -> None:
+    """adv22: ``fetch`` promises never to raise, but ``urlsplit("http://[::1")`` raised ValueError before its
+    guard (a ``--server-url`` typo was a traceback out of ``extract verify``)."""
+    from sessions.server_answers import fetch, get_json
+
+    answer = fetch(url, deadline_s=1.0)
+    assert answer.status is None and answer.error, answer
+    assert get_json(url, deadline_s=1.0).error
+
+
+@pytest.mark.parametrize("body", [b"[" * 100_000 + b"]" * 100_000, b'{"choices": [{"message": {"content": NaN}}]}'])
+def test_a_regeneration_answer_nested_deep_or_not_finite_is_the_retried_error(body: bytes) -> None:
+    """adv22: the regeneration runner's ``reply.json()`` raised RecursionError for a 100,000-deep answer,
+    which its retry (``except (httpx.TransportError, ValueError)``) does not catch."""
+    from sessions.regeneration.runner import answer_json
+
+    with pytest.raises(ValueError, match="the answer"):
+        answer_json(body)

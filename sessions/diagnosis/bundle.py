@@ -18,7 +18,7 @@ from sessions.diagnosis.evidence import (
 )
 from sessions.diagnosis.model import BUNDLE_LOG_BYTES, Diagnosis, ProcessReport
 from sessions.diagnosis.report import format_report
-from sessions.home import atomic_write_bytes
+from sessions.home import atomic_write_bytes, write_new_file
 from sessions.redaction import collect_secrets, secret_values
 from sessions.safe_files import SpecialFileError, read_regular_text
 
@@ -34,9 +34,7 @@ def write_bundle(diagnosis: Diagnosis, session: Any, path: str | Path) -> Path:
     environment and its argv.  ``path`` may be a folder: the bundle is named after the session then.
     """
     target = Path(path)
-    if target.is_dir():
-        stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(diagnosis.taken_at or time.time()))
-        target = target / f"eagle3-diagnosis-{diagnosis.session_id}-{stamp}.tar.gz"
+    folder = target if target.is_dir() else None
     try:
         profile_env = dict(getattr(getattr(session.profile, "server", None), "env", {}) or {})
     except Exception:  # noqa: BLE001 - a damaged snapshot: the diagnosis already says so
@@ -81,6 +79,12 @@ def write_bundle(diagnosis: Diagnosis, session: Any, path: str | Path) -> Path:
             info.mode = 0o600
             info.mtime = int(now)
             tar.addfile(info, io.BytesIO(data))
+    if folder is not None:
+        # The result store's primitive: two diagnoses of one session in the same second into one folder got
+        # one name, and the second replaced the first (adv22); now the second is ``…-2.tar.gz``.
+        stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(diagnosis.taken_at or time.time()))
+        return write_new_file(folder, f"eagle3-diagnosis-{diagnosis.session_id}-{stamp}", buffer.getvalue(),
+                              suffix=".tar.gz", ours=False)
     atomic_write_bytes(target, buffer.getvalue(), mode=0o600)
     return target
 

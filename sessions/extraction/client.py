@@ -96,6 +96,22 @@ def generate_payload(rid: str, input_ids: Sequence[int]) -> dict[str, Any]:
     }
 
 
+def answer_body(status: int, raw: bytes) -> Any:
+    """A ``/generate`` answer's body: its JSON read by `sessions.server_answers.parse_json` (finite numbers,
+    bounded nesting; adv22: a 100,000-deep array raised RecursionError out of the request), an error's
+    text, or AttemptFailed naming what is wrong with a 200 answer."""
+    from sessions.server_answers import parse_json
+
+    body, why = parse_json(raw, expect=None)
+    if why is not None:
+        if status == 200:
+            raise AttemptFailed(f"the /generate answer {why}", retryable=False)
+        return raw.decode("utf-8", "replace")
+    if status != 200 and isinstance(body, dict) and isinstance(body.get("error"), (str, dict)):
+        return str(body["error"])
+    return body
+
+
 def classify_response(status: int, body: Any, expected_tokens: int) -> dict[str, Any]:
     """Raise for anything but a finished prefill of exactly the tokens we sent; return ``meta_info``."""
     text = body if isinstance(body, str) else None
@@ -395,13 +411,7 @@ class ExtractionClient:
             raise AttemptFailed(f"unexpected response from {self._generate_url}: {exc}", retryable=False) from None
         finally:
             self._slots.put_nowait(http)
-        try:
-            body: Any = json.loads(raw)
-        except ValueError:
-            body = raw.decode("utf-8", "replace")
-        if status != 200 and isinstance(body, dict) and isinstance(body.get("error"), (str, dict)):
-            body = str(body["error"])
-        return classify_response(status, body, len(input_ids))
+        return classify_response(status, answer_body(status, raw), len(input_ids))
 
     async def _post_with_httpx(self, http: httpx.AsyncClient, rid: str, input_ids: Sequence[int]) -> dict[str, Any]:
         try:
@@ -412,13 +422,8 @@ class ExtractionClient:
             raise AttemptFailed(f"request timed out ({type(exc).__name__})") from None
         finally:
             self._slots.put_nowait(http)
-        try:
-            body: Any = response.json()
-        except ValueError:
-            body = response.text
-        if isinstance(body, dict) and isinstance(body.get("error"), (str, dict)) and response.status_code != 200:
-            body = str(body["error"])
-        return classify_response(response.status_code, body, len(input_ids))
+        return classify_response(response.status_code, answer_body(response.status_code, response.content),
+                                 len(input_ids))
 
     async def probe_ready(self) -> bool:
         """Whether the server serves again: ``/ready`` is 200 (``/model_info`` where ``/ready`` is missing)."""

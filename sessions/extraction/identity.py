@@ -22,8 +22,13 @@ from urllib.parse import urlsplit
 
 from sessions import safe_files
 
-IDENTITY_KEYS = ("model_path", "served_model_name", "weights", "capture_layers", "chat_template", "sglang_version",
-                 "capture_dir", "rid_prefix")
+IDENTITY_KEYS = ("model_path", "served_model_name", "weights", "model_config", "numerics", "capture_layers",
+                 "chat_template", "sglang_version", "capture_dir", "rid_prefix")
+# Server args that change the numbers a layer computes from the same weights (adv22: a server of the same
+# folder started with --dtype float16, --quantization fp8 or a --json-model-override-args rope change
+# passed the check).  Parallelism and scheduling flags do not change what a layer computes.
+_NUMERICS_ARGS = ("dtype", "quantization", "kv_cache_dtype", "json_model_override_args", "revision",
+                  "load_format", "model_loader_extra_config")
 # The checkpoint files of a model folder: what its weights are (names, sizes, modification times).
 _WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf", ".index.json")
 _TEMPLATE_FILES = ("chat_template.jinja", "chat_template.json")
@@ -53,6 +58,8 @@ def server_identity(base_url: str, timeout_s: float = _TIMEOUT_S) -> dict[str, A
         "model_path": model_path,
         "served_model_name": _text(info.json.get("served_model_name")),
         "weights": weights_of(folder) if folder is not None else None,
+        "model_config": _model_config_digest(folder) if folder is not None else None,
+        "numerics": {k: args.get(k) for k in _NUMERICS_ARGS} if args else None,
         "capture_layers": _capture_layers(args) if args else None,
         "chat_template": _chat_template_digest(folder, args.get("chat_template")) if args or folder else None,
         "sglang_version": _text(args.get("version")),
@@ -75,6 +82,16 @@ def weights_of(folder: Path) -> dict[str, list[int]] | None:
     return dict(sorted(found.items())) or None
 
 
+def _model_config_digest(folder: Path) -> str | None:
+    """sha256 of the model folder's ``config.json`` as parsed (an edited ``rope_scaling``, layer count or
+    ``torch_dtype`` changes the states with the weights unchanged), read by `sessions.safe_files`."""
+    try:
+        config = safe_files.read_json(folder / "config.json", safe_files.MODEL_CONFIG)
+    except OSError:
+        return None
+    return "sha256:" + hashlib.sha256(json.dumps(config, sort_keys=True).encode()).hexdigest()[:16]
+
+
 def _capture_layers(args: dict[str, Any]) -> Any:
     """What the server captures: ``"off"``, ``"default"`` (SGLang's [2, L//2, L-3]) or the ids it was given."""
     if not args.get("enable_return_aux_hidden_states"):
@@ -86,6 +103,8 @@ def _capture_layers(args: dict[str, Any]) -> Any:
 def _chat_template_digest(folder: Path | None, server_template: Any) -> str | None:
     """sha256 of the chat template the server applies: its ``--chat-template`` (a file's text, or the
     name given), else the model folder's (tokenizer_config.json's ``chat_template`` and template files)."""
+    # Read by `sessions.safe_files` (adv22: a FIFO planted as chat_template.jinja held the job's start for
+    # good, and a deeply nested tokenizer_config.json raised RecursionError out of the identity check).
     digest = hashlib.sha256()
     parts = 0
     if isinstance(server_template, str) and server_template:
@@ -93,19 +112,23 @@ def _chat_template_digest(folder: Path | None, server_template: Any) -> str | No
         try:
             digest.update(b"server:" + (safe_files.read_bytes(path, safe_files.MODEL_CONFIG) if path.is_file()
                                         else server_template.encode()))
-        except OSError:
-            digest.update(b"server:" + server_template.encode())
+        except OSError as exc:
+            digest.update(b"server:" + server_template.encode() + b":unreadable:" + str(exc).encode())
         parts += 1
     for name in ("tokenizer_config.json", *_TEMPLATE_FILES) if folder is not None else ():
         assert folder is not None
         try:
             raw = safe_files.read_bytes(folder / name, safe_files.MODEL_CONFIG)
-        except OSError:
+        except FileNotFoundError:
+            continue
+        except OSError as exc:  # there but unreadable (a FIFO, too large): that is part of what it is
+            digest.update(name.encode() + b":unreadable:" + getattr(exc, "kind", type(exc).__name__).encode())
+            parts += 1
             continue
         if name == "tokenizer_config.json":
             try:
-                config = json.loads(raw)
-            except ValueError:
+                config = safe_files.parse_json(raw, f"{folder / name}")
+            except OSError:
                 continue
             template = config.get("chat_template") if isinstance(config, dict) else None
             if template is None:

@@ -350,7 +350,8 @@ class OutputDir:
         for entry in entries:
             if entry.status != "ok" or entry.path is None:
                 continue
-            data = torch.load(self.root / entry.path, weights_only=True, mmap=True)
+            with safe_files.opened_path(self.root / entry.path, safe_files.OUTPUT_DATA) as opened:
+                data = torch.load(opened, weights_only=True, mmap=True)
             ids = data["input_ids"][data["loss_mask"] == 1]
             uniq, freq = ids.unique(return_counts=True)
             for token, n in zip(uniq.tolist(), freq.tolist()):

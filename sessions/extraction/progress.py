@@ -111,8 +111,10 @@ def read_progress(job_dir: Path) -> JobProgress | None:
 
 def list_jobs(home: Home) -> list[JobProgress]:
     """Every job under the home's jobs dir, newest first."""
+    from sessions import safe_files
+
     jobs_dir = home.jobs_dir
-    if not jobs_dir.is_dir():
+    if not safe_files.folder_exists(jobs_dir, "jobs folder"):
         return []
     found = [p for d in jobs_dir.iterdir() if d.is_dir() and (p := read_progress(d)) is not None]
     return sorted(found, key=lambda p: p.started_at or 0.0, reverse=True)

@@ -117,7 +117,10 @@ def check_sample_file(path: Path, hidden_size: int | None, aux_width: int | None
     import torch
 
     try:
-        data = torch.load(path, weights_only=True, mmap=True)
+        with safe_files.opened_path(path, safe_files.OUTPUT_DATA) as opened:
+            data = torch.load(opened, weights_only=True, mmap=True)
+    except OSError as exc:  # a FIFO, a device, a folder: named, never waited on
+        return [f"cannot be loaded: {safe_files.describe_os_error(exc, path)}"], {}
     except Exception as exc:  # noqa: BLE001 - a corrupt zip raises many types; the file is what's wrong
         return [f"cannot be loaded: {type(exc).__name__}: {exc}"], {}
     if not isinstance(data, dict):
@@ -303,30 +306,49 @@ def _spread(items: list[Any], n: int) -> list[Any]:
 
 
 def _compare_http(root: Path, entry: Any, url: str, rid_prefix: str) -> HttpComparison:
-    import httpx
+    import json
+
     import torch
 
-    data = torch.load(root / entry.path, weights_only=True, mmap=True)
+    from sessions import server_answers
+
+    with safe_files.opened_path(root / entry.path, safe_files.OUTPUT_DATA) as opened:
+        data = torch.load(opened, weights_only=True, mmap=True)
     ids = data["input_ids"].tolist()
     rid = f"verify-{uuid.uuid4().hex}"
     if rid_prefix and rid.startswith(rid_prefix):  # never let the capture plugin dump a verify request
         rid = f"x{rid}"
     payload = {"input_ids": ids, "rid": rid, "return_hidden_states": True,
                "sampling_params": {"max_new_tokens": 1, "temperature": 0.0}}
+
+    def failed(note: str) -> HttpComparison:
+        return HttpComparison(entry.path, len(ids), None, None, False, note)
+
+    # The one bounded reader (adv22: httpx.post read any size for up to 600 s a byte, and a deep, NaN or
+    # non-object answer raised out of verify).  The answer holds one row of floats per prompt token: it can
+    # not honestly be larger than ~32 bytes per float, so the cap follows from what was asked.
+    width = int(data["aux_hidden_state"].shape[-1]) if data["aux_hidden_state"].dim() else 1
+    answer = server_answers.fetch(f"{url.rstrip('/')}/generate", method="POST", deadline_s=600.0,
+                                  max_bytes=max(server_answers.JSON_MAX_BYTES, (len(ids) + 2) * width * 32),
+                                  headers={"Content-Type": "application/json"},
+                                  body=json.dumps(payload).encode("utf-8"))
+    if answer.error is not None:
+        return failed(f"request failed: {answer.error}")
+    if answer.status != 200:
+        return failed(f"HTTP {answer.status}: {answer.text()[:200]}")
+    body, why = server_answers.parse_json(answer.body, expect=None)
+    body = body[0] if isinstance(body, list) and body else body
+    if why is not None or not isinstance(body, dict):
+        return failed(f"the /generate answer {why or 'is ' + server_answers.kind_of(body) + ', not an object'}")
+    meta = body.get("meta_info")
+    states = meta.get("hidden_states") if isinstance(meta, dict) else None
+    if not states or not isinstance(states, list) or not isinstance(states[0], list) or not states[0] \
+            or not isinstance(states[0][0], list):
+        return failed("the server returned no prefill hidden states (is it launched with the aux flags?)")
     try:
-        response = httpx.post(f"{url.rstrip('/')}/generate", json=payload, timeout=600.0)
-    except httpx.HTTPError as exc:
-        return HttpComparison(entry.path, len(ids), None, None, False, f"request failed: {exc}")
-    if response.status_code != 200:
-        return HttpComparison(entry.path, len(ids), None, None, False,
-                              f"HTTP {response.status_code}: {response.text[:200]}")
-    body = response.json()
-    body = body[0] if isinstance(body, list) else body
-    states = (body.get("meta_info") or {}).get("hidden_states")
-    if not states or not isinstance(states[0], list) or not states[0] or not isinstance(states[0][0], list):
-        return HttpComparison(entry.path, len(ids), None, None, False,
-                              "the server returned no prefill hidden states (is it launched with the aux flags?)")
-    served = torch.tensor(states[0], dtype=torch.float32)
+        served = torch.tensor(states[0], dtype=torch.float32)
+    except (TypeError, ValueError) as exc:  # ragged rows, strings: not a matrix of numbers
+        return failed(f"the served hidden states are not a matrix of numbers ({exc})")
     stored = data["aux_hidden_state"][0].float()
     if served.shape != stored.shape:
         width_note = (" (final states only: the server lacks --enable-return-aux-hidden-states)"
@@ -357,13 +379,14 @@ def load_lm_head(model_path: Path) -> Any:
         weight_map = (safe_files.read_json(index, safe_files.WEIGHT_INDEX) or {}).get("weight_map", {})
         for key in keys:
             if key in weight_map:
-                with safe_open(str(model_path / weight_map[key]), "pt") as fh:
+                with safe_files.opened_path(model_path / weight_map[key], safe_files.WEIGHTS) as opened, \
+                        safe_open(opened, "pt") as fh:
                     return fh.get_tensor(key)
         files = []
     else:
         files = sorted(model_path.glob("*.safetensors"))
     for path in files:
-        with safe_open(str(path), "pt") as fh:
+        with safe_files.opened_path(path, safe_files.WEIGHTS) as opened, safe_open(opened, "pt") as fh:
             names = set(fh.keys())
             for key in keys:
                 if key in names:
@@ -378,7 +401,8 @@ def _lm_head_agreement(root: Path, entries: list[Any], model_path: Path, min_top
     weight = load_lm_head(model_path)
     positions = agree = 0
     for entry in entries:
-        data = torch.load(root / entry.path, weights_only=True, mmap=True)
+        with safe_files.opened_path(root / entry.path, safe_files.OUTPUT_DATA) as opened:
+            data = torch.load(opened, weights_only=True, mmap=True)
         ids, mask = data["input_ids"], data["loss_mask"]
         hidden = data["hidden_state"][0]
         # Position t predicts token t+1; check where t+1 is an assistant token.

@@ -39,10 +39,9 @@ def profile_path(name_or_path: str | Path, home: Home | None = None) -> Path:
 def list_profiles(home: Home | None = None) -> list[str]:
     """The profile names in ``<profiles_dir>``, sorted (editor temp files and hidden files skipped)."""
     folder = (home or resolve_home()).profiles_dir
-    if not folder.is_dir():
-        if os.path.lexists(folder):  # a file where the folder should be: say so, never "no profiles"
-            raise NotADirectoryError(errno.ENOTDIR, f"{folder} is a file where the profiles folder is expected",
-                                     str(folder))
+    from sessions import safe_files
+
+    if not safe_files.folder_exists(folder, "profiles folder"):  # a file in the way: say so, never "no profiles"
         return []
     return sorted(p.stem for p in folder.glob("*.toml") if not p.name.startswith(".") and p.is_file())
 

@@ -75,7 +75,7 @@ class RegenRun:
     def _model_name(self, client: httpx.Client, url: str) -> str:
         reply = client.get(f"{url}/v1/models", timeout=30.0)
         reply.raise_for_status()
-        return str(reply.json()["data"][0]["id"])
+        return str(answer_json(reply.content)["data"][0]["id"])
 
     def _probe(self) -> None:
         """Every server must answer /v1/models (and give the model name when the spec has none)."""
@@ -119,7 +119,7 @@ class RegenRun:
                 reply = client.post(f"{url}/v1/chat/completions", json=self._body(history),
                                     timeout=self.spec.request_timeout_s)
                 if reply.status_code < 500:
-                    data = reply.json()
+                    data = answer_json(reply.content)
                     if reply.status_code != 200:
                         message = data.get("message") if isinstance(data, dict) else None
                         if message is None and isinstance(data, dict) and isinstance(data.get("error"), dict):
@@ -299,6 +299,17 @@ class RegenRun:
         finally:
             self.files.close()
             self.stats.close()
+
+
+def answer_json(body: bytes) -> Any:
+    """A server's JSON answer read by `sessions.server_answers.parse_json` (adv22: ``reply.json()`` raised
+    RecursionError, not the ValueError the retry catches, for a 100,000-deep answer, and took NaN)."""
+    from sessions.server_answers import parse_json
+
+    value, why = parse_json(body, expect=None)
+    if why is not None:
+        raise ValueError(f"the answer {why}")
+    return value
 
 
 def main(argv: list[str] | None = None) -> int:
