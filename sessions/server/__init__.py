@@ -46,7 +46,17 @@ from sessions.server.model import (
     classify_state,
 )
 from sessions.server.record import SessionRecord, find_marked_servers
-from sessions.server.session import ServerSession, find_session, list_sessions, running_sessions_of
+from sessions.server.group import GroupInfo
+from sessions.server.session import (
+    ServerSession,
+    find_group,
+    find_session,
+    group_members,
+    list_sessions,
+    restart_group,
+    running_sessions_of,
+    stop_group,
+)
 from sessions.server.status import SessionReader
 
 __all__ = [
@@ -65,6 +75,7 @@ __all__ = [
     "STATE_VERSION",
     "AlreadyRunning",
     "GpuBusy",
+    "GroupInfo",
     "LaunchError",
     "RankStatus",
     "ServerSession",
@@ -75,9 +86,13 @@ __all__ = [
     "SessionStatus",
     "StopReport",
     "classify_state",
+    "find_group",
     "find_marked_servers",
     "find_session",
     "flag_diff",
+    "group_members",
     "list_sessions",
+    "restart_group",
     "running_sessions_of",
+    "stop_group",
 ]
