@@ -275,8 +275,11 @@ def open_job_log(path: Path) -> int:
     return fd
 
 
-def spawn(path: Path, resume: bool, accept_server: bool = False) -> int:
-    """Start the job process detached; return its pid (also recorded in progress.json)."""
+def spawn(path: Path, resume: bool, accept_server: bool = False, allow_partial: bool = False) -> int:
+    """Start the job process detached; return its pid (also recorded in progress.json).
+
+    ``allow_partial`` (``--allow-partial``): the job starts although its storage estimate does not fit
+    (`sessions.extraction.storage`); it writes what fits and pauses when the disk is full."""
     import psutil
 
     spec = load_job_spec(path / SPEC_FILE)
@@ -290,7 +293,8 @@ def spawn(path: Path, resume: bool, accept_server: bool = False) -> int:
     argv = [python, "-m", "sessions.extraction.runner", "--job-dir", str(path)]
     if resume:
         argv.append("--resume")
-    atomic_write_json(path / CONTROL_FILE, {"pause": False, "cancel": False, "accept_server": accept_server})
+    atomic_write_json(path / CONTROL_FILE, {"pause": False, "cancel": False, "accept_server": accept_server,
+                                            "allow_partial": allow_partial})
     log_fd = open_job_log(path)
     try:
         proc = subprocess.Popen(argv, cwd=path, stdin=subprocess.DEVNULL, stdout=log_fd, stderr=subprocess.STDOUT,
@@ -308,10 +312,10 @@ def spawn(path: Path, resume: bool, accept_server: bool = False) -> int:
     return proc.pid
 
 
-def run_job(spec_path: Path | str, home: Home | None = None) -> str:
+def run_job(spec_path: Path | str, home: Home | None = None, allow_partial: bool = False) -> str:
     """``extract run``: create and spawn; returns the job id."""
     job_id, path = create_job(spec_path, home)
-    spawn(path, resume=False)
+    spawn(path, resume=False, allow_partial=allow_partial)
     return job_id
 
 
@@ -341,7 +345,8 @@ def pause_job(job_id: str, home: Home | None = None) -> JobProgress:
     return progress
 
 
-def resume_job(job_id: str, home: Home | None = None, accept_server: bool = False) -> JobProgress:
+def resume_job(job_id: str, home: Home | None = None, accept_server: bool = False,
+               allow_partial: bool = False) -> JobProgress:
     """``extract resume``: a live job paused by the user continues; a stopped one (or a done one with failed
     samples, which are retried) gets a new process that continues from the manifest under the same id.
 
@@ -359,7 +364,7 @@ def resume_job(job_id: str, home: Home | None = None, accept_server: bool = Fals
         raise JobError(f"job {job_id} is already {progress.state} (pid {progress.pid})", code=1)
     if progress.state == "done" and not progress.extraction_failures:
         raise JobError(f"job {job_id} is done: nothing to resume", code=1)
-    spawn(path, resume=True, accept_server=accept_server)
+    spawn(path, resume=True, accept_server=accept_server, allow_partial=allow_partial)
     return job_status(job_id, home)
 
 

@@ -57,6 +57,8 @@ class JobProgress:
     paused_by_user: bool = False
     job_dir: str = ""
     python: str | None = None  # the interpreter running the job
+    estimated_output_bytes: int | None = None  # the storage estimate of the whole output (bytes: written)
+    storage: dict[str, Any] | None = None  # the estimate against each filesystem (sessions.extraction.storage)
 
     @property
     def fraction(self) -> float:
