@@ -103,7 +103,7 @@ class DashboardFeed:
             except OSError as exc:
                 problems.append(f"log {status.log_path}: {exc.strerror or exc}")
         entries = tuple(
-            SessionEntry(s.session_id, s.profile, s.state, s.phase, s.port, s.started_at)
+            SessionEntry(s.session_id, s.profile, s.state, s.phase, s.port, s.started_at, s.alive)
             for s in sorted(statuses.values(), key=lambda s: s.started_at or 0.0, reverse=True)
         )
         capture = self._capture_status(request.selected_profile, profiles, problems)

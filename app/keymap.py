@@ -259,3 +259,29 @@ def _find_line(text: str, needle: str) -> int | None:
 def _line_from_message(message: str) -> int | None:
     match = re.search(r"line (\d+)", message)
     return int(match.group(1)) if match else None
+
+
+# The command palette's name for each action (`app.tui.ActionsProvider` lists every binding of APP_KEYS and
+# DASHBOARD_KEYS, with the keys in force); names carry the words people search for ("bench", "extract").
+PALETTE_NAMES: dict[str, str] = {
+    "app.quit": "Quit (servers keep running)",
+    "app.help": "Help: every key",
+    "app.command_palette": "Command palette",
+    "dashboard.launch": "Launch selected profile",
+    "dashboard.restart": "Restart session",
+    "dashboard.stop": "Stop session",
+    "dashboard.edit": "Edit profile",
+    "dashboard.filter": "Filter log",
+    "dashboard.fullscreen": "Full-screen log",
+    "dashboard.wrap": "Toggle wrap",
+    "dashboard.timestamps": "Toggle timestamps",
+    "dashboard.focus_profiles": "Focus pane 1: profiles",
+    "dashboard.focus_sessions": "Focus pane 2: sessions",
+    "dashboard.focus_gpus": "Focus pane 3: GPUs",
+    "dashboard.focus_log": "Focus pane 4: log",
+    "dashboard.diagnose": "Diagnose session (stacks, hints)",
+    "dashboard.capture": "Capture: toggle hidden-state capture",
+    "dashboard.jobs": "Jobs: extraction jobs (extract)",
+    "dashboard.bench": "Bench session (bench_serving, compare)",
+    "dashboard.refresh": "Refresh now",
+}

@@ -18,12 +18,22 @@ import termios
 import threading
 import time
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from textual.command import DiscoveryHit, Hit, Hits, Provider
+from textual.driver import Driver
 
-from app.keymap import APP_KEYS, bindings, load_keymap
+from app.keymap import (
+    APP_KEYS,
+    DASHBOARD_KEYS,
+    PALETTE_NAMES,
+    bindings,
+    effective_keys,
+    key_label,
+    load_keymap,
+)
 from app.typeahead import TypeAheadApp
 
 if TYPE_CHECKING:
@@ -43,22 +53,15 @@ class ActionsProvider(Provider):
         if not isinstance(app, Eagle3App) or app.dashboard is None:  # this provider is Eagle3App's only
             return []
         dashboard = app.dashboard
-        commands: list[tuple[str, Callable[[], Any], str]] = [
-            ("Launch selected profile", dashboard.action_launch, "Start the highlighted profile (l)"),
-            ("Restart session", dashboard.action_restart, "Stop and relaunch, showing the flag diff (r)"),
-            ("Stop session", dashboard.action_stop, "SIGTERM, then SIGKILL after the grace period (s)"),
-            ("Edit profile", dashboard.action_edit, "Open the profile editor (e)"),
-            ("Filter log", dashboard.action_filter, "Text, /regex/ or rank (/)"),
-            ("Clear log filter", lambda: dashboard.set_log_filter(None), "Show every line again"),
-            ("Full-screen log", dashboard.action_fullscreen, "Toggle the maximized log (f)"),
-            ("Toggle wrap", dashboard.action_wrap, "Wrap long log lines (w)"),
-            ("Toggle timestamps", dashboard.action_timestamps, "Show or hide log timestamps (t)"),
-            ("Diagnose session", dashboard.action_diagnose, "Stacks, baseline comparison, hints (d)"),
-            ("Capture", dashboard.action_capture, "Hidden-state capture for the profile (c)"),
-            ("Jobs", dashboard.action_jobs, "Extraction jobs (x)"),
-            ("Refresh now", dashboard.action_refresh, "Poll without waiting"),
-            ("Help", app.action_help, "Every key (?)"),
-        ]
+        keys = effective_keys(app.user_keymap)  # as remapped in config [keys]: the palette shows what works
+        commands: list[tuple[str, Callable[[], Any], str]] = []
+        for spec in APP_KEYS + DASHBOARD_KEYS:
+            if spec.id == "app.command_palette":
+                continue
+            target = app if spec.id.startswith("app.") else dashboard
+            commands.append((PALETTE_NAMES.get(spec.id, spec.description), partial(target.run_action, spec.action),
+                             f"{spec.help or spec.description} ({key_label(keys[spec.id])})"))
+        commands.append(("Clear log filter", lambda: dashboard.set_log_filter(None), "Show every line again"))
         snapshot = dashboard.last_snapshot
         if snapshot is not None:
             for entry in snapshot.profiles:
@@ -92,11 +95,7 @@ class ActionsProvider(Provider):
 
 
 def _launch_named(dashboard: DashboardScreen, name: str) -> Callable[[], None]:
-    def launch() -> None:
-        dashboard.selected_profile = name
-        dashboard.action_launch()
-
-    return launch
+    return lambda: dashboard.launch_profile(name)
 
 
 def _select_session(dashboard: DashboardScreen, session_id: str) -> Callable[[], None]:
@@ -133,6 +132,18 @@ class Eagle3App(TypeAheadApp[int]):
         self.hangup_received = False
         self.crash_file: Path | None = None
 
+    def get_driver_class(self) -> type[Driver]:
+        """Textual's driver, except on Linux/macOS terminals: the one that ignores bytes that are not UTF-8
+        (`app.terminal_input`; Textual's own exits the app on one 0xFF byte)."""
+        driver_class = super().get_driver_class()
+        from textual.drivers.linux_driver import LinuxDriver
+
+        if driver_class is LinuxDriver:
+            from app.terminal_input import ByteSafeLinuxDriver
+
+            return ByteSafeLinuxDriver
+        return driver_class
+
     def on_mount(self) -> None:
         from app.feed import DashboardFeed
         from app.screens.dashboard import DashboardScreen
@@ -150,11 +161,14 @@ class Eagle3App(TypeAheadApp[int]):
             from sessions.demo import HEALTHY_PROFILE
 
             initial = HEALTHY_PROFILE
+        from app.selection import load_selection
+
         self.dashboard = DashboardScreen(
             DashboardFeed(self.home, self._gpu_source),
             demo=self.demo,
             refresh_s=self.refresh_s,
             initial_profile=initial,
+            initial=load_selection(self.home),  # reattach: the last TUI's selection and focused pane
         )
         self.push_screen(self.dashboard)
         for problem in self.keymap_problems:

@@ -19,6 +19,12 @@ while a worker named in ``KEYS_WAIT_FOR_WORKERS`` runs: its outcome may be a que
 ``c``, ``r``), and "l y" typed ahead answers it, as it would typed slowly.  Limits keep a
 key that is never finished (its widget went away), a screen that never settles or a slow worker from
 stopping input: the keys then go on, in order, to whatever has focus.
+
+Alt+key is Esc, then the key.  A terminal sends alt+r as Esc followed by r, so Esc and r typed ahead in one
+packet (a slow SSH link: ``e … ctrl+s Esc r``) arrive as one alt+r, and an input typed the r into its field
+("hang-after-weightsr").  No binding of this app uses alt+<character>, so when the key is dispatched and no
+active binding takes that alt+key, it goes on as Esc and then the key (`split_alt`), where each has its own
+effect.  (`app.terminal_input.AltKeyParser` makes the terminal report every Esc+character pair as alt+key.)
 """
 
 from __future__ import annotations
@@ -34,6 +40,8 @@ from textual._context import active_message_pump
 from textual.app import App
 from textual.screen import Screen
 from textual.worker import Worker
+
+from app.terminal_input import key_name
 
 FLIGHT_LIMIT_S = 1.0  # a key not finished by then (dropped by a widget being removed) lets the next one go
 SETTLE_LIMIT_S = 5.0  # a screen not ready by then gets the held keys anyway (it shows "loading…" meanwhile)
@@ -155,7 +163,13 @@ class TypeAheadApp(App[_R], Generic[_R]):
             await self.action_quit()
             return
         while state.pending and state.in_flight is None and state.settling is None and not self._awaiting():
-            event = _tracked(state.pending.popleft(), self._finished)
+            head = state.pending.popleft()
+            if isinstance(head, events.Key) and head.key not in self.screen.active_bindings:
+                split = split_alt(head)
+                if split is not None:
+                    head, then = split  # Esc now; the key waits first in line, after what Esc changes
+                    state.pending.appendleft(then)
+            event = _tracked(head, self._finished)
             state.in_flight = event
             state.flight_timer = asyncio.get_running_loop().call_later(
                 FLIGHT_LIMIT_S, self.call_later, self._finished, event
@@ -241,6 +255,19 @@ class TypeAheadApp(App[_R], Generic[_R]):
             state.settle_timer = None
         if state.pending:
             self.call_after_refresh(self._dispatch_pending)
+
+
+def split_alt(event: events.Key) -> tuple[events.Key, events.Key] | None:
+    """alt+<key> of one printable character -> (Esc, the key), as the terminal's two bytes meant; else None."""
+    character = event.character
+    if not event.key.startswith("alt+") or character is None or len(character) != 1 or not character.isprintable():
+        return None
+    escape, key = events.Key("escape", "\x1b"), events.Key(key_name(character), character)
+    for part in (escape, key):
+        part.time = event.time
+        if event._sender is not None:
+            part.set_sender(event._sender)
+    return escape, key
 
 
 def _ready_for_keys(screen: Screen[Any]) -> bool:

@@ -35,6 +35,11 @@ class SessionEntry:
     phase: str
     port: int | None
     started_at: float | None
+    alive: bool = False  # its main process runs (what `s` can stop)
+
+    def names(self) -> str:
+        """How a question names this session: "profile tiny-llama, port 30000"."""
+        return f"profile {self.profile}" + (f", port {self.port}" if self.port else "")
 
 
 @dataclass(frozen=True)

@@ -39,7 +39,7 @@ def test_b_on_the_tiny_llama_demo_shows_a_result_table_and_the_history(demo_home
         app = Eagle3App(demo_home, demo=True, refresh_s=0.2)
         async with app.run_test(size=(140, 45)) as pilot:
             await first_poll(pilot, app)
-            app.dashboard.selected_profile = CAPTURE_PROFILE
+            app.dashboard.select_profile(CAPTURE_PROFILE)  # the profile cursor: l acts on what is in view
             await pilot.press("l")
             status = await wait_until(
                 pilot, lambda: (s := app.dashboard.last_snapshot.status) and s.state == "ready" and s,

@@ -548,3 +548,114 @@ def test_l_then_y_in_one_burst_answers_the_gpus_in_use_question(home, make_emula
             if folder.name.startswith("big-"):
                 launched.track(folder.name)
     assert questions == [f"Launch big on GPUs in use by {holder.session_id}?"]
+
+
+# -- alt+key is Esc, then the key: Esc and a key in one packet (issue 21 #6) -----------------------------------
+
+
+async def terminal_burst(pilot, data: str) -> None:
+    """Send ``data`` as one packet read from the terminal: parsed by Textual's xterm parser (which turns Esc
+    followed by a letter into alt+letter, as it must for a real alt+letter), all queued at once."""
+    from textual import constants
+    from textual._xterm_parser import XTermParser
+
+    app = pilot.app
+    parser = XTermParser()
+    events_read = list(parser.feed(data))
+    # The parser's own rule: an Esc sequence that does not go on is known only once its delay has passed
+    # (the driver then ticks the parser); this is that delay, not a wait for the app.
+    await asyncio.sleep(constants.ESCAPE_DELAY * 2)
+    for event in events_read + list(parser.tick()):
+        event.set_sender(app)
+        app._driver.send_message(event)
+    await pilot.pause()
+    await wait_until(pilot, lambda: not app.typeahead.busy, f"the app handled the packet {data!r}")
+    await pilot.pause()
+
+
+def test_the_terminals_esc_and_a_character_in_one_packet_is_always_alt_key():
+    """Textual's parser lost the Esc of Esc+/ (a bare slash) and turned Esc+1 into a macOS "¡"; the TUI's
+    parser reports each as alt+key, and keeps the sequences that are not Esc+character."""
+    import time as clock
+
+    from textual import constants
+
+    from app.terminal_input import AltKeyParser
+
+    def keys(data: str) -> list[tuple[str, str | None]]:
+        parser = AltKeyParser()
+        found = list(parser.feed(data))
+        clock.sleep(constants.ESCAPE_DELAY * 2)  # a lone Esc is known only once nothing follows it in time
+        return [(e.key, e.character) for e in found + list(parser.tick())]
+
+    assert keys("\x1br") == [("alt+r", "r")]
+    assert keys("\x1bR") == [("alt+shift+r", "R")]
+    assert keys("\x1b/") == [("alt+slash", "/")]
+    assert keys("\x1b1") == [("alt+1", "1")]
+    assert keys("\x13\x1bx") == [("ctrl+s", "\x13"), ("alt+x", "x")]
+    assert keys("\x1b[A") == [("up", None)]  # CSI: still the arrow
+    assert keys("\x1bOP") == [("f1", None)]  # SS3: still F1
+    assert keys("\x1bb") == [("ctrl+left", None)]  # macOS option+left, as Textual maps it
+    assert keys("\x1b") == [("escape", "\x1b")]
+
+
+def test_e_then_a_fault_ctrl_s_and_esc_r_in_one_packet_saves_closes_and_presses_r(home, make_emulator_profile):
+    """`e … ctrl+s Esc r` in one packet left the editor open with the fault field reading
+    "hang-after-weightsr": the Esc and the r arrived as one alt+r, and the field typed its r."""
+    make_emulator_profile("emu", tp=2)
+    notes: list[str] = []
+    saved: list = []
+
+    async def scenario() -> None:
+        app = _recording_app(home, notes)
+        async with app.run_test(size=(80, 24), message_hook=saved.append) as pilot:
+            await first_poll(pilot, app)
+            dashboard = app.screen
+            await pilot.press("e")
+            await wait_until(pilot, lambda: isinstance(app.screen, ProfileEditorScreen) and app.screen.last_check,
+                             "the editor")
+            editor = app.screen
+            field = editor.query_one("#fault", Input)
+            field.focus()
+            await pilot.pause()
+            await terminal_burst(pilot, "\x05" + "\x7f" * 30 + "hang-after-weights" + "\x13\x1br")
+            await wait_until(pilot, lambda: any(isinstance(m, ProfileSaved) for m in saved), "the save")
+            assert field.value == "hang-after-weights"
+            assert app.screen is dashboard  # Esc closed the saved editor
+            assert "Profile emu has no running session to restart (l launches it)." in notes  # r, on the dashboard
+
+    run(scenario)
+    assert load_profile("emu", home).emulator.fault == "hang-after-weights"
+
+
+def test_esc_and_a_key_in_one_packet_close_the_log_filter_and_press_the_key(home, make_emulator_profile):
+    from app.screens.jobs import JobsScreen as Jobs
+
+    make_emulator_profile("emu", tp=2)
+
+    async def scenario() -> None:
+        app = _app(home)
+        async with app.run_test(size=(80, 24)) as pilot:
+            await first_poll(pilot, app)
+            await terminal_burst(pilot, "/Load\x1bx")
+            assert app.dashboard.query_one("#filter-input", Input).value == "Load"
+            assert not app.dashboard.query_one("#filter-bar").has_class("-open")
+            assert isinstance(app.screen, Jobs)  # the x after Esc opened the jobs screen
+
+    run(scenario)
+
+
+def test_an_alt_key_that_a_binding_uses_stays_that_binding(home, make_emulator_profile):
+    from app.screens.jobs import JobsScreen as Jobs
+
+    make_emulator_profile("emu", tp=2)
+    home.config_file.write_text('[keys]\n"dashboard.jobs" = "alt+j"\n')
+
+    async def scenario() -> None:
+        app = _app(home)
+        async with app.run_test(size=(80, 24)) as pilot:
+            await first_poll(pilot, app)
+            await terminal_burst(pilot, "\x1bj")
+            assert isinstance(app.screen, Jobs)
+
+    run(scenario)

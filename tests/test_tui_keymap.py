@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 from app.keymap import ALL_KEYS, DASHBOARD_KEYS, effective_keys, load_keymap
 
 CONTRACT_KEYS = {  # issue 4's key table: binding id -> the default key
@@ -83,5 +85,54 @@ def test_the_running_app_uses_the_remapped_keys_and_reports_bad_ones(home):
             assert keys.get("S") == "stop" and keys.get("s") != "stop"
             assert keys.get("r") == "restart"  # the others keep their defaults
             assert any("dashboard.nope" in problem for problem in app.keymap_problems)
+
+    run(scenario)
+
+
+def _palette_rows(app) -> list[str]:
+    from textual.command import CommandList
+
+    found = app.screen.query_one(CommandList)
+    return [str(found.get_option_at_index(i).prompt) for i in range(found.option_count)]
+
+
+def test_the_palette_finds_bench_and_extract_and_palette_and_help_show_remapped_keys(home, make_emulator_profile):
+    """The palette's entries and the help screen come from the key bindings: "bench" and "extract" find their
+    actions (they found nothing), a key remapped in [keys] is shown as remapped, and the palette's entry runs
+    the binding's action (Bench opens the bench screen)."""
+    from _tui_support import burst, first_poll, run, screen_text, wait_until
+
+    from app.palette import SafeCommandPalette
+    from app.screens.bench import BenchScreen
+    from app.screens.help import HelpScreen
+    from app.tui import Eagle3App
+    from sessions.gpus import EmulatedSource
+
+    make_emulator_profile("emu", tp=2)
+    home.config_file.write_text('[keys]\n"dashboard.stop" = "S"\n"dashboard.bench" = "B,ctrl+b"\n')
+
+    async def scenario() -> None:
+        app = Eagle3App(home, gpu_source=EmulatedSource(home), refresh_s=0.2)
+        async with app.run_test(size=(120, 40)) as pilot:
+            await first_poll(pilot, app)
+            found: dict[str, list[str]] = {}
+            for word in ("bench", "extract", "stop"):
+                await burst(pilot, "ctrl+p", *word)
+                await wait_until(pilot, lambda: isinstance(app.screen, SafeCommandPalette) and _palette_rows(app),
+                                 f"palette hits for {word}")
+                found[word] = _palette_rows(app)
+                await burst(pilot, "escape")
+            assert any(r.startswith("Bench session") and "(B ctrl+b)" in r for r in found["bench"]), found
+            assert any(r.startswith("Jobs: extraction jobs") and "(x)" in r for r in found["extract"]), found
+            assert any(r.startswith("Stop session") and "(S)" in r for r in found["stop"]), found
+            await burst(pilot, "ctrl+p", *"bench session", "enter")
+            await wait_until(pilot, lambda: isinstance(app.screen, BenchScreen), "the bench screen from the palette")
+            await burst(pilot, "escape", "question_mark")
+            await wait_until(pilot, lambda: isinstance(app.screen, HelpScreen), "help")
+            text = screen_text(app)
+            stop_row = next(line for line in text.splitlines() if "Stop the selected session" in line)
+            bench_row = next(line for line in text.splitlines() if "Benchmark the selected" in line)
+            assert re.search(r"\sS\s+Stop the selected session", stop_row) and "dashboard.stop" in stop_row, stop_row
+            assert re.search(r"\sB ctrl\+b\s+Benchmark the selected", bench_row), bench_row
 
     run(scenario)

@@ -88,3 +88,28 @@ def test_the_tui_exits_cleanly_when_the_terminal_goes_and_the_server_keeps_runni
     assert code == 0
     status = running_session.status(probe_http=True)
     assert status.alive and status.state == "ready"
+
+
+@pytest.mark.parametrize("garbage", [b"\xff", b"\x80", b"\xc3", b"\xff?\x80", b"\xe2\x82"])
+def test_bytes_that_are_not_utf8_are_ignored_and_the_keys_around_them_still_work(garbage, home, cli_env,
+                                                                                 make_emulator_profile):
+    """One 0xFF or 0x80 byte typed into the TUI made Textual's input thread raise UnicodeDecodeError, and the
+    app exited at once with status 0 (issue 22 #16).  Now the byte is dropped: the help key typed after it
+    (in the same packet or the next) opens help, and q still quits with status 0."""
+    make_emulator_profile("emu", tp=2)
+    pid, fd = _spawn_tui(_env(cli_env))
+    try:
+        _read_until(fd, b"GPUs")  # the dashboard is up
+        os.write(fd, garbage)
+        os.write(fd, b"?")
+        # Alive, and reading keys after the bad bytes (_read_until returns early when the terminal closes).
+        assert b"Help \xc2\xb7 eagle3-tui" in _read_until(fd, b"Help \xc2\xb7 eagle3-tui"), "no help drawn"
+        done, _status = os.waitpid(pid, os.WNOHANG)
+        assert done == 0, "the TUI exited after the undecodable bytes"
+        os.write(fd, b"\x1b")  # close help
+        _read_until(fd, b"Profiles")
+        os.write(fd, b"q")
+        code = _wait_exit(pid)
+    finally:
+        os.close(fd)
+    assert code == 0

@@ -33,13 +33,14 @@ from app.screens.dashboard_messages import (  # re-exported: listeners import th
     SessionLaunched,
     SessionStopped,
 )
+from app.selection import Selection, save_selection
 from app.stall_reports import StallReports
 from sessions.logs import MAIN_RANK, LogFilter
 from widgets.action_line import ActionLine
 from widgets.confirm_modal import ConfirmModal
 from widgets.gpu_panel import GpuPanel
 from widgets.inputs import InOrderInput
-from widgets.lists import PageSafeSelect, ProfileList, SessionList
+from widgets.lists import PageSafeSelect, ProfileList, SessionEntry, SessionList
 from widgets.log_view import LogPane, LogView
 from widgets.phase_timeline import PhaseTimeline
 from widgets.serving_line import ServingLine
@@ -47,6 +48,8 @@ from widgets.state_line import StateLine
 
 REFRESH_S = 1.0
 STOP_GRACE_S = 30.0
+TALL_AT = 32  # rows: below, the capture panel is cut to two scrollable lines (the log pane keeps 5)
+FOOTER_LAST = ("dashboard.filter", "dashboard.fullscreen")  # shown last in the footer (see BINDINGS)
 WIDE_AT = 110  # columns: from here on the lists sit left of the session pane (HORIZONTAL_BREAKPOINTS)
 LISTS_MIN_WIDTH = 44
 LISTS_MAX_SHARE = 0.45  # the left column grows to its longest name, up to this share of the screen
@@ -64,14 +67,21 @@ class DashboardScreen(LaunchActions, Screen):
 
     # Help and Quit first in the footer: app bindings would come after the screen's own, and an 80-column
     # footer cuts the last ones off.
+    # Then the keys that act on profiles and sessions; the log's own (/ and f) last, so an 80-column footer
+    # cuts those off first (it hid x and b).
     BINDINGS: ClassVar[list[BindingType]] = [
         dataclasses.replace(KEYS_BY_ID["app.help"].binding(), action="app.help"),
         dataclasses.replace(KEYS_BY_ID["app.quit"].binding(), action="app.quit"),
-        *bindings(DASHBOARD_KEYS),
+        *bindings(tuple(s for s in DASHBOARD_KEYS if s.id not in FOOTER_LAST)),
+        *bindings(tuple(s for s in DASHBOARD_KEYS if s.id in FOOTER_LAST)),
     ]
     # Textual annotates this "ClassVar[...] | None", which mypy reads as an instance variable.
     HORIZONTAL_BREAKPOINTS: ClassVar[list[tuple[int, str]]] = (  # type: ignore[misc]
         [(0, "-narrow"), (WIDE_AT, "-wide")]
+    )
+    # Short terminals (80x24): the capture panel gets two scrollable lines, so the log keeps its rows.
+    VERTICAL_BREAKPOINTS: ClassVar[list[tuple[int, str]]] = (  # type: ignore[misc]
+        [(0, "-short"), (TALL_AT, "-tall")]
     )
     DEFAULT_CSS = """
     DashboardScreen { layout: vertical; }
@@ -106,6 +116,9 @@ class DashboardScreen(LaunchActions, Screen):
     DashboardScreen.-narrow .pane { border: none; border-top: solid $panel-lighten-2; padding: 0; }
     DashboardScreen.-narrow .pane:focus-within { border: none; border-top: heavy $accent; }
     DashboardScreen.-narrow #gpu-pane { max-height: 5; }
+
+    DashboardScreen.-short #capture-slot { max-height: 3; overflow-y: auto; }
+    DashboardScreen.-short #log-pane { min-height: 6; }
     """
 
     def __init__(
@@ -114,13 +127,17 @@ class DashboardScreen(LaunchActions, Screen):
         demo: bool = False,
         refresh_s: float = REFRESH_S,
         initial_profile: str | None = None,
+        initial: Selection | None = None,
     ) -> None:
         super().__init__()
         self.feed = feed
         self.demo = demo
         self.refresh_s = refresh_s
-        self.selected_session: str | None = None
-        self.selected_profile: str | None = initial_profile
+        kept = initial or Selection()  # what the last TUI had selected (`app.selection`), restored
+        self.selected_session: str | None = kept.session
+        self.selected_profile: str | None = kept.profile or initial_profile
+        self._initial_pane = kept.pane
+        self._saved_selection = kept
         self.last_snapshot: DashboardSnapshot | None = None
         self.poll_count = 0
         self._timer: Timer | None = None
@@ -131,7 +148,9 @@ class DashboardScreen(LaunchActions, Screen):
         self._last_states: dict[str, str] | None = None
         self._stall_reports = StallReports(self, feed.home)
         self._titles: dict[str, tuple[str, str | None]] = {}
-        self._rendered_session: str | None = None  # the session the last drawn snapshot showed
+        # The session the last drawn snapshot showed; a restored one counts as shown, so its profile does not
+        # take the profile cursor from the restored profile.
+        self._rendered_session: str | None = kept.session
 
     # -- layout -------------------------------------------------------------------------------------------
 
@@ -167,6 +186,8 @@ class DashboardScreen(LaunchActions, Screen):
         self._update_log_title()
         self.query_one("#gpu-pane").can_focus = True
         self.query_one(ProfileList).focus()
+        if self._initial_pane is not None:
+            self.action_focus_pane(self._initial_pane)
         self._schedule_poll(0)
 
     def on_resize(self) -> None:
@@ -290,6 +311,7 @@ class DashboardScreen(LaunchActions, Screen):
             if log_view.needs_scan:  # another session's log, or a rotated one, under an active filter
                 self.set_log_filter(log_view.log_filter, reset=False)
         self._update_log_title()
+        self._keep_selection()
         for problem in snapshot.problems:
             self._notify_problem(problem)
         self._notify_transitions(snapshot)
@@ -363,6 +385,84 @@ class DashboardScreen(LaunchActions, Screen):
         self.query_one(SessionList).select_id(session_id)
         self.poll_now()
 
+    # -- targets: what a key acts on -------------------------------------------------------------------------
+
+    def _target_session(self, verb: str, live_only: bool = True, quiet: bool = False) -> SessionEntry | None:
+        """The session a key acts on: the one under the cursor of the pane that has focus, as on screen.
+
+        Profiles pane: the highlighted profile's running session (``live_only`` False: else its newest one).
+        Sessions pane: the highlighted session.  Elsewhere (GPUs, log): the session the card and the log show.
+        When there is none, it says so (unless ``quiet``) and returns None: `s` on a profile with no server
+        stopped the session pane's one, another profile's (issue 21)."""
+        snapshot = self.last_snapshot
+        if snapshot is None:
+            if not quiet:
+                self.notify(f"Nothing to {verb} yet: the first refresh has not finished.", severity="warning")
+            return None
+        focused = self.focused
+        if isinstance(focused, ProfileList):
+            name = focused.highlighted_id
+            profile = next((p for p in snapshot.profiles if p.name == name), None)
+            session_id = profile.live_session if profile is not None else None
+            if session_id is None and not live_only:
+                session_id = next((s.session_id for s in snapshot.sessions if s.profile == name), None)
+            if session_id is None:
+                if not quiet:
+                    what = "running session" if live_only else "session"
+                    self.notify(f"Profile {name or '(none)'} has no {what} to {verb}"
+                                f"{' (l launches it)' if name else ''}.", severity="warning")
+                return None
+        elif isinstance(focused, SessionList):
+            session_id = focused.highlighted_id
+        else:
+            session_id = self.selected_session
+        entry = next((s for s in snapshot.sessions if s.session_id == session_id), None)
+        if entry is None:
+            if not quiet:
+                self.notify(f"No session selected to {verb}.", severity="warning")
+            return None
+        if entry.session_id != self.selected_session:
+            self._select_session(entry.session_id)  # the card and the log show what the key acts on
+        return entry
+
+    def _target_profile(self) -> str | None:
+        """The profile a key acts on: the highlighted one in the profiles pane, the highlighted session's in
+        the sessions pane, else the one the profile cursor is on."""
+        focused = self.focused
+        if isinstance(focused, SessionList) and self.last_snapshot is not None:
+            session = next((s for s in self.last_snapshot.sessions if s.session_id == focused.highlighted_id),
+                           None)
+            profiles = {p.name for p in self.last_snapshot.profiles}
+            if session is not None and session.profile in profiles:
+                return session.profile
+        if isinstance(focused, ProfileList) and focused.highlighted_id:
+            return focused.highlighted_id
+        return self.selected_profile or self.query_one(ProfileList).highlighted_id
+
+    def select_profile(self, name: str) -> None:
+        """Put the profile cursor on ``name`` (a new or saved-as profile; the palette): keys act on the cursor,
+        so it moves now, not at the next refresh (which keeps it there, or puts it there once listed)."""
+        self.selected_profile = name
+        self.query_one(ProfileList).select_id(name)
+
+    def focused_pane(self) -> int | None:
+        """1-4: the pane that has focus (None: the filter bar or nothing)."""
+        focused = self.focused
+        for number, pane in ((1, ProfileList), (2, SessionList), (4, LogView)):
+            if isinstance(focused, pane):
+                return number
+        return 3 if focused is not None and focused.id == "gpu-pane" else None
+
+    def _keep_selection(self) -> None:
+        """Write the selection to the state dir when it changed (a thread: never the UI's disk wait)."""
+        selection = Selection(self.selected_profile, self.selected_session,
+                              self.focused_pane() or self._saved_selection.pane)
+        if selection == self._saved_selection:
+            return
+        self._saved_selection = selection
+        self.run_worker(partial(save_selection, self.feed.home, selection), name="selection-save",
+                        group="selection-save", thread=True, exit_on_error=False)
+
     def selected_status(self) -> Any:
         snapshot = self.last_snapshot
         if snapshot is None or snapshot.status is None or snapshot.selected != self.selected_session:
@@ -372,7 +472,10 @@ class DashboardScreen(LaunchActions, Screen):
     # -- actions: lifecycle --------------------------------------------------------------------------------
 
     def action_launch(self) -> None:
-        name = self.selected_profile or self.query_one(ProfileList).highlighted_id
+        self.launch_profile(self._target_profile())
+
+    def launch_profile(self, name: str | None) -> None:
+        """Launch ``name`` as a detached server (l on it; the palette's "Launch profile NAME")."""
         if not name:
             self.notify("No profile to launch: create one in <config>/profiles.", severity="warning")
             return
@@ -401,36 +504,31 @@ class DashboardScreen(LaunchActions, Screen):
         self.notify(message, title=what, severity="error", timeout=15)
         self.post_message(ActionFailed(what, message))
 
-    def _require_session(self, verb: str) -> Any:
-        status = self.selected_status()
-        if status is None:
-            self.notify(f"No session selected to {verb}.", severity="warning")
-        return status
-
     def action_stop(self) -> None:
-        status = self._require_session("stop")
-        if status is None:
+        target = self._target_session("stop")
+        if target is None:
             return
-        if not status.alive:
-            self.notify(f"{status.session_id} is not running ({status.state}).", severity="warning")
+        if not target.alive:
+            self.notify(f"{target.session_id} ({target.names()}) is not running ({target.state}).",
+                        severity="warning")
             return
-        detail = (
-            f"profile {status.profile} · pid {status.pid} · port {status.port}\n"
-            f"SIGTERM to the main process; SIGKILL to what is left after {STOP_GRACE_S:.0f} s."
-        )
+        status = self.selected_status()
+        pid = f"pid {status.pid} · " if status is not None and status.session_id == target.session_id else ""
+        detail = f"{pid}SIGTERM to the main process; SIGKILL to what is left after {STOP_GRACE_S:.0f} s."
+        session_id = target.session_id
 
         def answered(yes: bool | None) -> None:
             if yes:
-                self.notify(f"Stopping {status.session_id}…", timeout=3)
+                self.notify(f"Stopping {session_id}…", timeout=3)
                 self.run_worker(
-                    partial(self._stop, status.session_id),
+                    partial(self._stop, session_id),
                     name="stop",
                     group="action",
                     thread=True,
                     exit_on_error=False,
                 )
 
-        self.app.push_screen(ConfirmModal(f"Stop {status.session_id}?", detail), answered)
+        self.app.push_screen(ConfirmModal(f"Stop {session_id} ({target.names()})?", detail), answered)
 
     def _stop(self, session_id: str) -> None:
         try:
@@ -452,20 +550,21 @@ class DashboardScreen(LaunchActions, Screen):
         self.poll_now()
 
     def action_restart(self) -> None:
-        status = self._require_session("restart")
-        if status is None:
+        target = self._target_session("restart")
+        if target is None:
             return
         self.run_worker(
-            partial(self._restart_diff, status.session_id),
+            partial(self._restart_diff, target),
             name="restart-diff",
             group="action",
             thread=True,
             exit_on_error=False,
         )
 
-    def _restart_diff(self, session_id: str) -> None:
+    def _restart_diff(self, target: SessionEntry) -> None:
         from sessions.server import flag_diff
 
+        session_id = target.session_id
         try:
             session = self.feed.session(session_id)
             new_profile = session.current_profile()
@@ -473,9 +572,10 @@ class DashboardScreen(LaunchActions, Screen):
         except Exception as exc:  # noqa: BLE001
             self.app.call_from_thread(self._report_failure, f"Restart of {session_id} refused", exc)
             return
-        self.app.call_from_thread(self._confirm_restart, session_id, new_profile, diff)
+        self.app.call_from_thread(self._confirm_restart, target, new_profile, diff)
 
-    def _confirm_restart(self, session_id: str, new_profile: Any, diff: list[str]) -> None:
+    def _confirm_restart(self, target: SessionEntry, new_profile: Any, diff: list[str]) -> None:
+        session_id = target.session_id
         if diff:
             detail = "Flags that change (+ added, - removed, ~ changed):\n" + "\n".join(diff)
         else:
@@ -493,7 +593,7 @@ class DashboardScreen(LaunchActions, Screen):
                     exit_on_error=False,
                 )
 
-        self.app.push_screen(ConfirmModal(f"Restart {session_id}?", detail), answered)
+        self.app.push_screen(ConfirmModal(f"Restart {session_id} ({target.names()})?", detail), answered)
 
     def _restart(self, session_id: str, new_profile: Any) -> None:
         try:
@@ -516,7 +616,7 @@ class DashboardScreen(LaunchActions, Screen):
     # -- actions: editing and other screens -----------------------------------------------------------------
 
     def action_edit(self) -> None:
-        name = self.selected_profile or self.query_one(ProfileList).highlighted_id
+        name = self._target_profile()
         if not name:
             self.notify("No profile selected to edit.", severity="warning")
             return
@@ -524,7 +624,7 @@ class DashboardScreen(LaunchActions, Screen):
 
         def closed(saved_as: str | None) -> None:
             if saved_as:
-                self.selected_profile = saved_as
+                self.select_profile(saved_as)
             self.poll_now()
 
         self.app.push_screen(ProfileEditorScreen(name, self.feed.home), closed)
@@ -532,10 +632,10 @@ class DashboardScreen(LaunchActions, Screen):
     def action_diagnose(self) -> None:
         from app.screens.diagnose import DiagnoseScreen
 
-        status = self._require_session("diagnose")
-        if status is None:
+        target = self._target_session("diagnose", live_only=False)  # a crashed start is worth diagnosing
+        if target is None:
             return
-        self.app.push_screen(DiagnoseScreen(status.session_id, home=self.feed.home))
+        self.app.push_screen(DiagnoseScreen(target.session_id, home=self.feed.home))
 
     def action_jobs(self) -> None:
         from app.screens.jobs import JobsScreen
@@ -546,16 +646,20 @@ class DashboardScreen(LaunchActions, Screen):
         """b: bench the selected session when it is ready; the kept results either way."""
         from app.screens.bench import BenchScreen
 
-        status = self.selected_status()
-        ready = status is not None and status.state == "ready"
-        if status is not None and not ready:
-            self.notify(f"{status.session_id} is {status.state}: showing kept bench results only",
-                        severity="warning")
-        self.app.push_screen(BenchScreen(self.feed.home, status.session_id if ready else None))
+        target = self._target_session("bench", quiet=True)
+        ready = target is not None and target.state == "ready"
+        if target is None:
+            where = (f"profile {self.query_one(ProfileList).highlighted_id} has no running session"
+                     if isinstance(self.focused, ProfileList) else "no session selected")
+            self.notify(f"Nothing to bench ({where}): showing kept bench results only", severity="warning")
+        elif not ready:
+            self.notify(f"{target.session_id} ({target.names()}) is {target.state}: showing kept bench "
+                        "results only", severity="warning")
+        self.app.push_screen(BenchScreen(self.feed.home, target.session_id if target and ready else None))
 
     def action_capture(self) -> None:
         """c: show what toggling capture changes in the launch command, then ask y/N before saving."""
-        name = self.selected_profile or self.query_one(ProfileList).highlighted_id
+        name = self._target_profile()
         if not name:
             self.notify("No profile selected.", severity="warning")
             return

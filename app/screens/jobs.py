@@ -246,6 +246,7 @@ class JobsScreen(Screen):
         self._errors: dict[str, tuple[tuple[str, int], ...]] = {}
         self._show_lock = asyncio.Lock()
         self._poll_timer: Any = None
+        self.cursor_to: str | None = None  # a job just started here: the cursor goes to it once it is listed
 
     @property
     def home(self) -> Any:
@@ -315,6 +316,8 @@ class JobsScreen(Screen):
                     view.move_child(row, before=position)  # a job's start time became known
             if jobs:
                 keep = selected.job_id if selected is not None else None
+                if self.cursor_to in wanted:  # a new job gets the cursor, so r, p and c act on it
+                    keep, self.cursor_to = self.cursor_to, None
                 rows = list(view.children)
                 index = next((i for i, r in enumerate(rows) if isinstance(r, JobRow)
                               and r.progress.job_id == keep), None)
@@ -371,7 +374,7 @@ class JobsScreen(Screen):
             if yes:
                 self._act("cancel")
 
-        self.app.push_screen(ConfirmModal(f"Cancel job {job.job_id}?",
+        self.app.push_screen(ConfirmModal(f"Cancel job {job.job_id} ({job.name or 'unnamed'}, {job.state})?",
                                           "Requests in flight finish and are kept; `resume` continues later."),
                              answered)
 
@@ -394,8 +397,12 @@ class JobsScreen(Screen):
         except jobs.JobError as exc:
             self.app.call_from_thread(self.notify, str(exc), severity="error", timeout=15)
             return
-        self.app.call_from_thread(self.notify, f"Started job {job_id}.")
-        self.app.call_from_thread(self.poll)
+        self.app.call_from_thread(self._started, job_id)
+
+    def _started(self, job_id: str) -> None:
+        self.notify(f"Started job {job_id}.")
+        self.cursor_to = job_id
+        self.poll()
 
     def _act(self, action: str) -> None:
         job = self.selected()

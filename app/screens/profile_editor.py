@@ -552,7 +552,8 @@ class ProfileEditorScreen(DismissOnce, Screen[str | None]):
             if yes:
                 self.dismiss(self.saved_name)
 
-        self.app.push_screen(ConfirmModal("Discard the unsaved changes?", yes_label="Discard (y)"), answered)
+        self.app.push_screen(ConfirmModal(f"Discard the unsaved changes to profile {self.profile_name}?",
+                                             yes_label="Discard (y)"), answered)
 
     def action_add_env(self) -> None:
         tables = self.query(EnvTable)
