@@ -372,6 +372,7 @@ def _status_table(statuses, failures=()) -> str:
     rows = [("SESSION", "PROFILE", "STATE", "PHASE", "PID", "PORT", "RANKS", "AGE", "SILENT")]
     now = time.time()
     groups: dict[str, list] = {}
+    replaced: set[str] = set()
     for st in statuses:
         info = GroupInfo.from_record({"group": st.group}) if st.group else None
         groups.setdefault(info.group_id if info else f"\0{st.session_id}", []).append((info, st))
@@ -380,14 +381,17 @@ def _status_table(statuses, failures=()) -> str:
         if key.startswith("\0"):
             ordered.append((None, items[0][1]))
             continue
-        items.sort(key=lambda pair: pair[0].index)
-        states = [st.state for _, st in items]
+        items.sort(key=lambda pair: (pair[0].index, pair[1].started_at or 0.0))
+        # A member restarted alone leaves its ended predecessor: the newest session of an index is the member.
+        current = {info.index: st.session_id for info, st in items}
+        states = [st.state for info, st in items if current[info.index] == st.session_id]
         summary = ", ".join(f"{states.count(x)} {x}" for x in dict.fromkeys(states))
         first = items[0][1]
         size = items[0][0].size
         rows.append((key, first.profile, f"group of {size}: {summary}", "-", "-", "-", "-",
                      _duration(now - first.started_at) if first.started_at else "?", "-"))
         ordered += [(info, st) for info, st in items]
+        replaced.update(st.session_id for info, st in items if current[info.index] != st.session_id)
     for info, st in ordered:
         schedulers = [r for r in st.ranks if r.role == "scheduler"]
         expected = st.summary.ranks_expected
@@ -397,6 +401,8 @@ def _status_table(statuses, failures=()) -> str:
         silent = _duration(st.silent_for_s) if st.alive and st.state in ("starting", "stalled") else "-"
         state = f"{st.state} (!)" if st.problem else st.state
         name = st.session_id if info is None else f"  [{info.index}] {st.session_id} GPU {_gpu_list(info.gpus)}"
+        if st.session_id in replaced:
+            name += " (replaced)"
         rows.append(
             (name, st.profile, state, st.phase, str(st.pid or "-"), str(st.port or "-"), ranks,
              age, silent)
