@@ -210,3 +210,20 @@ def test_a_taken_member_port_refuses_the_group_before_anything_starts(make_emula
 def test_plain_launch_of_a_replicas_profile_says_it_is_a_group(make_emulator_profile, home):
     with pytest.raises(LaunchError, match="server.replicas = 2"):
         ServerSession.launch(make_emulator_profile("grp", tp=1, replicas=2), home)
+
+
+def test_the_group_card_draws_a_line_per_member_and_the_crashed_one_stands_out():
+    from sessions.snapshots import SessionEntry
+    from widgets.group_card import group_text
+
+    members = tuple(
+        SessionEntry(f"grp-{i}", "grp", state, "ready", 31000 + i, 0.0, state == "ready", "g-grp-1", i,
+                     (2 * i, 2 * i + 1))
+        for i, state in enumerate(("ready", "crashed", "ready"))
+    )
+    text = group_text(members)
+    lines = text.plain.splitlines()
+    assert lines[0] == "group g-grp-1 · 3 replicas: 2 ready, 1 crashed"
+    assert lines[2].startswith(" [1] ✖ crashed  :31001  GPU 2,3  grp-1")
+    assert any("red" in str(span.style) for span in text.spans if text.plain[span.start:span.end].startswith("✖"))
+    assert group_text(()).plain == ""

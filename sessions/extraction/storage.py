@@ -74,7 +74,8 @@ class StorageEstimate:
         """One line: the estimate and each filesystem's need against its free space."""
         parts = [f"{_where(c)}: needs {gb(c.needed_bytes)}, {gb(c.free_bytes)} free" for c in self.checks]
         return (f"~{self.mean_tokens:.0f} tokens/sample (from {self.sampled} sampled) x {self.pending_samples} "
-                f"samples x {self.output_bytes_per_token} B/token = {gb(self.output_bytes)} output, "
+                # "token = <value>" reads as a secret to the log's redaction: the sentence avoids that shape.
+                f"samples x {self.output_bytes_per_token} B/token makes {gb(self.output_bytes)} of output, "
                 f"{gb(self.capture_bytes)} capture in flight; " + "; ".join(parts))
 
     def refusal(self) -> str:
