@@ -36,11 +36,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def _diagnose(args: argparse.Namespace) -> int:
     import json
+    from pathlib import Path
 
     from app.cli import EXIT_BAD_INPUT, CliError
     from sessions.diagnosis import diagnose, format_report, write_bundle
-    from pathlib import Path
-
     from sessions.server import SessionError, find_group, find_session
 
     if args.bundle:

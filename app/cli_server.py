@@ -426,7 +426,6 @@ def _stop(args: argparse.Namespace) -> int:
     import json
 
     from app.cli import EXIT_FAILED
-
     from sessions.server import stop_group
 
     targets = _targets(args.session)
@@ -442,9 +441,7 @@ def _stop(args: argparse.Namespace) -> int:
 def _restart(args: argparse.Namespace) -> int:
     from app.cli import EXIT_BAD_INPUT, CliError
     from sessions.profiles import ProfileError
-    from sessions.server import SessionError, flag_diff
-
-    from sessions.server import find_group
+    from sessions.server import SessionError, find_group, flag_diff
 
     try:
         members = find_group(args.session)
@@ -496,8 +493,11 @@ def _restart_group(args: argparse.Namespace, members: list) -> int:
         source = members[0].state_record.get("profile_source") or members[0].session_id
         raise CliError(_profile_error_text(source, exc), EXIT_BAD_INPUT) from None
     names = ", ".join(m.session_id for m in members)
+    info = members[0].group
+    replicas = new_profile.server.replicas if new_profile.is_explicit("server.replicas") or info is None \
+        else info.size
     print(f"restart the group of {len(members)} ({names}) with profile {new_profile.name} "
-          f"({new_profile.server.replicas} replica(s))", file=sys.stderr)
+          f"({replicas} replica(s))", file=sys.stderr)
     if not args.yes:
         if not sys.stdin.isatty():
             raise CliError("restart needs --yes when stdin is not a terminal", EXIT_BAD_INPUT)

@@ -180,6 +180,22 @@ def test_restarting_one_member_keeps_its_place_and_the_others_run(group_of_three
         [members[0].session_id, members[1].session_id, new.session_id]
 
 
+def test_restarting_the_group_by_its_id_starts_every_member_again_in_place(group_of_three, home, launched, cli_env):
+    members = group_of_three
+    group_id = members[0].group.group_id
+    result = run_cli(cli_env, "restart", group_id, "--yes", "--grace", "20")
+    new_ids = result.stdout.split()
+    for session_id in new_ids:
+        launched.track(session_id)
+    assert result.returncode == 0, result.stderr
+    new = [ServerSession.load(i, home) for i in new_ids]
+    assert [m.status(probe_http=False).state for m in members] == ["stopped"] * 3
+    assert [n.group.gpus for n in new] == [(0, 1), (2, 3), (4, 5)]
+    assert [n.state_record["port"] for n in new] == [m.state_record["port"] for m in members]
+    assert [n.state_record["restarted_from"] for n in new] == [m.session_id for m in members]
+    assert len({n.group.group_id for n in new}) == 1 and new[0].group.group_id != group_id
+
+
 def test_one_busy_gpu_refuses_the_whole_group(make_emulator_profile, launched, home, cli_env):
     holder = launched.launch(make_emulator_profile("holder", tp=1, extra_args=["--base-gpu-id", "3"],
                                                    watch={"stall_after_s": 600}))

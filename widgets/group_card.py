@@ -42,6 +42,7 @@ class GroupCard(Static):
     def __init__(self, *, id: str | None = None) -> None:
         super().__init__(id=id)
         self._members: tuple[SessionEntry, ...] | None = None
+        self.display = False  # no room taken until a group member is shown
 
     def update_group(self, members: tuple[SessionEntry, ...]) -> None:
         if members == self._members:

@@ -39,8 +39,8 @@ from sessions.logs import MAIN_RANK, LogFilter
 from widgets.action_line import ActionLine
 from widgets.confirm_modal import ConfirmModal
 from widgets.gpu_panel import GpuPanel
-from widgets.inputs import InOrderInput
 from widgets.group_card import GroupCard
+from widgets.inputs import InOrderInput
 from widgets.lists import PageSafeSelect, ProfileList, SessionEntry, SessionList
 from widgets.log_view import LogPane, LogView
 from widgets.phase_timeline import PhaseTimeline

@@ -20,7 +20,6 @@ import argparse
 import asyncio
 import os
 import queue
-import shutil
 import signal
 import sys
 import threading

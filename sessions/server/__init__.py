@@ -21,6 +21,7 @@ The names below are the package's public ones; ``from sessions.server import ...
 """
 
 from sessions.server.diff import flag_diff
+from sessions.server.group import GroupInfo
 from sessions.server.model import (
     COMMAND_FILE,
     EMULATED_GPUS_FILE,
@@ -46,7 +47,6 @@ from sessions.server.model import (
     classify_state,
 )
 from sessions.server.record import SessionRecord, find_marked_servers
-from sessions.server.group import GroupInfo
 from sessions.server.session import (
     ServerSession,
     find_group,

@@ -16,6 +16,7 @@ import signal
 import subprocess
 import time
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +28,15 @@ from sessions.phases import StartupPhase
 from sessions.profiles import LaunchProfile, Problem, build_command, validate_profile
 from sessions.redaction import Redactor, collect_secrets, redact_argv, redact_env, write_secrets_file
 from sessions.server.diff import flag_diff
-from sessions.server.group import GROUP_KEY, GroupInfo, member_port_problems, member_profile, member_profiles, new_group_id
+from sessions.server.group import (
+    GROUP_KEY,
+    GroupInfo,
+    member_port_problems,
+    member_profile,
+    member_profiles,
+    new_group_id,
+    with_replicas,
+)
 from sessions.server.launch_lock import LAUNCH_LOCK_TIMEOUT_S, LaunchCancelled, launch_lock
 from sessions.server.model import (
     COMMAND_FILE,
@@ -509,6 +518,10 @@ def restart_group(
     if not members:
         raise SessionError("no members to restart")
     new_profile = profile or members[0].current_profile()
+    info = members[0].group
+    if info is not None and not new_profile.is_explicit("server.replicas"):
+        # A group launched with --replicas N (the file says nothing): it restarts as N again.
+        new_profile = with_replicas(new_profile, info.size)
     errors = [p for p in validate_profile(new_profile, check_port=False) if p.is_error]
     if errors:
         raise LaunchError(_problems_text(new_profile, errors), errors, code=2)
@@ -518,8 +531,12 @@ def restart_group(
         raise SessionError("restart of the group aborted:\n  " + "\n  ".join(failed))
     new = ServerSession.launch_group(new_profile, members[0].home)
     for old, started in zip(members, new):
-        started._update_state(lambda rec, old_id=old.session_id: rec.__setitem__("restarted_from", old_id))
+        started._update_state(partial(_note_restarted_from, old.session_id))
     return new
+
+
+def _note_restarted_from(old_id: str, rec: dict) -> None:
+    rec["restarted_from"] = old_id
 
 
 def list_sessions(home: Home | None = None, include_ended: bool = True) -> list[ServerSession]:
