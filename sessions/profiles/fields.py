@@ -116,7 +116,8 @@ def field_problems(profile: LaunchProfile) -> list[Problem]:
     check("server.tp_size", lambda: isinstance(s.tp_size, int) and s.tp_size >= 1, f"must be at least 1, not {s.tp_size}")
     check("server.replicas", lambda: 1 <= s.replicas <= MAX_REPLICAS,
           f"must be between 1 and {MAX_REPLICAS} servers, not {s.replicas}")
-    if s.replicas > 1 and "server.extra_args" not in bad and any(
+    replicas_ok = "server.replicas" not in bad  # a wrong type is reported above; no comparison with it
+    if replicas_ok and s.replicas > 1 and "server.extra_args" not in bad and any(
             a == "--base-gpu-id" or a.startswith("--base-gpu-id=") for a in s.extra_args):
         problems.append(Problem(
             "server.extra_args", f"--base-gpu-id conflicts with server.replicas = {s.replicas}: each replica "
@@ -181,7 +182,7 @@ def field_problems(profile: LaunchProfile) -> list[Problem]:
     if s.launcher == "emulator" and "emulator.gpus" not in bad and "server.tp_size" not in bad:
         check("server.tp_size", lambda: s.tp_size <= e.gpus,
               f"TP {s.tp_size} needs {_gpus(s.tp_size)} but the emulator has {e.gpus} (emulator.gpus)")
-        if s.replicas > 1 and "server.replicas" not in bad:
+        if replicas_ok and "server.extra_args" not in bad and s.replicas > 1:
             need = s.replicas * s.tp_size * pp_size_of(s.extra_args)
             check("server.replicas", lambda: need <= e.gpus,
                   f"{s.replicas} replicas x TP {s.tp_size} x PP {pp_size_of(s.extra_args)} need {_gpus(need)} "

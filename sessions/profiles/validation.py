@@ -50,7 +50,7 @@ def validate_profile(
         machine("server.model_path", lambda: _model_problems(profile))
     if usable("server.host"):
         machine("server.host", lambda: _host_problems(profile, check_port and usable("server.port")))
-    if s.launcher == "sglang" and usable("server.tp_size", "server.env"):
+    if s.launcher == "sglang" and usable("server.tp_size", "server.env", "server.replicas", "server.extra_args"):
         machine("server.tp_size", lambda: _gpu_problems(profile, nvml_gpu_count))
     if usable("server.extra_args", "server.env", "server.launcher"):
         machine("server.extra_args", lambda: _sglang_problems(profile, python_ok, bad_fields))
