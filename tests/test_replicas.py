@@ -243,3 +243,29 @@ def test_the_group_card_draws_a_line_per_member_and_the_crashed_one_stands_out()
     assert lines[2].startswith(" [1] ✖ crashed  :31001  GPU 2,3  grp-1")
     assert any("red" in str(span.style) for span in text.spans if text.plain[span.start:span.end].startswith("✖"))
     assert group_text(()).plain == ""
+
+
+def test_the_dashboard_shows_the_group_in_one_card_and_names_each_members_gpus(group_of_three, home):
+    """A real group in the TUI: the card has a line per member, the GPU panel labels each member's ranks."""
+    from app.tui import Eagle3App
+    from tests._tui_support import first_poll, run, wait_until
+    from widgets.group_card import GroupCard
+
+    members = group_of_three
+
+    async def scenario() -> None:
+        app = Eagle3App(home, gpu_source=EmulatedSource(home), refresh_s=0.2)
+        async with app.run_test(size=(200, 50)) as pilot:
+            await first_poll(pilot, app)
+            card = app.dashboard.query_one(GroupCard)
+            await wait_until(pilot, lambda: card.display and "3 replicas: 3 ready" in str(card.render()),
+                             "the group card with three ready members")
+            text = str(card.render())
+            for i, member in enumerate(members):
+                assert f"[{i}] ● ready" in text and member.session_id in text
+            owners = await wait_until(pilot, lambda: len(set(app.dashboard.last_snapshot.owners.values())) >= 6
+                                      and app.dashboard.last_snapshot.owners, "owners of every member's ranks")
+            assert {"r0 TP0", "r1 TP0", "r2 TP0"} <= set(owners.values())
+
+    run(scenario)
+    assert all(m.is_alive() for m in members)
