@@ -246,7 +246,8 @@ def test_the_group_card_draws_a_line_per_member_and_the_crashed_one_stands_out()
 
 
 def test_the_dashboard_shows_the_group_in_one_card_and_names_each_members_gpus(group_of_three, home):
-    """A real group in the TUI: the card has a line per member, the GPU panel labels each member's ranks."""
+    """A real group in the TUI: the card has a line per member, the GPU panel labels each member's ranks,
+    and a member whose scheduler is killed shows crashed there while the others stay ready."""
     from app.tui import Eagle3App
     from tests._tui_support import first_poll, run, wait_until
     from widgets.group_card import GroupCard
@@ -258,14 +259,21 @@ def test_the_dashboard_shows_the_group_in_one_card_and_names_each_members_gpus(g
         async with app.run_test(size=(200, 50)) as pilot:
             await first_poll(pilot, app)
             card = app.dashboard.query_one(GroupCard)
-            await wait_until(pilot, lambda: card.display and "3 replicas: 3 ready" in str(card.render()),
+            await wait_until(pilot, lambda: card.display and "3 replicas: 3 ready" in card.shown.plain,
                              "the group card with three ready members")
-            text = str(card.render())
+            text = card.shown.plain
             for i, member in enumerate(members):
                 assert f"[{i}] ● ready" in text and member.session_id in text
             owners = await wait_until(pilot, lambda: len(set(app.dashboard.last_snapshot.owners.values())) >= 6
                                       and app.dashboard.last_snapshot.owners, "owners of every member's ranks")
             assert {"r0 TP0", "r1 TP0", "r2 TP0"} <= set(owners.values())
+            scheduler = next(r for r in members[0].status(probe_http=False).ranks if r.role == "scheduler")
+            os.kill(scheduler.pid, signal.SIGKILL)
+            await wait_until(pilot, lambda: [e.state for e in app.dashboard.last_snapshot.group] == [
+                "crashed", "ready", "ready"], "member 0 crashed in the snapshot", limit_s=60)
+            await wait_until(pilot, lambda: "3 replicas: 1 crashed, 2 ready" in card.shown.plain,
+                             "member 0 crashed on the card", limit_s=30)
+            assert "[0] ✖ crashed" in card.shown.plain and "[1] ● ready" in card.shown.plain
 
     run(scenario)
-    assert all(m.is_alive() for m in members)
+    assert members[1].is_alive() and members[2].is_alive()

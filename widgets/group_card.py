@@ -42,6 +42,7 @@ class GroupCard(Static):
     def __init__(self, *, id: str | None = None) -> None:
         super().__init__(id=id)
         self._members: tuple[SessionEntry, ...] | None = None
+        self.shown = Text()  # what the card draws now (tests read it)
         self.display = False  # no room taken until a group member is shown
 
     def update_group(self, members: tuple[SessionEntry, ...]) -> None:
@@ -49,4 +50,5 @@ class GroupCard(Static):
             return
         self._members = members
         self.display = bool(members)
-        self.update(group_text(members))
+        self.shown = group_text(members)
+        self.update(self.shown)
