@@ -22,6 +22,10 @@ def register(subparsers: Any) -> None:
 
     run = sub.add_parser("run", help="start a job detached; prints its job id")
     run.add_argument("spec", help="the job spec (TOML with a [job] table)")
+    run.add_argument("--allow-partial", action="store_true",
+                     help="start although the storage estimate does not fit the free space (the job writes "
+                          "what fits and pauses when the disk is full); without it such a job fails before "
+                          "its first request, naming what it needs, what is free and where")
     run.set_defaults(func=_run)
 
     status = sub.add_parser("status", help="progress of one job (or of all)")
@@ -41,6 +45,8 @@ def register(subparsers: Any) -> None:
                                 help="continue against the server that answers now although its identity "
                                      "(model, weights, capture layers, chat template, SGLang version) changed; "
                                      "the change is recorded in job.json and the output's dataset.json")
+            action.add_argument("--allow-partial", action="store_true",
+                                help="continue although the storage estimate does not fit the free space")
         action.set_defaults(func=func)
 
     verify = sub.add_parser("verify", help="check every file of an output dir")
@@ -69,7 +75,8 @@ def _run(args: argparse.Namespace) -> int:
     from sessions.regeneration.spec import is_regeneration_spec_file
 
     try:  # a spec with mode = "regenerate" starts a regeneration job, as `regenerate run` does
-        job_id = (run_regen_job if is_regeneration_spec_file(args.spec) else run_job)(args.spec)
+        job_id = (run_regen_job(args.spec) if is_regeneration_spec_file(args.spec)
+                  else run_job(args.spec, allow_partial=args.allow_partial))
     except JobError as exc:
         raise _job_error(exc) from None
     print(job_id)
@@ -91,6 +98,12 @@ def _human(p: Any) -> str:
     line = (f"{p.job_id}  {p.state:<11} {pct}  {p.done}/{p.total} samples, {p.failed_lines} errors, "
             f"{p.tokens} tokens, {_format_bytes(p.bytes)}, {p.samples_per_s:.1f} samples/s, "
             f"{p.tokens_per_s:.0f} tok/s, {p.gb_per_s:.3f} GB/s{eta}")
+    if p.estimated_output_bytes:
+        line += f"\n    storage: {_format_bytes(p.bytes)} written of ~{_format_bytes(p.estimated_output_bytes)} estimated"
+        for fs in (p.storage or {}).get("filesystems", []):
+            where = ", ".join(f"{r} {f}" for r, f in zip(fs.get("roles", []), fs.get("folders", [])))
+            line += (f"\n      {where}: needs {_format_bytes(fs.get('needed_bytes', 0))}, "
+                     f"{_format_bytes(fs.get('free_bytes', 0))} free{'' if fs.get('fits') else ' (does not fit)'}")
     if p.reason:
         line += f"\n    {p.reason}"
     if p.python:
@@ -144,7 +157,7 @@ def _resume(args: argparse.Namespace) -> int:
     from sessions.extraction import job as jobs
 
     try:
-        progress = jobs.resume_job(args.job, accept_server=args.accept_server)
+        progress = jobs.resume_job(args.job, accept_server=args.accept_server, allow_partial=args.allow_partial)
     except jobs.JobError as exc:
         raise _job_error(exc) from None
     accepted = " and accepts the server that answers now (recorded in job.json and dataset.json)" \

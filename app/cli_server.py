@@ -46,6 +46,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--lock-timeout", type=float, default=None, metavar="S",
         help="wait at most S s for another launch of this home to finish (default 60; then exit 1)",
     )
+    p.add_argument(
+        "--replicas", type=int, default=None, metavar="N",
+        help="start N servers of the profile as one group on disjoint GPUs (--base-gpu-id i*tp*pp) and "
+        "ports (port+i); prints one session id a line (default: the profile's server.replicas)",
+    )
     p.set_defaults(func=_launch)
 
     p = subparsers.add_parser(
@@ -86,9 +91,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
     p = subparsers.add_parser(
         "stop",
-        help="stop a session: SIGTERM, grace period, then SIGKILL what remains",
+        help="stop a session (or a group of replicas): SIGTERM, grace period, then SIGKILL what remains",
         description="SIGTERM the server's main process, wait --grace seconds, SIGKILL the process group and "
-        "anything of the session left behind, then check that nothing remains and the port is free.",
+        "anything of the session left behind, then check that nothing remains and the port is free.  "
+        "SESSION may name a group of replicas (its g-... id): every member is stopped.",
     )
     p.add_argument("session", metavar="SESSION")
     p.add_argument("--grace", type=float, default=30.0, metavar="S", help="seconds to wait after SIGTERM (30)")
@@ -98,6 +104,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
         "restart",
         help="stop a session and launch its profile as it is now; shows the flag diff first",
+        description="Stop SESSION and launch its profile as it is now.  A member of a group restarts alone "
+        "(same GPUs, port and group); a group id restarts every member.",
     )
     p.add_argument("session", metavar="SESSION")
     p.add_argument("--yes", "-y", action="store_true", help="do not ask for confirmation")
@@ -149,20 +157,52 @@ def _launch(args: argparse.Namespace) -> int:
     if args.timeout is not None and not args.timeout >= 0:
         raise CliError(f"--timeout must be 0 or more seconds, got {args.timeout:g}", EXIT_BAD_INPUT)
     lock_timeout = {} if args.lock_timeout is None else {"lock_timeout_s": args.lock_timeout}
+    if args.replicas is not None:
+        from sessions.profiles import ProfileError
+        from sessions.profiles.fields import MAX_REPLICAS
+        from sessions.server.group import with_replicas
+
+        if not 1 <= args.replicas <= MAX_REPLICAS:
+            raise CliError(f"--replicas must be between 1 and {MAX_REPLICAS}, got {args.replicas}", EXIT_BAD_INPUT)
+        try:
+            profile = with_replicas(profile, args.replicas)
+        except ProfileError as exc:
+            raise CliError(_profile_error_text(args.profile, exc), EXIT_BAD_INPUT) from None
     try:
-        session = ServerSession.launch(profile, force=args.force, **lock_timeout)
+        sessions = ServerSession.launch_group(profile, force=args.force, **lock_timeout)
     except LaunchError as exc:
         raise CliError(str(exc), exc.code) from None
-    print(session.session_id, flush=True)
-    rec = session.state_record
-    print(
-        f"launched {session.session_id}: pid {rec.get('pid')}, {rec.get('host')}:{rec.get('port')}, "
-        f"log {session.log_path}",
-        file=sys.stderr,
-    )
+    for session in sessions:
+        print(session.session_id, flush=True)
+    for session in sessions:
+        rec = session.state_record
+        info = session.group
+        member = f" (replica {info.index} of group {info.group_id}, GPUs {_gpu_list(info.gpus)})" if info else ""
+        print(
+            f"launched {session.session_id}{member}: pid {rec.get('pid')}, {rec.get('host')}:{rec.get('port')}, "
+            f"log {session.log_path}",
+            file=sys.stderr,
+        )
     if args.wait_ready:
-        return _wait_ready(session, args.timeout)
+        codes = [_wait_ready(session, args.timeout) for session in sessions]
+        return max(codes)
     return 0
+
+
+def _gpu_list(gpus) -> str:
+    return ",".join(str(g) for g in gpus) or "?"
+
+
+def _targets(ref: str) -> list:
+    """SESSION as a group of replicas (its members) or as one session."""
+    from app.cli import CliError
+    from sessions.server import SessionError, find_group
+
+    try:
+        members = find_group(ref)
+    except SessionError as exc:
+        raise CliError(str(exc), exc.code) from None
+    return members if members is not None else [_find(ref)]
 
 
 def _wait_ready(session, timeout_s: float | None) -> int:
@@ -259,7 +299,7 @@ def _status(args: argparse.Namespace) -> int:
 
     from sessions.server import list_sessions
 
-    sessions = [_find(args.session)] if args.session else list_sessions(include_ended=not args.live)
+    sessions = _targets(args.session) if args.session else list_sessions(include_ended=not args.live)
     gpu = _gpu_snapshot() if any(s.is_alive() for s in sessions) else None
     statuses, read, failures = [], [], []
     for session in sessions:
@@ -326,11 +366,36 @@ def _failed_row(session, why: str) -> dict:
 
 
 def _status_table(statuses, failures=()) -> str:
+    """One row a session; the members of a group of replicas under one group row, each member indented
+    with its GPUs (a crashed member shows as crashed between live ones)."""
     import time
+
+    from sessions.server.group import GroupInfo
 
     rows = [("SESSION", "PROFILE", "STATE", "PHASE", "PID", "PORT", "RANKS", "AGE", "SILENT")]
     now = time.time()
+    groups: dict[str, list] = {}
+    replaced: set[str] = set()
     for st in statuses:
+        info = GroupInfo.from_record({"group": st.group}) if st.group else None
+        groups.setdefault(info.group_id if info else f"\0{st.session_id}", []).append((info, st))
+    ordered = []
+    for key, items in groups.items():
+        if key.startswith("\0"):
+            ordered.append((None, items[0][1]))
+            continue
+        items.sort(key=lambda pair: (pair[0].index, pair[1].started_at or 0.0))
+        # A member restarted alone leaves its ended predecessor: the newest session of an index is the member.
+        current = {info.index: st.session_id for info, st in items}
+        states = [st.state for info, st in items if current[info.index] == st.session_id]
+        summary = ", ".join(f"{states.count(x)} {x}" for x in dict.fromkeys(states))
+        first = items[0][1]
+        size = items[0][0].size
+        rows.append((key, first.profile, f"group of {size}: {summary}", "-", "-", "-", "-",
+                     _duration(now - first.started_at) if first.started_at else "?", "-"))
+        ordered += [(info, st) for info, st in items]
+        replaced.update(st.session_id for info, st in items if current[info.index] != st.session_id)
+    for info, st in ordered:
         schedulers = [r for r in st.ranks if r.role == "scheduler"]
         expected = st.summary.ranks_expected
         ranks = f"{len(schedulers)}/{expected}" if expected else str(len(schedulers))
@@ -338,8 +403,11 @@ def _status_table(statuses, failures=()) -> str:
         # Silence means something only while a server starts: a ready server is quiet when idle.
         silent = _duration(st.silent_for_s) if st.alive and st.state in ("starting", "stalled") else "-"
         state = f"{st.state} (!)" if st.problem else st.state
+        name = st.session_id if info is None else f"  [{info.index}] {st.session_id} GPU {_gpu_list(info.gpus)}"
+        if st.session_id in replaced:
+            name += " (replaced)"
         rows.append(
-            (st.session_id, st.profile, state, st.phase, str(st.pid or "-"), str(st.port or "-"), ranks,
+            (name, st.profile, state, st.phase, str(st.pid or "-"), str(st.port or "-"), ranks,
              age, silent)
         )
     for session, _why in failures:
@@ -361,27 +429,42 @@ def _stop(args: argparse.Namespace) -> int:
     import json
 
     from app.cli import EXIT_FAILED
+    from sessions.server import stop_group
 
-    session = _find(args.session)
-    report = session.stop(grace_s=args.grace)
+    targets = _targets(args.session)
+    reports = stop_group(targets, grace_s=args.grace) if len(targets) > 1 else [targets[0].stop(grace_s=args.grace)]
     if args.json:
-        print(json.dumps(report.to_json(), indent=2))
-    print(report.message, file=sys.stderr)
-    return 0 if report.stopped else EXIT_FAILED
+        docs = [r.to_json() | {"session_id": t.session_id} for t, r in zip(targets, reports)]
+        print(json.dumps(docs if len(targets) > 1 else reports[0].to_json(), indent=2))
+    for report in reports:
+        print(report.message, file=sys.stderr)
+    return 0 if all(r.stopped for r in reports) else EXIT_FAILED
 
 
 def _restart(args: argparse.Namespace) -> int:
     from app.cli import EXIT_BAD_INPUT, CliError
     from sessions.profiles import ProfileError
-    from sessions.server import SessionError, flag_diff
+    from sessions.server import SessionError, find_group, flag_diff
 
+    try:
+        members = find_group(args.session)
+    except SessionError as exc:
+        raise CliError(str(exc), exc.code) from None
+    if members is not None:
+        return _restart_group(args, members)
     session = _find(args.session)
     try:
         new_profile = session.current_profile()
     except ProfileError as exc:
         source = session.state_record.get("profile_source") or session.session_id
         raise CliError(_profile_error_text(source, exc), EXIT_BAD_INPUT) from None
-    diff = flag_diff(session.profile, new_profile)
+    info = session.group
+    if info is not None:
+        from sessions.server.group import member_profile
+
+        diff = flag_diff(session.profile, member_profile(new_profile, info.index))
+    else:
+        diff = flag_diff(session.profile, new_profile)
     print(f"restart {session.session_id} with profile {new_profile.name}:", file=sys.stderr)
     for line in diff or ["(no flag or env changes)"]:
         print(f"  {line}", file=sys.stderr)
@@ -398,6 +481,39 @@ def _restart(args: argparse.Namespace) -> int:
         raise CliError(str(exc), exc.code) from None
     print(new.session_id, flush=True)
     print(f"restarted as {new.session_id}: pid {new.state_record.get('pid')}", file=sys.stderr)
+    return 0
+
+
+def _restart_group(args: argparse.Namespace, members: list) -> int:
+    """Restart every member of a group: stop them all, then launch the group from the profile as it is now."""
+    from app.cli import EXIT_BAD_INPUT, CliError
+    from sessions.profiles import ProfileError
+    from sessions.server import SessionError, restart_group
+
+    try:
+        new_profile = members[0].current_profile()
+    except ProfileError as exc:
+        source = members[0].state_record.get("profile_source") or members[0].session_id
+        raise CliError(_profile_error_text(source, exc), EXIT_BAD_INPUT) from None
+    names = ", ".join(m.session_id for m in members)
+    info = members[0].group
+    replicas = new_profile.server.replicas if new_profile.is_explicit("server.replicas") or info is None \
+        else info.size
+    print(f"restart the group of {len(members)} ({names}) with profile {new_profile.name} "
+          f"({replicas} replica(s))", file=sys.stderr)
+    if not args.yes:
+        if not sys.stdin.isatty():
+            raise CliError("restart needs --yes when stdin is not a terminal", EXIT_BAD_INPUT)
+        print("stop them and launch again? [y/N] ", end="", file=sys.stderr, flush=True)
+        if sys.stdin.readline().strip().lower() not in ("y", "yes"):
+            print("not restarted", file=sys.stderr)
+            return 0
+    try:
+        new = restart_group(members, profile=new_profile, grace_s=args.grace)
+    except SessionError as exc:
+        raise CliError(str(exc), exc.code) from None
+    for session in new:
+        print(session.session_id, flush=True)
     return 0
 
 

@@ -66,6 +66,39 @@ class DashboardSnapshot:
     problems: tuple[str, ...] = ()  # engine parts that failed this poll, for a notification
     capture: CaptureStatus | None = None  # of the selected profile when its capture is on
     capture_profile: str | None = None
+    group: tuple[SessionEntry, ...] = ()  # the selected session's group of replicas, one entry a member
+
+
+def _entry(s: SessionStatus) -> SessionEntry:
+    group = s.group or {}
+    return SessionEntry(s.session_id, s.profile, s.state, s.phase, s.port, s.started_at, s.alive,
+                        group.get("id"), group.get("index"), tuple(group.get("gpus") or ()))
+
+
+def _list_order(statuses: dict[str, SessionStatus]):
+    """Newest first, a group's members together under its newest member's start, in member order."""
+    starts: dict[str, float] = {}
+    for s in statuses.values():
+        if s.group and s.group.get("id"):
+            starts[s.group["id"]] = max(starts.get(s.group["id"], 0.0), s.started_at or 0.0)
+
+    def key(s: SessionStatus) -> tuple[float, int]:
+        if s.group and s.group.get("id") in starts:
+            return (starts[s.group["id"]], -int(s.group.get("index") or 0))
+        return (s.started_at or 0.0, 0)
+
+    return key
+
+
+def _group_of(status: SessionStatus | None, statuses: dict[str, SessionStatus]) -> tuple[SessionEntry, ...]:
+    """The members of the selected session's group, by index (the newest session of each index)."""
+    if status is None or not status.group or not status.group.get("id"):
+        return ()
+    newest: dict[int, SessionStatus] = {}
+    for s in sorted(statuses.values(), key=lambda s: s.started_at or 0.0):
+        if s.group and s.group.get("id") == status.group["id"] and isinstance(s.group.get("index"), int):
+            newest[s.group["index"]] = s
+    return tuple(_entry(newest[i]) for i in sorted(newest))
 
 
 class DashboardFeed:
@@ -97,6 +130,14 @@ class DashboardFeed:
         owners = {r.pid: rank_label(r) for r in status.ranks} if status is not None else {}
         if status is not None and status.pid:
             owners.setdefault(status.pid, "main")
+        group = _group_of(status, statuses)
+        if group:  # the GPU panel names each member's GPUs: "r2 TP1" is replica 2's TP rank 1
+            owners = {}
+            for member in group:
+                member_status = statuses[member.session_id]
+                owners.update({r.pid: f"r{member.group_index} {rank_label(r)}" for r in member_status.ranks})
+                if member_status.pid:
+                    owners.setdefault(member_status.pid, f"r{member.group_index} main")
         log = None
         if status is not None and request.read_log:
             feed = self.log_feed(str(status.log_path), status)
@@ -104,10 +145,7 @@ class DashboardFeed:
                 log = feed.poll(request.log_filter)
             except OSError as exc:
                 problems.append(f"log {status.log_path}: {exc.strerror or exc}")
-        entries = tuple(
-            SessionEntry(s.session_id, s.profile, s.state, s.phase, s.port, s.started_at, s.alive)
-            for s in sorted(statuses.values(), key=lambda s: s.started_at or 0.0, reverse=True)
-        )
+        entries = tuple(_entry(s) for s in sorted(statuses.values(), key=_list_order(statuses), reverse=True))
         capture = self._capture_status(request.selected_profile, profiles, problems)
         return DashboardSnapshot(
             time.time(),
@@ -121,6 +159,7 @@ class DashboardFeed:
             tuple(problems),
             capture,
             request.selected_profile if capture else None,
+            group,
         )
 
     def _capture_status(

@@ -533,8 +533,11 @@ def busy_gpus_for_launch(
     home: Home,
     source: GpuSource | None = None,
     describe_pid: Callable[[int], str] | None = None,
+    gpu_ids: list[int] | None = None,
 ) -> list[BusyGpu]:
     """The GPUs a launch of ``profile`` would use where other processes already hold memory.
+
+    ``gpu_ids`` replaces the profile's own GPU ids (a group of replicas checks all its members' at once).
 
     The GPU source is the GPU panel's (`default_gpu_source`): NVML, else emulated GPUs of running
     emulator sessions (the demo's GPUs).  No readings at all: nothing to report (the launch goes on).
@@ -548,7 +551,7 @@ def busy_gpus_for_launch(
             source.close()
     if not snapshot.available or not snapshot.samples:
         return []
-    ids = launch_gpu_ids(profile)
+    ids = launch_gpu_ids(profile) if gpu_ids is None else list(gpu_ids)
     if snapshot.source == "nvml":
         cvd = profile.server.env.get("CUDA_VISIBLE_DEVICES", os.environ.get("CUDA_VISIBLE_DEVICES"))
         wanted = physical_gpu_indices(ids, cvd)

@@ -36,6 +36,10 @@ class SessionEntry:
     port: int | None
     started_at: float | None
     alive: bool = False  # its main process runs (what `s` can stop)
+    # A member of a group of replicas (sessions.server.group): its group id, index and GPUs.
+    group: str | None = None
+    group_index: int | None = None
+    gpus: tuple[int, ...] = ()
 
     def names(self) -> str:
         """How a question names this session: "profile tiny-llama, port 30000"."""

@@ -145,6 +145,8 @@ class SessionList(_KeyedList):
             no_wrap=True, overflow="ellipsis", style="dim" if ended and entry.state != "crashed" else ""
         )
         text.append(f"{glyph} {entry.state:<8}", style="bold")
+        if entry.group_index is not None:  # a member of a group of replicas: listed with its group
+            text.append(f" [{entry.group_index}]", style="bold")
         text.append(f" {entry.session_id}")
         if not entry.session_id.startswith(entry.profile):  # the id carries a sanitized profile name
             text.append(f" ({entry.profile})")
@@ -160,6 +162,8 @@ class SessionList(_KeyedList):
             no_wrap=True, overflow="ellipsis", style="dim" if ended and entry.state != "crashed" else ""
         )
         text.append(f"{glyph} {entry.state:<8}", style="bold")
+        if entry.group_index is not None:
+            text.append(f" [{entry.group_index}]", style="bold")
         text.append(f" {entry.profile}")
         if entry.port:
             text.append(f" :{entry.port}", style="dim")

@@ -40,6 +40,7 @@ from sessions.phases import error_headline
 from widgets.action_line import ActionLine
 from widgets.confirm_modal import ConfirmModal
 from widgets.gpu_panel import GpuPanel
+from widgets.group_card import GroupCard
 from widgets.inputs import InOrderInput
 from widgets.lists import PageSafeSelect, ProfileList, SessionEntry, SessionList
 from widgets.log_view import LogPane, LogView
@@ -164,6 +165,7 @@ class DashboardScreen(LaunchActions, Screen):
                     yield SessionList(id="sessions")
             with Vertical(id="status-pane", classes="pane"):
                 yield StateLine(id="state")
+                yield GroupCard(id="group")
                 yield ActionLine(id="action-line")
                 yield PhaseTimeline(id="timeline")
                 yield ServingLine(id="serving")
@@ -293,6 +295,7 @@ class DashboardScreen(LaunchActions, Screen):
         self._fit_lists()
         status = snapshot.status
         self.query_one(StateLine).update_status(status)
+        self.query_one(GroupCard).update_group(snapshot.group)
         self.query_one(PhaseTimeline).update_status(status)
         self.query_one(ServingLine).update_status(status)
         status_pane = self.query_one("#status-pane")

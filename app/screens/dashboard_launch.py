@@ -58,7 +58,8 @@ class LaunchActions:
                 if not report.stopped:
                     raise RuntimeError(f"{session_id} did not stop, so {name} was not launched: {report.message}")
             profile = load_profile(name, self.feed.home)
-            session = ServerSession.launch(
+            # A profile with replicas starts its whole group (one check of every member's GPUs first).
+            members = ServerSession.launch_group(
                 profile, self.feed.home, force=force, cancelled=lambda: worker.is_cancelled, progress=line.step
             )
         except LaunchCancelled:
@@ -75,9 +76,10 @@ class LaunchActions:
                 self.app.call_from_thread(self._report_failure, f"Launch of {name} refused", exc)
             return
         line.finish()
-        self.feed.adopt(session)
+        for session in members:
+            self.feed.adopt(session)
         if not worker.is_cancelled:
-            self.app.call_from_thread(self._launched, session.session_id, name)
+            self.app.call_from_thread(self._launched, members[0].session_id, name)
 
     def _confirm_busy_launch(self, name: str, exc: Any) -> None:
         """GPUs in use: launch anyway, or (when the holders are this home's sessions) stop them first."""

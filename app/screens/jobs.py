@@ -109,11 +109,18 @@ class JobRow(ListItem):
         if getattr(p, "mode", "extract") == "regenerate":
             self.query_one("#rates", Static).update(Text(regeneration_rates(p)))
             return
-        rates = (f"{p.done}/{p.total} samples · {error_count} · {p.tokens:,} tokens · {_bytes(p.bytes)}"
+        # What is written against the storage estimate, so a disk that cannot hold the job shows early.
+        written = _bytes(p.bytes) + (f" of ~{_bytes(p.estimated_output_bytes)} est."
+                                     if p.estimated_output_bytes else "")
+        rates = (f"{p.done}/{p.total} samples · {error_count} · {p.tokens:,} tokens · {written}"
                  f" · {p.samples_per_s:.1f} samples/s · {p.tokens_per_s:,.0f} tok/s · {p.gb_per_s:.3f} GB/s"
                  f"{' · ' + _eta(p.eta_s) if p.state == 'running' else ''}"
                  f"{' · capture fs ' + format(p.capture_fill, '.0%') if p.capture_fill is not None else ''}")
         line = Text(rates)
+        short = [fs for fs in ((p.storage or {}).get("filesystems") or []) if not fs.get("fits")]
+        for fs in short:  # --allow-partial ran it anyway: say where it will run out
+            line.append(f"\nstorage: {', '.join(fs.get('folders', []))} needs {_bytes(fs.get('needed_bytes', 0))}, "
+                        f"{_bytes(fs.get('free_bytes', 0))} free", style="yellow")
         if errors:  # why the samples failed, from the job's errors.jsonl, most common first
             line.append("\nwhy: " + " · ".join(f"{reason} ({count})" if count > 1 else reason
                                                for reason, count in errors), style="red")

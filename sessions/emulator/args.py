@@ -454,6 +454,12 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, Emula
     if options.spec_draft_cost is not None and options.spec_draft_cost > 1:
         build_parser().error(f"--emulate-spec-draft-cost must be at most 1 (a fraction of a decode step), "
                              f"not {options.spec_draft_cost}")
+    last_gpu = ns.base_gpu_id + (ns.tp_size - 1) * ns.gpu_id_step
+    if ns.base_gpu_id < 0 or last_gpu >= options.gpus:
+        # SGLang's scheduler dies at torch.cuda.set_device ("invalid device ordinal"); the emulator says so
+        # up front instead of wrapping onto GPUs another replica holds.
+        build_parser().error(f"--base-gpu-id {ns.base_gpu_id} with --tp-size {ns.tp_size} would use GPU {last_gpu}, "
+                             f"but there are {options.gpus} GPUs (0..{options.gpus - 1}; --emulate-gpus)")
     for dest in _EMULATOR_DESTS:
         delattr(ns, dest)
     return ns, options

@@ -305,11 +305,14 @@ def update_progress(path: Path, **fields: Any) -> None:
 RUNNERS = {"extract": "sessions.extraction.runner", "regenerate": "sessions.regeneration.runner"}
 
 
-def spawn(path: Path, resume: bool, accept_server: bool = False, module: str | None = None,
-          python: str | None = None) -> int:
+def spawn(path: Path, resume: bool, accept_server: bool = False, allow_partial: bool = False,
+          module: str | None = None, python: str | None = None) -> int:
     """Start the job process (``python -m <module> --job-dir DIR``) detached; return its pid (also recorded
     in progress.json).  By default the module is the one of the job's mode and ``python`` the extraction
-    spec's interpreter (a regeneration job needs only httpx: this one)."""
+    spec's interpreter (a regeneration job needs only httpx: this one).
+
+    ``allow_partial`` (``--allow-partial``): the job starts although its storage estimate does not fit
+    (`sessions.extraction.storage`); it writes what fits and pauses when the disk is full."""
     import psutil
 
     mode = str((read_json(path / JOB_FILE, default={}) or {}).get("mode") or "extract")
@@ -325,7 +328,8 @@ def spawn(path: Path, resume: bool, accept_server: bool = False, module: str | N
     argv = [python, "-m", module, "--job-dir", str(path)]
     if resume:
         argv.append("--resume")
-    atomic_write_json(path / CONTROL_FILE, {"pause": False, "cancel": False, "accept_server": accept_server})
+    atomic_write_json(path / CONTROL_FILE, {"pause": False, "cancel": False, "accept_server": accept_server,
+                                            "allow_partial": allow_partial})
     log_fd = open_job_log(path)
     try:
         proc = subprocess.Popen(argv, cwd=path, stdin=subprocess.DEVNULL, stdout=log_fd, stderr=subprocess.STDOUT,
@@ -343,10 +347,10 @@ def spawn(path: Path, resume: bool, accept_server: bool = False, module: str | N
     return proc.pid
 
 
-def run_job(spec_path: Path | str, home: Home | None = None) -> str:
+def run_job(spec_path: Path | str, home: Home | None = None, allow_partial: bool = False) -> str:
     """``extract run``: create and spawn; returns the job id."""
     job_id, path = create_job(spec_path, home)
-    spawn(path, resume=False)
+    spawn(path, resume=False, allow_partial=allow_partial)
     return job_id
 
 
@@ -376,7 +380,8 @@ def pause_job(job_id: str, home: Home | None = None) -> JobProgress:
     return progress
 
 
-def resume_job(job_id: str, home: Home | None = None, accept_server: bool = False) -> JobProgress:
+def resume_job(job_id: str, home: Home | None = None, accept_server: bool = False,
+               allow_partial: bool = False) -> JobProgress:
     """``extract resume``: a live job paused by the user continues; a stopped one (or a done one with failed
     samples, which are retried) gets a new process that continues from the manifest under the same id.
 
@@ -394,7 +399,7 @@ def resume_job(job_id: str, home: Home | None = None, accept_server: bool = Fals
         raise JobError(f"job {job_id} is already {progress.state} (pid {progress.pid})", code=1)
     if progress.state == "done" and not progress.extraction_failures:
         raise JobError(f"job {job_id} is done: nothing to resume", code=1)
-    spawn(path, resume=True, accept_server=accept_server)
+    spawn(path, resume=True, accept_server=accept_server, allow_partial=allow_partial)
     return job_status(job_id, home)
 
 

@@ -59,6 +59,8 @@ class JobProgress:
     python: str | None = None  # the interpreter running the job
     mode: str = "extract"  # "extract" | "regenerate" (sessions.regeneration writes the same file)
     stats: dict[str, Any] | None = None  # regeneration: the data's shape (answer lengths, finish reasons, ...)
+    estimated_output_bytes: int | None = None  # the storage estimate of the whole output (bytes: written)
+    storage: dict[str, Any] | None = None  # the estimate against each filesystem (sessions.extraction.storage)
 
     @property
     def fraction(self) -> float:

@@ -56,6 +56,7 @@ class RunReport:
     client: ExtractionClient | None
     gate: CaptureSpaceGate | None
     estimated_output_bytes: int | None
+    storage: dict[str, Any] | None
     pipeline_started_at: float | None
     done_at_pipeline_start: int
     dims: ModelDims
@@ -121,6 +122,7 @@ class RunReport:
             "capture_fill": fill,
             "paused_by_user": "user" in self.pause_reasons,
             "estimated_output_bytes": self.estimated_output_bytes,
+            "storage": self.storage,  # the estimate against each filesystem's free space (storage.py)
             # For benches: this run's own rate, from the first request to the last recorded outcome
             # (last_progress_at).
             "pipeline_started_at": self.pipeline_started_at,

@@ -20,7 +20,6 @@ import argparse
 import asyncio
 import os
 import queue
-import shutil
 import signal
 import sys
 import threading
@@ -50,11 +49,12 @@ from sessions.extraction.job import (
     capture_dir_problem,
     resolve_spec,
 )
-from sessions.extraction.model_dims import bytes_per_token, read_model_dims
+from sessions.extraction.model_dims import read_model_dims
 from sessions.extraction.output import ManifestEntry, OutputDir, OutputDirError
 from sessions.extraction.progress import PROGRESS_FILE, RateMeter
 from sessions.extraction.run_report import CARRIED_FIELDS
 from sessions.extraction.spec import JobSpec, JobSpecError, load_job_spec
+from sessions.extraction.storage import dump_bytes_per_token, estimate_storage
 from sessions.home import atomic_write_json, read_json, resolve_home
 
 if TYPE_CHECKING:  # imported where it is used, as the other rendering names are
@@ -100,6 +100,7 @@ class JobRun(OutputBookkeeping):
         self.gate: CaptureSpaceGate | None = None
         self.dump_bytes_per_token = 0
         self.estimated_output_bytes: int | None = None
+        self.storage: dict[str, Any] | None = None  # the storage estimate against the free space (progress)
         self.sglang_version: str | None = None
         self._render_stop = threading.Event()
         self.row_ids: dict[int, str] = {}  # index -> row id, only with sample_ids = "row"
@@ -215,6 +216,9 @@ class JobRun(OutputBookkeeping):
         return self.row_ids.get(index) or f"{self.job_id}-{index}"
 
     def _disk_preflight(self, head: list[Any]) -> None:
+        """Before the first request: the output's and the capture dirs' need against their free space
+        (`sessions.extraction.storage`); refused with the numbers unless --allow-partial (or the spec's
+        ``disk_preflight = false``)."""
         spec = self.spec
         assert spec is not None
         hidden = self.dims.hidden_size
@@ -222,24 +226,25 @@ class JobRun(OutputBookkeeping):
             self.log("disk preflight skipped: config.json has no hidden_size")
             return
         layers = len(spec.capture_layers) if spec.capture_layers else 3
-        per_token = bytes_per_token(hidden, layers)
-        self.dump_bytes_per_token = 2 * hidden * (layers + 1) + 8
+        self.dump_bytes_per_token = dump_bytes_per_token(hidden, layers)
         lengths = [len(item.input_ids) for item in head if not isinstance(item, ManifestEntry)]
         pending = self.total - self.done
         if not lengths or pending <= 0:
             return
-        mean_tokens = sum(lengths) / len(lengths)
-        estimate = int(mean_tokens * pending * per_token * 1.01)  # + zip headers
-        self.estimated_output_bytes = estimate
         spec.output_dir.mkdir(parents=True, exist_ok=True)
-        free = shutil.disk_usage(spec.output_dir).free
-        self.log(f"disk preflight: ~{mean_tokens:.0f} tokens x {pending} samples x {per_token} B/token "
-                 f"= {estimate / 1e9:.2f} GB needed, {free / 1e9:.2f} GB free at {spec.output_dir}")
-        if spec.disk_preflight and estimate > free:
-            raise JobFailure(f"disk preflight: the output needs about {estimate / 1e9:.2f} GB "
-                             f"({mean_tokens:.0f} tokens/sample x {pending} samples x {per_token} B/token) but "
-                             f"{spec.output_dir} has {free / 1e9:.2f} GB free (set disk_preflight = false to "
-                             "override)")
+        captures = [spec.capture_dir] if spec.capture_dir is not None else []
+        estimate = estimate_storage(lengths, pending, hidden, layers, spec.concurrency, spec.output_dir, captures)
+        self.estimated_output_bytes = estimate.output_bytes
+        self.storage = estimate.to_json()
+        self.log(f"disk preflight: {estimate.summary()}")
+        if estimate.fits:
+            return
+        allowed = bool((read_json(self.job_dir / CONTROL_FILE, default={}) or {}).get("allow_partial"))
+        if allowed or not spec.disk_preflight:
+            why = "--allow-partial" if allowed else "disk_preflight = false"
+            self.log(f"{estimate.refusal()}\ngoing on ({why}): the job writes what fits and pauses when full")
+            return
+        raise JobFailure(estimate.refusal())
 
     def _clear_stale_dumps(self) -> None:
         """Dumps of this job's rids left by a killed run (or still arriving) would mix with new ones."""

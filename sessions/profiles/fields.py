@@ -114,6 +114,15 @@ def field_problems(profile: LaunchProfile) -> list[Problem]:
           f"must be one of {', '.join(repr(x) for x in LAUNCHERS)}, not {s.launcher!r}")
     check("server.python", lambda: bool(str(s.python).strip()), "must name a Python interpreter")
     check("server.tp_size", lambda: isinstance(s.tp_size, int) and s.tp_size >= 1, f"must be at least 1, not {s.tp_size}")
+    check("server.replicas", lambda: 1 <= s.replicas <= MAX_REPLICAS,
+          f"must be between 1 and {MAX_REPLICAS} servers, not {s.replicas}")
+    replicas_ok = "server.replicas" not in bad  # a wrong type is reported above; no comparison with it
+    if replicas_ok and s.replicas > 1 and "server.extra_args" not in bad and any(
+            a == "--base-gpu-id" or a.startswith("--base-gpu-id=") for a in s.extra_args):
+        problems.append(Problem(
+            "server.extra_args", f"--base-gpu-id conflicts with server.replicas = {s.replicas}: each replica "
+            "gets its own --base-gpu-id (replica i starts at GPU i x tp x pp); remove it from extra_args",
+            _line_of(lines, "server.extra_args")))
     check("server.host", lambda: bool(str(s.host).strip()) and str(s.host).isascii()
           and str(s.host).isprintable() and not any(ch.isspace() for ch in str(s.host)),
           f"must be a host name or address, not {s.host!r}")
@@ -173,7 +182,29 @@ def field_problems(profile: LaunchProfile) -> list[Problem]:
     if s.launcher == "emulator" and "emulator.gpus" not in bad and "server.tp_size" not in bad:
         check("server.tp_size", lambda: s.tp_size <= e.gpus,
               f"TP {s.tp_size} needs {_gpus(s.tp_size)} but the emulator has {e.gpus} (emulator.gpus)")
+        if replicas_ok and "server.extra_args" not in bad and s.replicas > 1:
+            need = s.replicas * s.tp_size * pp_size_of(s.extra_args)
+            check("server.replicas", lambda: need <= e.gpus,
+                  f"{s.replicas} replicas x TP {s.tp_size} x PP {pp_size_of(s.extra_args)} need {_gpus(need)} "
+                  f"but the emulator has {e.gpus} (emulator.gpus)")
     return problems
+
+
+MAX_REPLICAS = 64
+
+
+def pp_size_of(extra_args: tuple[str, ...] | list[str]) -> int:
+    """The ``--pp-size`` in ``extra_args`` (the last one, as argparse keeps it), 1 when absent or bad."""
+    value = 1
+    for i, token in enumerate(extra_args):
+        name, eq, inline = str(token).partition("=")
+        if name in ("--pp-size", "--pipeline-parallel-size"):
+            text = inline if eq else (extra_args[i + 1] if i + 1 < len(extra_args) else "")
+            try:
+                value = max(1, int(text))
+            except (TypeError, ValueError):
+                value = 1
+    return value
 
 
 def _num_draft_tokens(extra_args: tuple[str, ...] | list[str]) -> int | None:

@@ -127,6 +127,9 @@ class ServerSection:
     chunked_prefill_size: int | None = None
     extra_args: tuple[str, ...] = ()
     env: dict[str, str] = field(default_factory=dict)
+    # N servers of this profile side by side on one host: member i on GPUs from i*tp*pp, port + i
+    # (sessions.server.group); 1 = a plain single server.
+    replicas: int = 1
 
 
 @dataclass(frozen=True)
@@ -180,6 +183,7 @@ _KINDS: dict[str, dict[str, str]] = {
         "chunked_prefill_size": "int",
         "extra_args": "list[str]",
         "env": "table[str]",
+        "replicas": "int",
     },
     "capture": {"enabled": "bool", "layers": "list[int]", "dir": "str", "rid_prefix": "str"},
     "watch": {"stall_after_s": "float"},

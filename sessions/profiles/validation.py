@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from sessions.profiles.command import _number, _server_env
-from sessions.profiles.fields import _gpus, field_problems
+from sessions.profiles.fields import _gpus, field_problems, pp_size_of
 from sessions.profiles.model import _EMULATOR_FLAGS, _FIELD_FLAGS, _NEGATIVE_NUMBER, LaunchProfile, Problem
 from sessions.profiles.model_config import ModelConfigError, read_model_config
 from sessions.profiles.toml_lines import _did_you_mean
@@ -50,7 +50,7 @@ def validate_profile(
         machine("server.model_path", lambda: _model_problems(profile))
     if usable("server.host"):
         machine("server.host", lambda: _host_problems(profile, check_port and usable("server.port")))
-    if s.launcher == "sglang" and usable("server.tp_size", "server.env"):
+    if s.launcher == "sglang" and usable("server.tp_size", "server.env", "server.replicas", "server.extra_args"):
         machine("server.tp_size", lambda: _gpu_problems(profile, nvml_gpu_count))
     if usable("server.extra_args", "server.env", "server.launcher"):
         machine("server.extra_args", lambda: _sglang_problems(profile, python_ok, bad_fields))
@@ -242,14 +242,19 @@ def _gpu_problems(profile: LaunchProfile, nvml_gpu_count: int | None) -> list[Pr
     cvd = profile.server.env.get("CUDA_VISIBLE_DEVICES", os.environ.get("CUDA_VISIBLE_DEVICES"))
     visible = visible_gpu_count(cvd, count)
     tp = profile.server.tp_size
-    if tp <= visible:
+    replicas, pp = profile.server.replicas, pp_size_of(profile.server.extra_args)
+    need = tp * pp * max(1, replicas)
+    if need <= visible:
         return []
     source = ""
     if cvd is not None:
         where = "server.env" if "CUDA_VISIBLE_DEVICES" in profile.server.env else "the environment"
         source = f", CUDA_VISIBLE_DEVICES={cvd!r} from {where}"
-    return [Problem("server.tp_size",
-                    f"TP {tp} needs {_gpus(tp)} but only {visible} {'is' if visible == 1 else 'are'} visible "
+    what, field = f"TP {tp}", "server.tp_size"
+    if replicas > 1:  # the replicas sit side by side: all of them must fit at once
+        what, field = f"{replicas} replicas x TP {tp} x PP {pp}", "server.replicas"
+    return [Problem(field,
+                    f"{what} needs {_gpus(need)} but only {visible} {'is' if visible == 1 else 'are'} visible "
                     f"(NVML sees {count}{source})")]
 
 

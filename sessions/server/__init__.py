@@ -21,6 +21,7 @@ The names below are the package's public ones; ``from sessions.server import ...
 """
 
 from sessions.server.diff import flag_diff
+from sessions.server.group import GroupInfo
 from sessions.server.model import (
     COMMAND_FILE,
     EMULATED_GPUS_FILE,
@@ -46,7 +47,16 @@ from sessions.server.model import (
     classify_state,
 )
 from sessions.server.record import SessionRecord, find_marked_servers
-from sessions.server.session import ServerSession, find_session, list_sessions, running_sessions_of
+from sessions.server.session import (
+    ServerSession,
+    find_group,
+    find_session,
+    group_members,
+    list_sessions,
+    restart_group,
+    running_sessions_of,
+    stop_group,
+)
 from sessions.server.status import SessionReader
 
 __all__ = [
@@ -65,6 +75,7 @@ __all__ = [
     "STATE_VERSION",
     "AlreadyRunning",
     "GpuBusy",
+    "GroupInfo",
     "LaunchError",
     "RankStatus",
     "ServerSession",
@@ -75,9 +86,13 @@ __all__ = [
     "SessionStatus",
     "StopReport",
     "classify_state",
+    "find_group",
     "find_marked_servers",
     "find_session",
     "flag_diff",
+    "group_members",
     "list_sessions",
+    "restart_group",
     "running_sessions_of",
+    "stop_group",
 ]

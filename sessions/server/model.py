@@ -172,6 +172,7 @@ class SessionStatus:
     # record in status(): widgets draw it and never open state.json themselves.
     ended_at: float | None = None
     launch_tp_size: int | None = None  # the TP size the session was launched with (its state.json)
+    group: dict | None = None  # {"id", "index", "size", "gpus"} for a member of a group of replicas
 
     @property
     def rank_count(self) -> int | None:
@@ -226,6 +227,7 @@ class SessionStatus:
             "problem": self.problem,
             "serving": self.serving.to_json() if self.serving is not None else None,
             "ended_at": self.ended_at,
+            "group": self.group,
         }
 
 

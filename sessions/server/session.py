@@ -16,6 +16,7 @@ import signal
 import subprocess
 import time
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +28,15 @@ from sessions.phases import StartupPhase
 from sessions.profiles import LaunchProfile, Problem, build_command, validate_profile
 from sessions.redaction import Redactor, collect_secrets, redact_argv, redact_env, write_secrets_file
 from sessions.server.diff import flag_diff
+from sessions.server.group import (
+    GROUP_KEY,
+    GroupInfo,
+    member_port_problems,
+    member_profile,
+    member_profiles,
+    new_group_id,
+    with_replicas,
+)
 from sessions.server.launch_lock import LAUNCH_LOCK_TIMEOUT_S, LaunchCancelled, launch_lock
 from sessions.server.model import (
     COMMAND_FILE,
@@ -109,6 +119,49 @@ class ServerSession(SessionReader):
         soon as ``cancelled()`` is true (`LaunchCancelled`); ``progress(text)`` hears each step ("waiting
         for the launch lock held by ...", "checking GPUs"), for a progress line.
         """
+        if profile.server.replicas > 1:
+            raise LaunchError(f"profile '{profile.name}' has server.replicas = {profile.server.replicas}: "
+                              "it launches as a group (ServerSession.launch_group)", code=2)
+        return cls._launch_checked(profile, [profile], None, home=home, force=force, gpu_source=gpu_source,
+                                   lock_timeout_s=lock_timeout_s, cancelled=cancelled, progress=progress)[0]
+
+    @classmethod
+    def launch_group(
+        cls,
+        profile: LaunchProfile,
+        home: Home | None = None,
+        *,
+        force: bool = False,
+        gpu_source: Any = None,
+        lock_timeout_s: float | None = LAUNCH_LOCK_TIMEOUT_S,
+        cancelled: Callable[[], bool] | None = None,
+        progress: Callable[[str], None] | None = None,
+    ) -> list[ServerSession]:
+        """`launch` for a profile with ``server.replicas`` > 1: every member (`sessions.server.group`) is
+        checked before any starts (the profile, each member's port, the GPUs of all members together), then
+        all start; the members, in order.  A profile of one replica launches as `launch` does."""
+        home = home or resolve_home()
+        members = member_profiles(profile) if profile.server.replicas > 1 else [profile]
+        group_id = new_group_id(profile.name) if len(members) > 1 else None
+        return cls._launch_checked(profile, members, group_id, home=home, force=force, gpu_source=gpu_source,
+                                   lock_timeout_s=lock_timeout_s, cancelled=cancelled, progress=progress)
+
+    @classmethod
+    def _launch_checked(
+        cls,
+        profile: LaunchProfile,
+        members: list[LaunchProfile],
+        group_id: str | None,
+        *,
+        home: Home | None,
+        force: bool,
+        gpu_source: Any,
+        lock_timeout_s: float | None,
+        cancelled: Callable[[], bool] | None,
+        progress: Callable[[str], None] | None,
+        running_ok: frozenset[str] = frozenset(),
+        member_of: GroupInfo | None = None,
+    ) -> list[ServerSession]:
         home = (home or resolve_home()).ensure()
         tell = progress or (lambda _text: None)
         lock_path = home.state_root / LAUNCH_LOCK_FILE
@@ -119,30 +172,52 @@ class ServerSession(SessionReader):
         tell("taking the launch lock")
         with launch_lock(lock_path, lock_timeout_s, cancelled=cancelled, on_wait=waiting):
             tell("checking the profile's running sessions")
-            running = running_sessions_of(profile.name, home)
+            # running_ok: the other members of a group whose one member restarts.
+            running = [s for s in running_sessions_of(profile.name, home) if s.session_id not in running_ok]
             if running:
                 raise AlreadyRunning(_already_running_text(profile.name, running[0]), running[0].session_id)
             # validate_profile's port check names who holds the port (probes.describe_port_user).
             tell("validating the profile and its port")
-            problems = validate_profile(profile, check_port=True)
+            problems = validate_profile(members[0] if member_of is not None else profile, check_port=True)
+            if len(members) > 1:
+                problems += member_port_problems(members)
             errors = [p for p in problems if p.is_error]
             if errors:
                 raise LaunchError(_problems_text(profile, errors), errors, code=2)
-            command = build_command(profile)
+            commands = [build_command(member) for member in members]
             if not force:
-                from sessions.gpus import busy_gpus_for_launch, format_busy
+                from sessions.gpus import busy_gpus_for_launch, format_busy, launch_gpu_ids
 
                 tell("checking that its GPUs are free")
-                busy = busy_gpus_for_launch(profile, home, source=gpu_source, describe_pid=_pid_describer(home))
+                # One reading over every member's GPUs: one busy GPU refuses the whole group.
+                ids = sorted({g for member in members for g in launch_gpu_ids(member)})
+                busy = busy_gpus_for_launch(members[0], home, source=gpu_source,
+                                            describe_pid=_pid_describer(home), gpu_ids=ids)
                 if busy:
                     raise GpuBusy(format_busy(profile.name, busy), busy)
             if cancelled is not None and cancelled():
                 raise LaunchCancelled(f"launch of {profile.name} cancelled before the server started")
-            tell("starting the server")
-            return cls._start(profile, command, home)
+            tell("starting the server" if len(members) == 1 else f"starting {len(members)} replicas")
+            started: list[ServerSession] = []
+            try:
+                for i, (member, command) in enumerate(zip(members, commands)):
+                    group = None
+                    if group_id is not None:
+                        from sessions.gpus import launch_gpu_ids
+
+                        index = i if member_of is None else member_of.index
+                        size = len(members) if member_of is None else member_of.size
+                        group = GroupInfo(group_id, index, size, tuple(launch_gpu_ids(member))).to_json()
+                    started.append(cls._start(member, command, home, group=group))
+            except BaseException:
+                for session in started:  # all or none: a group half started is not what was asked for
+                    with contextlib.suppress(Exception):
+                        session.stop(grace_s=5.0)
+                raise
+            return started
 
     @classmethod
-    def _start(cls, profile: LaunchProfile, command: Any, home: Home) -> ServerSession:
+    def _start(cls, profile: LaunchProfile, command: Any, home: Home, group: dict | None = None) -> ServerSession:
         session_dir = _new_session_dir(home, profile.name)
         session_id = session_dir.name
         atomic_write_text(session_dir / PROFILE_FILE, profile.to_toml())
@@ -191,7 +266,8 @@ class ServerSession(SessionReader):
                 "phase_entered_at": {StartupPhase.LAUNCHING.value: started_at},
                 "descendants": [],
                 "outcome": None,
-            },
+            }
+            | ({GROUP_KEY: group} if group else {}),
         )
         session = cls(session_dir, home)
         session._profile = profile
@@ -357,11 +433,23 @@ class ServerSession(SessionReader):
         if self._popen is not None:
             self._popen.poll()
 
+    # -- groups ----------------------------------------------------------------------------------------
+
+    @property
+    def group(self) -> GroupInfo | None:
+        """This session's place in a group of replicas (`sessions.server.group`), None when alone."""
+        return GroupInfo.from_record(self.state_record)
+
     # -- restart ---------------------------------------------------------------------------------------
 
     def restart(self, profile: LaunchProfile | None = None, grace_s: float = 30.0) -> ServerSession:
-        """Stop this session and launch the current profile (or ``profile``); the new one keeps the diff."""
-        new_profile = profile or self.current_profile()
+        """Stop this session and launch the current profile (or ``profile``); the new one keeps the diff.
+
+        A member of a group restarts alone: as the same member (its GPUs, port and capture dir, taken from
+        the profile as it is now), in the same group, while the other members go on."""
+        info = self.group
+        base = profile or self.current_profile()
+        new_profile = member_profile(base, info.index) if info is not None else base
         diff = flag_diff(self.profile, new_profile)
         # Refuse a broken profile while the old server still runs (its port is checked after the stop).
         errors = [p for p in validate_profile(new_profile, check_port=False) if p.is_error]
@@ -370,7 +458,14 @@ class ServerSession(SessionReader):
         report = self.stop(grace_s=grace_s)
         if not report.stopped:
             raise SessionError(f"restart of {self.session_id} aborted: {report.message}")
-        new = ServerSession.launch(new_profile, self.home)
+        if info is None:
+            new = ServerSession.launch(new_profile, self.home)
+        else:
+            others = frozenset(s.session_id for s in group_members(info.group_id, self.home))
+            new = ServerSession._launch_checked(
+                base, [new_profile], info.group_id, home=self.home, force=False, gpu_source=None,
+                lock_timeout_s=LAUNCH_LOCK_TIMEOUT_S, cancelled=None, progress=None, running_ok=others,
+                member_of=info)[0]
         new.restart_diff = diff
 
         def note(state_rec: dict) -> None:
@@ -380,6 +475,69 @@ class ServerSession(SessionReader):
         new._update_state(note)
         self._update_state(lambda rec: rec.__setitem__("restarted_as", new.session_id))
         return new
+
+def group_members(group_id: str, home: Home | None = None) -> list[ServerSession]:
+    """The sessions of group ``group_id``, by member index; of each index only the newest session (a
+    member restarted alone leaves its ended predecessor behind)."""
+    newest: dict[int, ServerSession] = {}
+    for session in list_sessions(home):  # oldest first: a later session of an index replaces the earlier
+        info = session.group
+        if info is not None and info.group_id == group_id:
+            newest[info.index] = session
+    return [newest[i] for i in sorted(newest)]
+
+
+def find_group(ref: str, home: Home | None = None) -> list[ServerSession] | None:
+    """The members of the group whose id is ``ref`` or starts with it (the CLI's SESSION argument may
+    name a group); None when ``ref`` names no group."""
+    home = home or resolve_home()
+    ids = {info.group_id for s in list_sessions(home) if (info := s.group) is not None}
+    exact = [g for g in ids if g == ref]
+    matches = exact or [g for g in ids if ref and g.startswith(ref)]
+    if not matches:
+        return None
+    if len(matches) > 1:
+        raise SessionNotFound(f"group '{ref}' is ambiguous: {len(matches)} match ({', '.join(sorted(matches)[:5])})")
+    return group_members(matches[0], home)
+
+
+def stop_group(members: list[ServerSession], grace_s: float = 30.0) -> list[StopReport]:
+    """Stop every member at once (each its own SIGTERM, grace and SIGKILL), reports in member order."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    if not members:
+        return []
+    with ThreadPoolExecutor(max_workers=len(members), thread_name_prefix="stop-member") as pool:
+        return list(pool.map(lambda m: m.stop(grace_s=grace_s), members))
+
+
+def restart_group(
+    members: list[ServerSession], profile: LaunchProfile | None = None, grace_s: float = 30.0
+) -> list[ServerSession]:
+    """Stop every member, then launch the group again from the profile as it is now (or ``profile``)."""
+    if not members:
+        raise SessionError("no members to restart")
+    new_profile = profile or members[0].current_profile()
+    info = members[0].group
+    if info is not None and not new_profile.is_explicit("server.replicas"):
+        # A group launched with --replicas N (the file says nothing): it restarts as N again.
+        new_profile = with_replicas(new_profile, info.size)
+    errors = [p for p in validate_profile(new_profile, check_port=False) if p.is_error]
+    if errors:
+        raise LaunchError(_problems_text(new_profile, errors), errors, code=2)
+    reports = stop_group(members, grace_s)
+    failed = [f"{m.session_id}: {r.message}" for m, r in zip(members, reports) if not r.stopped]
+    if failed:
+        raise SessionError("restart of the group aborted:\n  " + "\n  ".join(failed))
+    new = ServerSession.launch_group(new_profile, members[0].home)
+    for old, started in zip(members, new):
+        started._update_state(partial(_note_restarted_from, old.session_id))
+    return new
+
+
+def _note_restarted_from(old_id: str, rec: dict) -> None:
+    rec["restarted_from"] = old_id
+
 
 def list_sessions(home: Home | None = None, include_ended: bool = True) -> list[ServerSession]:
     """Every session, oldest first; ``include_ended=False`` keeps the live ones.

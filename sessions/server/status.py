@@ -164,6 +164,7 @@ class SessionReader(SessionRecord):
             serving=self._serving_snapshot(host, port, net.listening and probe_http and ready_now),
             ended_at=ended_at_of(rec, state),
             launch_tp_size=rec["tp_size"] if isinstance(rec.get("tp_size"), int) and rec["tp_size"] > 0 else None,
+            group=rec["group"] if isinstance(rec.get("group"), dict) else None,
         )
 
     def _checked_record(self, read: StateRead, ident: tuple[int, float] | None) -> tuple[dict, list[str]]:
