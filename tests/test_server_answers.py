@@ -400,3 +400,31 @@ def test_a_regeneration_answer_nested_deep_or_not_finite_is_the_retried_error(bo
 
     with pytest.raises(ValueError, match="the answer"):
         answer_json(body)
+
+
+@pytest.mark.parametrize("serve", ["trickle", "flood"])
+def test_a_regeneration_turn_is_a_bounded_read(raw_server, tmp_path, serve: str) -> None:
+    """adv22: the regeneration client read /v1/chat/completions with httpx (a timeout per read, no size
+    cap), so a server sending a byte every 0.5 s or an endless body held a row for good.  A turn is now a
+    read of the one bounded reader: the deadline or the cap fails the attempt, and the retries end it."""
+    from sessions.regeneration.runner import RegenRun, RowFailed
+    from sessions.regeneration.spec import RegenSpec
+
+    server = raw_server(trickle(b"HTTP/1.1 200 OK\r\nContent-Length: 100000\r\n\r\n") if serve == "trickle"
+                        else flood(None))
+    run = RegenRun.__new__(RegenRun)  # only what a turn reads: the spec and the model name
+    run.spec = RegenSpec(name="t", dataset=tmp_path / "in.jsonl", output=tmp_path / "out.jsonl", max_tokens=16,
+                         max_retries=1, retry_backoff_s=0.0, request_timeout_s=1.0)
+    run.model = "m"
+
+    def turn() -> Any:
+        try:
+            return run._turn(server.url, [{"role": "user", "content": "hi"}])
+        except RowFailed as exc:
+            return exc
+
+    failed = finish(turn)
+    assert isinstance(failed, RowFailed), failed
+    why = str(failed)
+    assert "after 2 attempts" in why
+    assert ("timed out after 1s" in why) if serve == "trickle" else ("-byte cap" in why), why

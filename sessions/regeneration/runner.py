@@ -13,6 +13,7 @@ SIGKILL loses only the conversations in flight, which the resume redoes (`output
 from __future__ import annotations
 
 import argparse
+import json
 import queue
 import signal
 import sys
@@ -22,8 +23,7 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-import httpx
-
+from sessions import server_answers
 from sessions.extraction.job import CONTROL_FILE, SPEC_FILE, update_progress
 from sessions.extraction.progress import RateMeter
 from sessions.home import read_json
@@ -43,6 +43,11 @@ from sessions.regeneration.stats import RegenStats, RowStats
 REPORT_INTERVAL_S = 0.5
 SERVERS_FILE = "servers.json"  # the resolved server URLs (sessions are looked up when the job is created)
 
+
+# The size cap of one chat answer: its JSON around the text, plus a generous size per token asked for
+# (a token is a few bytes of text; JSON escapes can make one up to 12, reasoning text comes on top).
+ANSWER_BASE_BYTES = 1 << 20
+ANSWER_BYTES_PER_TOKEN = 64
 
 class RowFailed(Exception):
     """The server refused or kept failing a turn: the row goes to ``_error.jsonl`` with this message."""
@@ -72,23 +77,23 @@ class RegenRun:
 
     # -- the server side -------------------------------------------------------------------------------
 
-    def _model_name(self, client: httpx.Client, url: str) -> str:
-        reply = client.get(f"{url}/v1/models", timeout=30.0)
-        reply.raise_for_status()
-        return str(answer_json(reply.content)["data"][0]["id"])
+    def _model_name(self, url: str) -> str:
+        reply = server_answers.fetch(f"{url}/v1/models", deadline_s=30.0)
+        if reply.error is not None or reply.status != 200:
+            raise ValueError(reply.error or f"HTTP {reply.status}")
+        return str(answer_json(reply.body)["data"][0]["id"])
 
     def _probe(self) -> None:
         """Every server must answer /v1/models (and give the model name when the spec has none)."""
         alive = []
-        with httpx.Client() as client:
-            for url in self.servers:
-                try:
-                    name = self._model_name(client, url)
-                except (httpx.HTTPError, KeyError, IndexError, ValueError) as exc:
-                    self.log(f"server {url} does not answer /v1/models ({exc}); leaving it out")
-                    continue
-                self.model = self.model or name
-                alive.append(url)
+        for url in self.servers:
+            try:
+                name = self._model_name(url)
+            except (KeyError, IndexError, TypeError, ValueError) as exc:
+                self.log(f"server {url} does not answer /v1/models ({exc}); leaving it out")
+                continue
+            self.model = self.model or name
+            alive.append(url)
         if not alive:
             raise RowFailed("no server answers /v1/models: " + ", ".join(self.servers))
         self.servers = alive
@@ -111,23 +116,34 @@ class RegenRun:
             body["chat_template_kwargs"] = {"enable_thinking": True}
         return body
 
-    def _turn(self, client: httpx.Client, url: str, history: list[dict[str, Any]]) -> dict[str, Any]:
-        """One answer; retried on a transport error or a 5xx, a 4xx fails the row at once."""
+    def _turn(self, url: str, history: list[dict[str, Any]]) -> dict[str, Any]:
+        """One answer; retried on a transport error or a 5xx, a 4xx fails the row at once.  Read through the
+        one bounded reader (`sessions.server_answers`): a total deadline of the spec's request timeout and a
+        size cap from the tokens asked for, so a trickling or flooding server fails the attempt."""
         attempt = 0
+        cap = ANSWER_BASE_BYTES + ANSWER_BYTES_PER_TOKEN * self.spec.max_tokens
         while True:
+            body = json.dumps(self._body(history)).encode()
+            reply = server_answers.fetch(f"{url}/v1/chat/completions", method="POST", body=body,
+                                         headers={"content-type": "application/json"},
+                                         deadline_s=self.spec.request_timeout_s, max_bytes=cap)
+            text = reply.body[:300].decode("utf-8", errors="replace")
             try:
-                reply = client.post(f"{url}/v1/chat/completions", json=self._body(history),
-                                    timeout=self.spec.request_timeout_s)
-                if reply.status_code < 500:
-                    data = answer_json(reply.content)
-                    if reply.status_code != 200:
+                if reply.error is not None:
+                    raise ValueError(reply.error)
+                assert reply.status is not None
+                if reply.status < 500:
+                    data = answer_json(reply.body)
+                    if reply.status != 200:
                         message = data.get("message") if isinstance(data, dict) else None
                         if message is None and isinstance(data, dict) and isinstance(data.get("error"), dict):
                             message = data["error"].get("message")
-                        raise RowFailed(f"HTTP {reply.status_code} from {url}: {message or reply.text[:300]}")
+                        raise RowFailed(f"HTTP {reply.status} from {url}: {message or text}")
+                    if not isinstance(data, dict):
+                        raise ValueError(f"the answer is {server_answers.kind_of(data)}, not an object")
                     return dict(data)
-                problem = f"HTTP {reply.status_code} from {url}: {reply.text[:300]}"
-            except (httpx.TransportError, ValueError) as exc:
+                problem = f"HTTP {reply.status} from {url}: {text}"
+            except ValueError as exc:
                 problem = f"{type(exc).__name__} from {url}: {exc}"
             attempt += 1
             if attempt > self.spec.max_retries:
@@ -136,7 +152,7 @@ class RegenRun:
 
     # -- one row -------------------------------------------------------------------------------------
 
-    def _regenerate(self, client: httpx.Client, url: str, row: InputRow) -> tuple[str, dict[str, Any], RowStats]:
+    def _regenerate(self, url: str, row: InputRow) -> tuple[str, dict[str, Any], RowStats]:
         stats = RowStats(row.row_id, "skipped", url)
         if row.data is None:
             return "skipped", output_row(row, "skipped"), stats
@@ -154,7 +170,7 @@ class RegenRun:
             if role != "user":
                 continue
             try:
-                reply = self._turn(client, url, history)
+                reply = self._turn(url, history)
                 choice = reply["choices"][0]
                 answer = choice.get("message") or {}
                 content = answer.get("content") or ""
@@ -194,30 +210,29 @@ class RegenRun:
         return "success", out, stats
 
     def _worker(self, url: str, rows: queue.Queue) -> None:
-        with httpx.Client() as client:
-            while not self.stop.is_set():
-                while self.paused.is_set() and not self.stop.is_set():
-                    time.sleep(0.1)
-                try:
-                    row = rows.get_nowait()
-                except queue.Empty:
-                    return
-                if self.stop.is_set():
-                    return
+        while not self.stop.is_set():
+            while self.paused.is_set() and not self.stop.is_set():
+                time.sleep(0.1)
+            try:
+                row = rows.get_nowait()
+            except queue.Empty:
+                return
+            if self.stop.is_set():
+                return
+            with self.lock:
+                self.in_flight += 1
+            try:
+                status, out, stats = self._regenerate(url, row)
                 with self.lock:
-                    self.in_flight += 1
-                try:
-                    status, out, stats = self._regenerate(client, url, row)
-                    with self.lock:
-                        self.files.write(status, out)  # the whole conversation, in one write
-                    self.stats.record(stats)
-                except Exception:  # noqa: BLE001 - a bug on one row must not lose the others
-                    self.log(f"row {row.row_id} (line {row.line}): {traceback.format_exc()}")
-                    with self.lock:
-                        self.files.write("error", output_row(row, "error", error="internal error; see job.log"))
-                finally:
-                    with self.lock:
-                        self.in_flight -= 1
+                    self.files.write(status, out)  # the whole conversation, in one write
+                self.stats.record(stats)
+            except Exception:  # noqa: BLE001 - a bug on one row must not lose the others
+                self.log(f"row {row.row_id} (line {row.line}): {traceback.format_exc()}")
+                with self.lock:
+                    self.files.write("error", output_row(row, "error", error="internal error; see job.log"))
+            finally:
+                with self.lock:
+                    self.in_flight -= 1
 
     # -- the job -------------------------------------------------------------------------------------
 
