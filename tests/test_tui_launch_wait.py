@@ -57,6 +57,16 @@ def _lock_is_held(home) -> bool:
     return False
 
 
+async def _launch_into_the_lock_wait(pilot, app: Eagle3App) -> ActionLine:
+    """After the first poll, `l` on the first profile until its worker waits for the held launch lock; the
+    action line that shows the wait."""
+    await first_poll(pilot, app)
+    await pilot.press("1", "home", "l")
+    line = app.dashboard.query_one(ActionLine)
+    await wait_until(pilot, lambda: "waiting for another launch" in line.text, "the lock wait shown")
+    return line
+
+
 def test_q_quits_the_tui_while_another_process_holds_the_launch_lock(home, make_emulator_profile, cli_env):
     make_emulator_profile("locked", tp=1)
     holder = _hold_lock(home)
@@ -142,10 +152,7 @@ def test_a_launch_waiting_for_the_lock_says_so_on_a_moving_line(home, make_emula
     async def scenario() -> None:
         app = Eagle3App(home, gpu_source=EmulatedSource(home), refresh_s=0.2)
         async with app.run_test(size=(100, 30)) as pilot:
-            await first_poll(pilot, app)
-            await pilot.press("1", "home", "l")
-            line = app.dashboard.query_one(ActionLine)
-            await wait_until(pilot, lambda: "waiting for another launch" in line.text, "the lock wait shown")
+            line = await _launch_into_the_lock_wait(pilot, app)
             texts.append(line.text)
             await wait_until(pilot, lambda: line.text != texts[0], "the line moves")
             texts.append(line.text)
@@ -179,10 +186,7 @@ def test_q_never_waits_behind_a_launch_worker(home, make_emulator_profile, monke
     async def scenario() -> None:
         app = Eagle3App(home, gpu_source=EmulatedSource(home), refresh_s=0.2)
         async with app.run_test(size=(100, 30)) as pilot:
-            await first_poll(pilot, app)
-            await pilot.press("1", "home", "l")
-            line = app.dashboard.query_one(ActionLine)
-            await wait_until(pilot, lambda: "waiting for another launch" in line.text, "the lock wait shown")
+            await _launch_into_the_lock_wait(pilot, app)
             event = key_event("q")
             event.set_sender(app)
             app._driver.send_message(event)  # as the terminal sends it
