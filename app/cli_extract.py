@@ -2,13 +2,16 @@
 
 `extract run JOB.toml` prints only the job id on stdout (the job runs detached); `extract status JOB
 --json` prints one JSON object (without JOB: an array of every job).  Human text goes to stderr.
-Only argparse is imported here; the engine is imported inside the handlers (`--help` stays fast).
+It also owns the job subcommands that `regenerate` shares (`add_job_commands`, `start_job`,
+`print_job_status`, `job_action`).  Only argparse is imported here; the engine is imported inside the
+handlers (`--help` stays fast).
 """
 from __future__ import annotations
 
 import argparse
 import json
 import sys
+from collections.abc import Callable, Sequence
 from typing import Any
 
 _CONTRACT_FIELDS = ("job_id", "pid", "state", "total", "done", "failed_lines", "tokens", "bytes",
@@ -19,35 +22,23 @@ def register(subparsers: Any) -> None:
     extract = subparsers.add_parser("extract", help="extraction jobs: dataset → server → SpecForge files",
                                     description="Extraction jobs write SpecForge-format EAGLE-3 training data.")
     sub = extract.add_subparsers(dest="extract_command", metavar="ACTION", required=True)
-
-    run = sub.add_parser("run", help="start a job detached; prints its job id")
-    run.add_argument("spec", help="the job spec (TOML with a [job] table)")
-    run.add_argument("--allow-partial", action="store_true",
-                     help="start although the storage estimate does not fit the free space (the job writes "
-                          "what fits and pauses when the disk is full); without it such a job fails before "
-                          "its first request, naming what it needs, what is free and where")
-    run.set_defaults(func=_run)
-
-    status = sub.add_parser("status", help="progress of one job (or of all)")
-    status.add_argument("job", nargs="?", help="job id (default: every job)")
-    status.add_argument("--json", action="store_true", help="machine-readable output")
-    status.set_defaults(func=_status)
-
-    for name, helptext, func in (
-        ("pause", "stop sending new requests (the process stays)", _pause),
-        ("resume", "continue a paused job, or restart a stopped one from its manifest", _resume),
-        ("cancel", "stop the job after the requests in flight", _cancel),
-    ):
-        action = sub.add_parser(name, help=helptext)
-        action.add_argument("job", help="job id")
-        if name == "resume":
-            action.add_argument("--accept-server", action="store_true",
-                                help="continue against the server that answers now although its identity "
-                                     "(model, weights, capture layers, chat template, SGLang version) changed; "
-                                     "the change is recorded in job.json and the output's dataset.json")
-            action.add_argument("--allow-partial", action="store_true",
-                                help="continue although the storage estimate does not fit the free space")
-        action.set_defaults(func=func)
+    actions = add_job_commands(
+        sub, spec_help="the job spec (TOML with a [job] table)", status_help="progress of one job (or of all)",
+        every_job="every job", run=_run, status=_status, actions=(
+            ("pause", "stop sending new requests (the process stays)", _pause),
+            ("resume", "continue a paused job, or restart a stopped one from its manifest", _resume),
+            ("cancel", "stop the job after the requests in flight", _cancel),
+        ))
+    actions["resume"].add_argument(
+        "--accept-server", action="store_true",
+        help="continue against the server that answers now although its identity (model, weights, capture "
+             "layers, chat template, SGLang version) changed; the change is recorded in job.json and the "
+             "output's dataset.json")
+    allow_partial = ("start although the storage estimate does not fit the free space (the job writes what fits "
+                     "and pauses when the disk is full); without it such a job fails before its first request, "
+                     "naming what it needs, what is free and where")
+    actions["run"].add_argument("--allow-partial", action="store_true", help=allow_partial)
+    actions["resume"].add_argument("--allow-partial", action="store_true", help=allow_partial)
 
     verify = sub.add_parser("verify", help="check every file of an output dir")
     verify.add_argument("output_dir")
@@ -63,25 +54,98 @@ def register(subparsers: Any) -> None:
     verify.set_defaults(func=_verify)
 
 
-def _job_error(exc: Exception) -> Exception:
+# The job subcommands below are the same for both kinds of job (`extract`, `regenerate`), since both are
+# `sessions.extraction.job`'s jobs: each kind passes its own handlers, words and formatting.
+Handler = Callable[[argparse.Namespace], int]
+
+
+def add_job_commands(sub: Any, spec_help: str, status_help: str, every_job: str, run: Handler, status: Handler,
+                     actions: Sequence[tuple[str, str, Handler]]) -> dict[str, argparse.ArgumentParser]:
+    """Add ``run SPEC``, ``status [JOB] [--json]`` and one ``NAME JOB`` parser per action to ``sub``; the
+    run and action parsers by name, for a kind's own flags."""
+    run_parser = sub.add_parser("run", help="start a job detached; prints its job id")
+    run_parser.add_argument("spec", help=spec_help)
+    run_parser.set_defaults(func=run)
+    status_parser = sub.add_parser("status", help=status_help)
+    status_parser.add_argument("job", nargs="?", help=f"job id (default: {every_job})")
+    status_parser.add_argument("--json", action="store_true", help="machine-readable output")
+    status_parser.set_defaults(func=status)
+    parsers = {"run": run_parser}
+    for name, helptext, func in actions:
+        action = sub.add_parser(name, help=helptext)
+        action.add_argument("job", help="job id")
+        action.set_defaults(func=func)
+        parsers[name] = action
+    return parsers
+
+
+def job_error(exc: Exception) -> Exception:
+    """A `JobError` as the `CliError` of its own message and exit code."""
     from app.cli import CliError
 
     return CliError(str(exc), getattr(exc, "code", 1))
 
 
+def start_job(start: Callable[[str], str], spec_path: str, command: str) -> int:
+    """``start(spec_path)``; print the job id on stdout and how to follow it (``eagle3-tui COMMAND status``)
+    on stderr."""
+    from sessions.extraction.job import JobError
+
+    try:
+        job_id = start(spec_path)
+    except JobError as exc:
+        raise job_error(exc) from None
+    print(job_id)
+    print(f"started job {job_id}; follow it with: eagle3-tui {command} status {job_id}", file=sys.stderr)
+    return 0
+
+
+def print_job_status(args: argparse.Namespace, load: Callable[[], list[Any]], to_json: Callable[[Any], Any],
+                     human: Callable[[Any], str], kind: str) -> int:
+    """``status [JOB] [--json]``: the jobs ``load`` returns (one when JOB was given) as JSON (an object for
+    JOB, else an array) or as ``human`` text; "no KIND jobs" on stderr when there are none."""
+    from sessions.extraction.job import JobError
+
+    try:
+        jobs = load()
+    except JobError as exc:
+        raise job_error(exc) from None
+    if args.json:
+        payload: Any = to_json(jobs[0]) if args.job else [to_json(p) for p in jobs]
+        print(json.dumps(payload, indent=2))
+    elif not jobs:
+        print(f"no {kind} jobs", file=sys.stderr)
+    else:
+        for p in jobs:
+            print(human(p))
+    return 0
+
+
+def job_action(args: argparse.Namespace, act: Callable[[str], Any], said: str) -> int:
+    """Run ``act(args.job)`` and say on stderr what happened.
+
+    ``said`` is formatted with ``job`` (the id typed) and ``progress`` (what ``act`` returned)."""
+    from sessions.extraction.job import JobError
+
+    try:
+        progress = act(args.job)
+    except JobError as exc:
+        raise job_error(exc) from None
+    print(said.format(job=args.job, progress=progress), file=sys.stderr)
+    return 0
+
+
 def _run(args: argparse.Namespace) -> int:
-    from sessions.extraction.job import JobError, run_job
+    from sessions.extraction.job import run_job
     from sessions.regeneration.job import run_regen_job
     from sessions.regeneration.spec import is_regeneration_spec_file
 
-    try:  # a spec with mode = "regenerate" starts a regeneration job, as `regenerate run` does
-        job_id = (run_regen_job(args.spec) if is_regeneration_spec_file(args.spec)
-                  else run_job(args.spec, allow_partial=args.allow_partial))
-    except JobError as exc:
-        raise _job_error(exc) from None
-    print(job_id)
-    print(f"started job {job_id}; follow it with: eagle3-tui extract status {job_id}", file=sys.stderr)
-    return 0
+    def start(spec_path: str) -> str:  # a spec with mode = "regenerate" starts a regeneration job, as `regenerate run` does
+        if is_regeneration_spec_file(spec_path):
+            return run_regen_job(spec_path)
+        return run_job(spec_path, allow_partial=args.allow_partial)
+
+    return start_job(start, args.spec, "extract")
 
 
 def _format_bytes(n: float) -> str:
@@ -117,57 +181,32 @@ def _status_json(p: Any) -> dict[str, Any]:
 
 
 def _status(args: argparse.Namespace) -> int:
-    from sessions.extraction.job import JobError, all_jobs, job_status
+    from sessions.extraction.job import all_jobs, job_status
 
-    try:
-        jobs = [job_status(args.job)] if args.job else all_jobs()
-    except JobError as exc:
-        raise _job_error(exc) from None
-    if args.json:
-        payload: Any = _status_json(jobs[0]) if args.job else [_status_json(p) for p in jobs]
-        print(json.dumps(payload, indent=2))
-    elif not jobs:
-        print("no extraction jobs", file=sys.stderr)
-    else:
-        for p in jobs:
-            print(_human(p))
-    return 0
-
-
-def _job_action(args: argparse.Namespace, act: str, said: str) -> int:
-    """Run ``sessions.extraction.job.<act>(args.job)`` and say on stderr what happened.
-
-    ``said`` is formatted with ``job`` (the id typed) and ``progress`` (what ``act`` returned).  A
-    `JobError` becomes a `CliError` with its own message and exit code."""
-    from sessions.extraction import job as jobs
-
-    try:
-        progress = getattr(jobs, act)(args.job)
-    except jobs.JobError as exc:
-        raise _job_error(exc) from None
-    print(said.format(job=args.job, progress=progress), file=sys.stderr)
-    return 0
+    return print_job_status(args, lambda: [job_status(args.job)] if args.job else all_jobs(), _status_json, _human,
+                            "extraction")
 
 
 def _pause(args: argparse.Namespace) -> int:
-    return _job_action(args, "pause_job", "job {job} pauses after the requests in flight")
+    from sessions.extraction.job import pause_job
+
+    return job_action(args, pause_job, "job {job} pauses after the requests in flight")
 
 
 def _resume(args: argparse.Namespace) -> int:
-    from sessions.extraction import job as jobs
+    from sessions.extraction.job import resume_job
 
-    try:
-        progress = jobs.resume_job(args.job, accept_server=args.accept_server, allow_partial=args.allow_partial)
-    except jobs.JobError as exc:
-        raise _job_error(exc) from None
     accepted = " and accepts the server that answers now (recorded in job.json and dataset.json)" \
         if args.accept_server else ""
-    print(f"job {args.job} resumed (pid {progress.pid}){accepted}", file=sys.stderr)
-    return 0
+    return job_action(args, lambda job: resume_job(job, accept_server=args.accept_server,
+                                                   allow_partial=args.allow_partial),
+                      "job {job} resumed (pid {progress.pid})" + accepted)
 
 
 def _cancel(args: argparse.Namespace) -> int:
-    return _job_action(args, "cancel_job", "job {job} is {progress.state}")
+    from sessions.extraction.job import cancel_job
+
+    return job_action(args, cancel_job, "job {job} is {progress.state}")
 
 
 def _verify(args: argparse.Namespace) -> int:

@@ -3,14 +3,16 @@
 `regenerate run JOB.toml` prints only the job id on stdout (the job runs detached); `regenerate status JOB
 --json` prints one JSON object (without JOB: an array of every regeneration job), with ``stats``: the mean
 answer length before and after, the finish reasons, the share of empty answers and one line per server.
-Only argparse is imported here; the engine is imported inside the handlers.
+The subcommands themselves are `app.cli_extract`'s job commands (one owner for both kinds of job); only
+argparse is imported here besides, the engine is imported inside the handlers.
 """
 from __future__ import annotations
 
 import argparse
-import json
-import sys
+from collections.abc import Callable
 from typing import Any
+
+from app.cli_extract import add_job_commands, job_action, print_job_status, start_job
 
 
 def register(subparsers: Any) -> None:
@@ -19,40 +21,20 @@ def register(subparsers: Any) -> None:
         description="Regeneration jobs replay a ShareGPT/OpenAI dataset's user turns through the server's "
                     "/v1/chat/completions and write SpecForge's <out>.jsonl, <out>_error.jsonl, <out>_skipped.jsonl.")
     sub = regen.add_subparsers(dest="regenerate_command", metavar="ACTION", required=True)
-    run = sub.add_parser("run", help="start a job detached; prints its job id")
-    run.add_argument("spec", help='the job spec (TOML [job] table with mode = "regenerate")')
-    run.set_defaults(func=_run)
-    status = sub.add_parser("status", help="progress and data statistics of one job (or of all)")
-    status.add_argument("job", nargs="?", help="job id (default: every regeneration job)")
-    status.add_argument("--json", action="store_true", help="machine-readable output")
-    status.set_defaults(func=_status)
-    for name, helptext, func in (
-        ("pause", "stop taking new rows (the process stays)", _pause),
-        ("resume", "continue a paused job, or restart a stopped one: rows already written are skipped", _resume),
-        ("cancel", "stop after the conversations in flight", _cancel),
-    ):
-        action = sub.add_parser(name, help=helptext)
-        action.add_argument("job", help="job id")
-        action.set_defaults(func=func)
-
-
-def _cli_error(exc: Exception) -> Exception:
-    from app.cli import CliError
-
-    return CliError(str(exc), getattr(exc, "code", 1))
+    add_job_commands(
+        sub, spec_help='the job spec (TOML [job] table with mode = "regenerate")',
+        status_help="progress and data statistics of one job (or of all)", every_job="every regeneration job",
+        run=_run, status=_status, actions=(
+            ("pause", "stop taking new rows (the process stays)", _pause),
+            ("resume", "continue a paused job, or restart a stopped one: rows already written are skipped", _resume),
+            ("cancel", "stop after the conversations in flight", _cancel),
+        ))
 
 
 def _run(args: argparse.Namespace) -> int:
-    from sessions.extraction.job import JobError
     from sessions.regeneration.job import run_regen_job
 
-    try:
-        job_id = run_regen_job(args.spec)
-    except JobError as exc:
-        raise _cli_error(exc) from None
-    print(job_id)
-    print(f"started job {job_id}; follow it with: eagle3-tui regenerate status {job_id}", file=sys.stderr)
-    return 0
+    return start_job(run_regen_job, args.spec, "regenerate")
 
 
 def human(p: Any) -> str:
@@ -71,50 +53,38 @@ def human(p: Any) -> str:
 
 
 def _status(args: argparse.Namespace) -> int:
-    from sessions.extraction.job import JobError, all_jobs
+    from sessions.extraction.job import all_jobs
     from sessions.regeneration.job import regen_status
 
-    try:
-        jobs = [regen_status(args.job)] if args.job else [p for p in all_jobs() if p.mode == "regenerate"]
-    except JobError as exc:
-        raise _cli_error(exc) from None
-    if args.json:
-        payload: Any = jobs[0].to_json() if args.job else [p.to_json() for p in jobs]
-        print(json.dumps(payload, indent=2))
-    elif not jobs:
-        print("no regeneration jobs", file=sys.stderr)
-    else:
-        for p in jobs:
-            print(human(p))
-    return 0
+    return print_job_status(
+        args, lambda: [regen_status(args.job)] if args.job else [p for p in all_jobs() if p.mode == "regenerate"],
+        lambda p: p.to_json(), human, "regeneration")
 
 
-def _act(args: argparse.Namespace, act: Any, said: str) -> int:
-    from sessions.extraction.job import JobError
+def _regeneration_only(act: Callable[[str], Any]) -> Callable[[str], Any]:
+    """``act`` for a regeneration job; an extraction job's id is refused first (`regen_status` says so)."""
     from sessions.regeneration.job import regen_status
 
-    try:
-        regen_status(args.job)
-        progress = act(args.job)
-    except JobError as exc:
-        raise _cli_error(exc) from None
-    print(said.format(job=args.job, progress=progress), file=sys.stderr)
-    return 0
+    def checked(job_id: str) -> Any:
+        regen_status(job_id)
+        return act(job_id)
+
+    return checked
 
 
 def _pause(args: argparse.Namespace) -> int:
     from sessions.extraction.job import pause_job
 
-    return _act(args, pause_job, "job {job} pauses after the conversations in flight")
+    return job_action(args, _regeneration_only(pause_job), "job {job} pauses after the conversations in flight")
 
 
 def _resume(args: argparse.Namespace) -> int:
-    from sessions.regeneration.job import resume_regen_job
+    from sessions.regeneration.job import resume_regen_job  # refuses an extraction job itself
 
-    return _act(args, resume_regen_job, "job {job} resumed (pid {progress.pid})")
+    return job_action(args, resume_regen_job, "job {job} resumed (pid {progress.pid})")
 
 
 def _cancel(args: argparse.Namespace) -> int:
     from sessions.extraction.job import cancel_job
 
-    return _act(args, cancel_job, "job {job} is {progress.state}")
+    return job_action(args, _regeneration_only(cancel_job), "job {job} is {progress.state}")

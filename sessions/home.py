@@ -100,13 +100,8 @@ def ensure_private_dir(path: Path) -> Path:
 def atomic_write_bytes(path: Path, data: bytes, mode: int = 0o600) -> None:
     """Write ``data`` to ``path`` via tmp file + fsync + rename, so readers never see a partial file."""
     path = Path(path)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    tmp = _write_temp_file(path.parent, path.name, data, mode)
     try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.chmod(tmp, mode)
         os.replace(tmp, path)
     except BaseException:
         try:
@@ -114,14 +109,25 @@ def atomic_write_bytes(path: Path, data: bytes, mode: int = 0o600) -> None:
         except FileNotFoundError:
             pass
         raise
-    try:  # make the rename itself durable
-        dfd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
-        try:
-            os.fsync(dfd)
-        finally:
-            os.close(dfd)
-    except OSError:
-        pass
+    _sync_folder(path.parent)  # make the rename itself durable
+
+
+def _write_temp_file(folder: Path, name: str, data: bytes, mode: int) -> str:
+    """A fsynced temp file ``.<name>.*.tmp`` in ``folder`` holding ``data`` with ``mode``; its path.
+
+    The first half of both writers below: the caller renames or links it into place (a partial temp
+    file is removed here when the write fails)."""
+    fd, tmp = tempfile.mkstemp(prefix=f".{name}.", suffix=".tmp", dir=folder)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.chmod(tmp, mode)
+    except BaseException:
+        os.unlink(tmp)
+        raise
+    return tmp
 
 
 def write_new_file(folder: Path, stem: str, data: bytes | Callable[[str], bytes], suffix: str = ".json",
@@ -142,17 +148,11 @@ def write_new_file(folder: Path, stem: str, data: bytes | Callable[[str], bytes]
         if os.path.lexists(path):
             continue
         payload = data(name) if callable(data) else data
-        fd, tmp = tempfile.mkstemp(prefix=f".{name}.", suffix=".tmp", dir=folder)
+        tmp = _write_temp_file(folder, name, payload, mode)
         try:
-            with os.fdopen(fd, "wb") as fh:
-                fh.write(payload)
-                fh.flush()
-                os.fsync(fh.fileno())
-            os.chmod(tmp, mode)
-            try:
-                os.link(tmp, path)
-            except FileExistsError:
-                continue  # another writer took this name between the check and the link
+            os.link(tmp, path)
+        except FileExistsError:
+            continue  # another writer took this name between the check and the link
         finally:
             os.unlink(tmp)
         _sync_folder(folder)
@@ -161,7 +161,7 @@ def write_new_file(folder: Path, stem: str, data: bytes | Callable[[str], bytes]
 
 
 def _sync_folder(folder: Path) -> None:
-    try:  # make the new name itself durable
+    try:  # make a new name (rename or link) itself durable
         dfd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
         try:
             os.fsync(dfd)

@@ -15,6 +15,7 @@ A log read after that is the log's final state.  Only a hung test waits for the 
 from __future__ import annotations
 
 import subprocess
+import threading
 import time
 from collections.abc import Callable
 
@@ -23,6 +24,26 @@ import psutil
 from sessions.stacks import StackDump, dump_stacks
 
 PARK_LIMIT_S = 90.0  # stops a hung test only; nothing asserts on time
+ANSWER_LIMIT_S = 120.0  # a hang guard, not a timing: a read that waits on a FIFO waits forever
+
+
+def answered(call: Callable[[], object]) -> object:
+    """``call()``'s result (or the exception it raised) from a thread; fails the test when it is still
+    blocked after ANSWER_LIMIT_S, instead of hanging the suite."""
+    box: list = []
+
+    def run() -> None:
+        try:
+            box.append(call())
+        except BaseException as exc:  # noqa: BLE001 - handed back to the test
+            box.append(exc)
+
+    worker = threading.Thread(target=run, daemon=True)
+    worker.start()
+    worker.join(ANSWER_LIMIT_S)
+    if worker.is_alive():
+        raise AssertionError(f"still blocked after {ANSWER_LIMIT_S:g} s")
+    return box[0]
 
 
 def rank_pids(proc: subprocess.Popen, tp: int) -> dict[int, int]:

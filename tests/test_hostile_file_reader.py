@@ -15,7 +15,6 @@ import socket
 import subprocess
 import sys
 import tarfile
-import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -26,31 +25,13 @@ from app.cli import main as cli_main
 from sessions import safe_files
 from sessions.bench.store import bench_dir, best_row, load_compares, load_history
 from sessions.home import ensure_private_dir
+from tests._hang_support import answered
 
-LIMIT_S = 120.0  # a hang guard, not a timing: a read that waits on a FIFO waits forever
 GOOD = {"profile": "good", "time": 1764000000.0, "sglang_version": "0.5.23",
         "command": ["python", "-m", "sglang.launch_server", "--port", "1"], "profile_toml": "",
         "runs": [{"max_concurrency": 1, "output_throughput": 50.0, "median_ttft_ms": 10.0, "failed": 0},
                  {"max_concurrency": 4, "output_throughput": 150.0, "median_ttft_ms": 12.0, "failed": 0}]}
 SECRET = "root:$6$SECRETHASH:19000:0:99999:7:::"
-
-
-def answered(call: Callable[[], object]) -> object:
-    """``call()``'s result (or exception) from a thread; fails when it is still blocked after LIMIT_S."""
-    box: list = []
-
-    def run() -> None:
-        try:
-            box.append(call())
-        except BaseException as exc:  # noqa: BLE001 - handed back to the test
-            box.append(exc)
-
-    worker = threading.Thread(target=run, daemon=True)
-    worker.start()
-    worker.join(LIMIT_S)
-    if worker.is_alive():
-        raise AssertionError(f"still blocked after {LIMIT_S:g} s")
-    return box[0]
 
 
 def cli(capsys, *argv: str) -> tuple[int, str, str]:

@@ -5,33 +5,12 @@ from __future__ import annotations
 
 import os
 import socket
-import threading
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 from sessions.safe_files import SpecialFileError
-
-LIMIT_S = 5.0
-
-
-def answered(call: Callable[[], object]) -> BaseException | object:
-    """Run ``call`` in a thread; its result or exception, or fail when it is still blocked after LIMIT_S."""
-    box: list = []
-
-    def run() -> None:
-        try:
-            box.append(call())
-        except BaseException as exc:  # noqa: BLE001 - handed back to the test
-            box.append(exc)
-
-    worker = threading.Thread(target=run, daemon=True)
-    worker.start()
-    worker.join(LIMIT_S)
-    if worker.is_alive():
-        raise AssertionError(f"still blocked after {LIMIT_S:g} s")
-    return box[0]
+from tests._hang_support import answered
 
 
 @pytest.fixture

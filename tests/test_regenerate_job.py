@@ -64,6 +64,15 @@ def finish(job_id: str, home) -> object:
                     f"job {job_id} ends", 240)
 
 
+def run_to_end(spec: Path, cli_env: dict, home) -> object:
+    """`regenerate run` of ``spec`` until the job ends; its last progress (the job is stopped either way)."""
+    job_id = start(spec, cli_env)
+    try:
+        return finish(job_id, home)
+    finally:
+        stop_job(job_id, home)
+
+
 def rows_of(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
 
@@ -71,11 +80,7 @@ def rows_of(path: Path) -> list[dict]:
 def test_each_answer_is_the_servers_reply_to_the_history_with_the_earlier_regenerated_answers(
         home, cli_env, server, tmp_path) -> None:
     dataset = write_lines(tmp_path / "data.jsonl", two_turn_rows(3))
-    job_id = start(spec_for(tmp_path, server, dataset), cli_env)
-    try:
-        done = finish(job_id, home)
-    finally:
-        stop_job(job_id, home)
+    done = run_to_end(spec_for(tmp_path, server, dataset), cli_env, home)
     assert done.state == "done", done.reason
     client = openai.OpenAI(base_url=server.url("/v1"), api_key="None", max_retries=0)
     out = rows_of(tmp_path / "r" / "regen.jsonl")
@@ -104,11 +109,7 @@ def test_the_three_files_account_for_every_input_row_and_pass_specforges_validat
         {"id": "too-long", "conversations": [{"role": "user", "content": "word " * 5000}]},  # refused: 400
     ]
     dataset = write_lines(tmp_path / "data.jsonl", rows)
-    job_id = start(spec_for(tmp_path, server, dataset), cli_env)
-    try:
-        done = finish(job_id, home)
-    finally:
-        stop_job(job_id, home)
+    done = run_to_end(spec_for(tmp_path, server, dataset), cli_env, home)
     assert done.state == "done", done.reason
     base = tmp_path / "r"
     success, error, skipped = (rows_of(base / f"regen{s}.jsonl") for s in ("", "_error", "_skipped"))
@@ -136,11 +137,7 @@ def test_kill_9_at_any_point_then_resume_writes_each_row_exactly_once_and_keeps_
         home, cli_env, server, tmp_path) -> None:
     count = 16
     dataset = write_lines(tmp_path / "data.jsonl", two_turn_rows(count))
-    reference_id = start(spec_for(tmp_path, server, dataset, name="ref"), cli_env)
-    try:
-        assert finish(reference_id, home).state == "done"
-    finally:
-        stop_job(reference_id, home)
+    assert run_to_end(spec_for(tmp_path, server, dataset, name="ref"), cli_env, home).state == "done"
     reference = {r["id"]: r for r in rows_of(tmp_path / "ref" / "regen.jsonl")}
     out = tmp_path / "r" / "regen.jsonl"
     job_id = start(spec_for(tmp_path, server, dataset), cli_env)
@@ -197,11 +194,7 @@ def test_resume_drops_a_torn_last_line_and_redoes_that_row(home, cli_env, server
 def test_status_json_shows_the_shape_of_the_data(home, cli_env, server, tmp_path) -> None:
     rows = two_turn_rows(4)
     dataset = write_lines(tmp_path / "data.jsonl", rows)
-    job_id = start(spec_for(tmp_path, server, dataset, max_tokens=4), cli_env)
-    try:
-        finish(job_id, home)
-    finally:
-        stop_job(job_id, home)
+    job_id = run_to_end(spec_for(tmp_path, server, dataset, max_tokens=4), cli_env, home).job_id
     shown = run_cli(["regenerate", "status", job_id, "--json"], cli_env)
     assert shown.returncode == 0, shown.stderr
     status = json.loads(shown.stdout)
@@ -242,11 +235,7 @@ def test_rows_are_shared_over_several_servers_with_a_line_each_and_a_dead_one_le
         spec = write_spec(tmp_path / "multi.toml", mode="regenerate", name="multi", dataset=dataset,
                           output=tmp_path / "multi" / "regen.jsonl", window=2, max_tokens=8,
                           servers=[emus[0].url(""), emus[1].url(""), dead])
-        job_id = start(spec, cli_env)
-        try:
-            done = finish(job_id, home)
-        finally:
-            stop_job(job_id, home)
+        done = run_to_end(spec, cli_env, home)
     finally:
         for emu in emus:
             emu.kill()
@@ -255,5 +244,5 @@ def test_rows_are_shared_over_several_servers_with_a_line_each_and_a_dead_one_le
     assert set(servers) == {emus[0].url(""), emus[1].url("")}  # the dead one was left out at the probe
     assert sum(line["rows"] for line in servers.values()) == 12 and all(line["rows"] for line in servers.values())
     assert f"server {dead} does not answer /v1/models" in (Path(done.job_dir) / "job.log").read_text()
-    shown = run_cli(["regenerate", "status", job_id], cli_env)
+    shown = run_cli(["regenerate", "status", done.job_id], cli_env)
     assert all(f"{url}: " in shown.stdout for url in servers)  # one line per server

@@ -14,7 +14,9 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 
+import pytest
 from _extract_support import wait_for
 from test_server import run_cli
 from test_tui_ssh import _env, _read_until, _spawn_tui, _wait_exit
@@ -27,9 +29,10 @@ from widgets.action_line import ActionLine
 from widgets.confirm_modal import ChoiceModal
 
 
-def _hold_lock(home) -> subprocess.Popen:
+@pytest.fixture
+def lock_holder(home) -> Iterator[subprocess.Popen]:
     """Another process that takes the home's launch lock (writing its pid, as a launch does) and keeps it
-    until killed."""
+    until the test ends."""
     code = (
         "import fcntl, os, sys, time\n"
         "fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT, 0o600)\n"
@@ -42,8 +45,12 @@ def _hold_lock(home) -> subprocess.Popen:
         [sys.executable, "-c", code, str(home.state_root / LAUNCH_LOCK_FILE)],
         stdout=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True,
     )
-    assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
-    return holder
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
+        yield holder
+    finally:
+        holder.kill()
+        holder.wait()
 
 
 def _lock_is_held(home) -> bool:
@@ -57,9 +64,18 @@ def _lock_is_held(home) -> bool:
     return False
 
 
-def test_q_quits_the_tui_while_another_process_holds_the_launch_lock(home, make_emulator_profile, cli_env):
+async def _launch_into_the_lock_wait(pilot, app: Eagle3App) -> ActionLine:
+    """After the first poll, `l` on the first profile until its worker waits for the held launch lock; the
+    action line that shows the wait."""
+    await first_poll(pilot, app)
+    await pilot.press("1", "home", "l")
+    line = app.dashboard.query_one(ActionLine)
+    await wait_until(pilot, lambda: "waiting for another launch" in line.text, "the lock wait shown")
+    return line
+
+
+def test_q_quits_the_tui_while_another_process_holds_the_launch_lock(home, make_emulator_profile, cli_env, lock_holder):
     make_emulator_profile("locked", tp=1)
-    holder = _hold_lock(home)
     pid, fd = _spawn_tui(_env(cli_env))
     try:
         _read_until(fd, b"GPUs")
@@ -72,22 +88,15 @@ def test_q_quits_the_tui_while_another_process_holds_the_launch_lock(home, make_
         assert _lock_is_held(home), "the holder still holds the lock: the TUI quit without it"
     finally:
         os.close(fd)
-        holder.kill()
-        holder.wait()
     assert code == 0
     assert not list(home.sessions_dir.iterdir()), "nothing was launched"
 
 
-def test_the_cli_lock_wait_times_out_naming_the_holder(home, make_emulator_profile, cli_env):
+def test_the_cli_lock_wait_times_out_naming_the_holder(home, make_emulator_profile, cli_env, lock_holder):
     make_emulator_profile("locked", tp=1)
-    holder = _hold_lock(home)
-    try:
-        result = run_cli("launch", "locked", "--lock-timeout", "0.5", env=cli_env)
-    finally:
-        holder.kill()
-        holder.wait()
+    result = run_cli("launch", "locked", "--lock-timeout", "0.5", env=cli_env)
     assert result.returncode == 1 and result.stdout == "", result.stderr
-    assert f"pid {holder.pid}" in result.stderr and "launch.lock" in result.stderr
+    assert f"pid {lock_holder.pid}" in result.stderr and "launch.lock" in result.stderr
     assert "--lock-timeout" in result.stderr
     assert not list(home.sessions_dir.iterdir())
     bad = run_cli("launch", "locked", "--lock-timeout", "-3", env=cli_env)
@@ -134,37 +143,31 @@ def test_the_gpu_busy_question_offers_stop_the_holder_and_launch(home, make_emul
     assert not holder.is_alive() and holder.status().state == "stopped"
 
 
-def test_a_launch_waiting_for_the_lock_says_so_on_a_moving_line(home, make_emulator_profile):
+def test_a_launch_waiting_for_the_lock_says_so_on_a_moving_line(home, make_emulator_profile, lock_holder):
     make_emulator_profile("locked", tp=1)
-    holder = _hold_lock(home)
     texts: list[str] = []
 
     async def scenario() -> None:
         app = Eagle3App(home, gpu_source=EmulatedSource(home), refresh_s=0.2)
         async with app.run_test(size=(100, 30)) as pilot:
-            await first_poll(pilot, app)
-            await pilot.press("1", "home", "l")
-            line = app.dashboard.query_one(ActionLine)
-            await wait_until(pilot, lambda: "waiting for another launch" in line.text, "the lock wait shown")
+            line = await _launch_into_the_lock_wait(pilot, app)
             texts.append(line.text)
             await wait_until(pilot, lambda: line.text != texts[0], "the line moves")
             texts.append(line.text)
-            holder.send_signal(signal.SIGKILL)  # the holder goes: the launch goes on
+            lock_holder.send_signal(signal.SIGKILL)  # the holder goes: the launch goes on
             await wait_until(pilot, lambda: any(home.sessions_dir.iterdir()), "the launch after the lock")
 
     try:
         run(scenario)
     finally:
-        holder.kill()
-        holder.wait()
         from sessions.server import list_sessions
 
         for session in list_sessions(home):
             session.stop(grace_s=2.0)
-    assert f"pid {holder.pid}" in texts[0], texts
+    assert f"pid {lock_holder.pid}" in texts[0], texts
 
 
-def test_q_never_waits_behind_a_launch_worker(home, make_emulator_profile, monkeypatch):
+def test_q_never_waits_behind_a_launch_worker(home, make_emulator_profile, monkeypatch, lock_holder):
     """Keys typed after `l` wait for the launch worker (its outcome may be a question), up to a limit; `q`
     must not: with the limit made an hour, the old dispatch held `q` for that hour."""
     import asyncio
@@ -173,16 +176,12 @@ def test_q_never_waits_behind_a_launch_worker(home, make_emulator_profile, monke
 
     monkeypatch.setattr(typeahead, "SETTLE_LIMIT_S", 3600.0)
     make_emulator_profile("locked", tp=1)
-    holder = _hold_lock(home)
     exited: list[bool] = []
 
     async def scenario() -> None:
         app = Eagle3App(home, gpu_source=EmulatedSource(home), refresh_s=0.2)
         async with app.run_test(size=(100, 30)) as pilot:
-            await first_poll(pilot, app)
-            await pilot.press("1", "home", "l")
-            line = app.dashboard.query_one(ActionLine)
-            await wait_until(pilot, lambda: "waiting for another launch" in line.text, "the lock wait shown")
+            await _launch_into_the_lock_wait(pilot, app)
             event = key_event("q")
             event.set_sender(app)
             app._driver.send_message(event)  # as the terminal sends it
@@ -193,10 +192,6 @@ def test_q_never_waits_behind_a_launch_worker(home, make_emulator_profile, monke
             exited.append(app._exit)
             assert _lock_is_held(home)  # still held: q did not wait for the lock
 
-    try:
-        run(scenario)
-    finally:
-        holder.kill()
-        holder.wait()
+    run(scenario)
     assert exited == [True]
 

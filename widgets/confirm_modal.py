@@ -34,6 +34,18 @@ class DismissOnce:
         return super().dismiss(result)  # type: ignore[misc]
 
 
+def question_layout(question: str, detail: str, answers: list[Button]) -> ComposeResult:
+    """The body of every question modal here: the question, ``detail`` scrollable below it (when there is
+    one), then the answer buttons, right-aligned (the CSS of `ConfirmModal` styles these ids)."""
+    with Vertical():
+        yield Static(question, id="question", markup=False)
+        if detail:
+            with VerticalScroll(id="detail-scroll"):
+                yield Static(detail, id="detail", markup=False)
+        with Horizontal(id="buttons"):
+            yield from answers
+
+
 class ConfirmModal(DismissOnce, ModalScreen[bool]):
     """Ask ``question``; ``detail`` (e.g. a flag diff) is shown below it, scrollable."""
 
@@ -60,14 +72,10 @@ class ConfirmModal(DismissOnce, ModalScreen[bool]):
         self._no_label = no_label
 
     def compose(self) -> ComposeResult:
-        with Vertical():
-            yield Static(self.question, id="question", markup=False)
-            if self.detail:
-                with VerticalScroll(id="detail-scroll"):
-                    yield Static(self.detail, id="detail", markup=False)
-            with Horizontal(id="buttons"):
-                yield Button(self._yes_label, id="yes", variant="warning")
-                yield Button(self._no_label, id="no", variant="primary")
+        yield from question_layout(self.question, self.detail, [
+            Button(self._yes_label, id="yes", variant="warning"),
+            Button(self._no_label, id="no", variant="primary"),
+        ])
 
     def on_mount(self) -> None:
         self.query_one("#no", Button).focus()
@@ -95,15 +103,10 @@ class ChoiceModal(DismissOnce, ModalScreen[str]):
         self._no_label = no_label
 
     def compose(self) -> ComposeResult:
-        with Vertical():
-            yield Static(self.question, id="question", markup=False)
-            if self.detail:
-                with VerticalScroll(id="detail-scroll"):
-                    yield Static(self.detail, id="detail", markup=False)
-            with Horizontal(id="buttons"):
-                for i, (_value, label) in enumerate(self.choices):
-                    yield Button(label, id=f"choice-{i}", variant="warning")
-                yield Button(self._no_label, id="no", variant="primary")
+        yield from question_layout(self.question, self.detail, [
+            *(Button(label, id=f"choice-{i}", variant="warning") for i, (_value, label) in enumerate(self.choices)),
+            Button(self._no_label, id="no", variant="primary"),
+        ])
 
     def on_mount(self) -> None:
         self.query_one("#no", Button).focus()

@@ -19,9 +19,10 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from sessions.capture.plugin.eagle3_capture.spec import DEFAULT_RID_PREFIX
 from sessions.extraction.progress import (
@@ -45,6 +46,9 @@ CONTROL_FILE = "control.json"
 JOB_FILE = "job.json"
 SPEC_FILE = "spec.toml"
 LOG_FILE = "job.log"
+
+
+SpecT = TypeVar("SpecT")  # the spec type a loader returns (`JobSpec`, `RegenSpec`)
 
 
 class JobError(RuntimeError):
@@ -192,15 +196,21 @@ def resolve_job_dataset(spec: JobSpec, home: Home) -> JobSpec:
     return replace(spec, dataset=output, sample_ids="row")
 
 
-def create_job(spec_path: Path | str, home: Home | None = None) -> tuple[str, Path]:
-    """Check the spec and make the job dir (no process yet); returns (job id, job dir)."""
-    home = (home or resolve_home()).ensure()
+def load_spec_for_job(spec_path: Path | str, load: Callable[[Path | str], SpecT]) -> SpecT:
+    """``load(spec_path)`` for a new job of either kind, with a missing file or a bad spec as a
+    `JobError` of exit code 2 that names it."""
     try:
-        spec = load_job_spec(spec_path)
+        return load(spec_path)
     except FileNotFoundError:
         raise JobError(f"job spec {spec_path} not found", code=2) from None
     except JobSpecError as exc:
         raise JobError(str(exc), code=2) from None
+
+
+def create_job(spec_path: Path | str, home: Home | None = None) -> tuple[str, Path]:
+    """Check the spec and make the job dir (no process yet); returns (job id, job dir)."""
+    home = (home or resolve_home()).ensure()
+    spec = load_spec_for_job(spec_path, load_job_spec)
     spec = resolve_job_dataset(spec, home)
     problems = check_paths(spec)
     if problems:

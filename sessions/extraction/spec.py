@@ -132,7 +132,9 @@ def _rid_prefix(v: str) -> str | None:
     return None if _RID_PREFIX_RE.match(v) else "use 1-64 letters, digits, '.', '_', ':' or '-'"
 
 
-def _url(v: str) -> str | None:
+def server_url_problem(v: str) -> str | None:
+    """What is wrong with ``v`` as a server root URL (``http://HOST:PORT``), or None; extraction's
+    ``server_url`` and regeneration's ``servers`` are checked by this one rule."""
     try:
         parts = urlsplit(v)
         port = parts.port
@@ -153,7 +155,7 @@ def _session_id(v: str) -> str | None:
 
 _FIELDS: dict[str, _Field] = {
     "name": _Field("name", "str", _name),
-    "server_url": _Field("server_url", "str", _url),
+    "server_url": _Field("server_url", "str", server_url_problem),
     "session": _Field("session", "str", _session_id),
     "python": _Field("python", "path"),
     "dataset": _Field("dataset", "path"),

@@ -14,12 +14,12 @@ from sessions.extraction.job import (
     SPEC_FILE,
     JobError,
     job_status,
+    load_spec_for_job,
     resume_job,
     spawn,
     update_progress,
 )
 from sessions.extraction.progress import JobProgress
-from sessions.extraction.spec import JobSpecError
 from sessions.home import Home, atomic_write_json, atomic_write_text, ensure_private_dir, resolve_home
 from sessions.regeneration.runner import SERVERS_FILE
 from sessions.regeneration.spec import RegenSpec, load_regen_spec
@@ -45,12 +45,7 @@ def create_regen_job(spec_path: Path | str, home: Home | None = None) -> tuple[s
     from sessions.safe_files import check_regular
 
     home = (home or resolve_home()).ensure()
-    try:
-        spec = load_regen_spec(spec_path)
-    except FileNotFoundError:
-        raise JobError(f"job spec {spec_path} not found", code=2) from None
-    except JobSpecError as exc:
-        raise JobError(str(exc), code=2) from None
+    spec = load_spec_for_job(spec_path, load_regen_spec)
     try:
         check_regular(spec.dataset, "dataset")
     except OSError as exc:

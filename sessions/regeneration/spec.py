@@ -13,9 +13,8 @@ import tomllib
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
 
-from sessions.extraction.spec import JobSpecError, SpecProblem
+from sessions.extraction.spec import JobSpecError, SpecProblem, server_url_problem
 
 MODE = "regenerate"
 REASONING = ("none", "save", "disable")
@@ -71,16 +70,8 @@ class RegenSpec:
 
 
 def _url(v: str) -> str | None:
-    try:
-        parts = urlsplit(v)
-        port = parts.port
-    except ValueError as exc:
-        return f"{v!r} is not a URL: {exc}"
-    if parts.scheme not in ("http", "https") or not parts.hostname or port is None:
-        return f"{v!r} must look like http://HOST:PORT"
-    if parts.path not in ("", "/") or parts.query:
-        return f"{v!r}: give the server root (http://HOST:PORT), without a path"
-    return None
+    problem = server_url_problem(v)  # a list of servers: the message names the one at fault
+    return f"{v!r}: {problem}" if problem else None
 
 
 def _urls(v: list[str]) -> str | None:
