@@ -133,6 +133,8 @@ def test_a_record_the_tokenizer_or_template_rejects_is_a_bad_line_in_the_job(tmp
     run = JobRun.__new__(JobRun)
     run.job_id = "j"
     run.renderer = renderer
+    run.spec = None  # no spec: sample ids are line indices (not a regeneration's row ids)
+    run.row_ids = {}
     import threading
 
     run._render_stop = threading.Event()

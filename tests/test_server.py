@@ -379,12 +379,23 @@ def test_logs_prints_tails_and_follows_until_the_server_ends(launched, make_emul
             follower.kill()
             follower.wait()
     reader.join(5)
-    log_text = redact_text(session.log_path.read_text(errors="replace"))  # `logs` redacts what it shows
-    assert "".join(seen) == _universal_newlines(log_text)  # text mode turned tqdm's \r into \n
+    # What `logs` prints: every line as written, except a tqdm bar (redrawn with \r) as one line in its
+    # last state, read through the same log core, redacted.
+    from sessions.logs import LogFile, printed
 
-    lines = re.findall(r"[^\n]*\n|[^\n]+$", log_text)
+    with LogFile(session.log_path, follow_from="start") as log:
+        shown_lines: list[str] = []
+        while True:
+            result = log.poll()
+            shown_lines += [redact_text(printed(line)) + "\n" for line in result.lines]
+            if not result.more:
+                break
+    assert b"\r" in session.log_path.read_bytes()  # the bars were drawn with \r
+    assert "".join(seen) == "".join(shown_lines)
+    assert not any(line.count("Completed |") > 1 for line in seen)  # never every frame of a bar
+
     tail = run_cli("logs", session.session_id[:-2], "-n", "3", env=cli_env)
-    assert tail.returncode == 0 and tail.stdout == _universal_newlines("".join(lines[-3:]))
+    assert tail.returncode == 0 and tail.stdout == "".join(shown_lines[-3:])
 
 
 def test_logs_follow_exits_0_on_ctrl_c(launched, make_emulator_profile, cli_env):
