@@ -13,7 +13,6 @@ import time
 from typing import Any
 
 from rich.text import Text
-
 from textual.timer import Timer
 
 from widgets.text_lines import TextLines

@@ -6,9 +6,8 @@ long, is the port open (and is a refused port normal right now), does /ready ans
 
 from __future__ import annotations
 
-from collections.abc import Hashable
-
 import time
+from collections.abc import Hashable
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from rich.text import Text
