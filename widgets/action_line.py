@@ -13,6 +13,7 @@ import time
 from typing import Any
 
 from rich.text import Text
+from textual.timer import Timer
 
 from widgets.text_lines import TextLines
 
@@ -32,15 +33,28 @@ class ActionLine(TextLines):
         self._step = ""
         self._started = 0.0
         self._frame = 0
+        self._timer: Timer | None = None
+        self._ticking = False
 
     def on_mount(self) -> None:
-        self.set_interval(TICK_S, self._tick, name="action-line")
+        # The spinner's timer runs only while an action runs: idle, a 5 Hz timer woke the event loop five
+        # times a second for nothing, most of the idle TUI's wake-ups (issue 23).
+        self._timer = self.set_interval(TICK_S, self._tick, name="action-line", pause=self._title is None)
+        self._ticking = self._title is not None
 
     def start(self, title: str) -> None:
         with self._lock:
             self._title, self._step, self._started = title, "", time.monotonic()
         self.display = True
+        if self._timer is not None:
+            self._timer.resume()
+            self._ticking = True
         self._refresh_for_content()
+
+    @property
+    def ticking(self) -> bool:
+        """Whether the spinner's timer runs (only while an action runs, and until its line is hidden)."""
+        return self._ticking
 
     def step(self, text: str) -> None:
         with self._lock:
@@ -61,6 +75,9 @@ class ActionLine(TextLines):
         if not running:
             if self.display:
                 self.display = False
+            if self._timer is not None:
+                self._timer.pause()
+                self._ticking = False
             return
         self._frame += 1
         self.display = True

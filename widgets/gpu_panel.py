@@ -90,7 +90,7 @@ class GpuPanel(TextLines):
                 tuple(sorted(self.owners.items())), width, tails)
 
     def get_content_height(self, container, viewport, width: int) -> int:
-        return max(1, len(self._lines(width)))
+        return max(1, len(self._lines_at(width)))
 
     @property
     def _has_sensors(self) -> bool:

@@ -94,6 +94,8 @@ class ProfileList(_KeyedList):
     """Profiles from `<config>/profiles`; a dot marks one with a live session."""
 
     def update_entries(self, entries: tuple[ProfileEntry, ...], prefer: str | None = None) -> bool:
+        if entries == self._entries:  # the same profiles: no options to build (a poll every second)
+            return self._replace(entries, [], prefer)
         return self._replace(entries, [Option(self._prompt(e), id=e.name) for e in entries], prefer)
 
     @staticmethod
@@ -132,6 +134,8 @@ class SessionList(_KeyedList):
 
     def update_entries(self, entries: tuple[SessionEntry, ...], prefer: str | None = None) -> bool:
         full = self.full_ids
+        if (full, entries) == self._entries:  # the same sessions: no options to build (a poll every second)
+            return self._replace((full, entries), [], prefer)
         options = [Option(self._full_prompt(e) if full else self._prompt(e), id=e.session_id) for e in entries]
         if not options:
             options = [Option(Text("none yet (l launches)", style="dim"), disabled=True)]

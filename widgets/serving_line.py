@@ -12,6 +12,7 @@ from collections.abc import Hashable
 from typing import TYPE_CHECKING, Any
 
 from rich.text import Text
+from textual.timer import Timer
 
 from widgets import units
 from widgets.state_line import flow
@@ -72,14 +73,21 @@ class ServingLine(TextLines):
         super().__init__(*args, **kwargs)
         self._serving: ServingSnapshot | None = None
         self._ready = False
+        self._age_timer: Timer | None = None
 
     def on_mount(self) -> None:
-        self.set_interval(1.0, self._refresh_for_content, name="serving-age")  # "12s ago" keeps counting
+        # "12s ago" keeps counting while ready; hidden (not ready), the line draws nothing and its timer rests
+        self._age_timer = self.set_interval(1.0, self._refresh_for_content, name="serving-age", pause=not self._ready)
 
     def update_status(self, status: SessionStatus | None) -> None:
         self._ready = status is not None and status.state == "ready"
         self._serving = status.serving if status is not None else None
         self.display = self._ready
+        timer = self._age_timer
+        if timer is not None and self._ready:
+            timer.resume()
+        elif timer is not None:
+            timer.pause()
         self._refresh_for_content()
 
     def _content_key(self, width: int) -> Hashable | None:

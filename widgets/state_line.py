@@ -7,6 +7,7 @@ long, is the port open (and is a refused port normal right now), does /ready ans
 from __future__ import annotations
 
 import time
+from collections.abc import Hashable
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from rich.text import Text
@@ -114,6 +115,7 @@ class StateLine(TextLines):
         self.status: SessionStatus | None = None
         self.hint = "No session. Select a profile and press l to launch it."
         self.now: float | None = None  # tests freeze the clock
+        self._updates = 0  # how many times update_status was called (the content key's part for it)
 
     def on_mount(self) -> None:
         # The clock on the card ("for 0:41") moves every second by itself: a poll that takes long (a GPU
@@ -121,10 +123,25 @@ class StateLine(TextLines):
         self.set_interval(1.0, self._refresh_for_content, name="state-clock")
 
     def update_status(self, status: SessionStatus | None, hint: str | None = None) -> None:
+        self._updates += 1
         self.status = status
         if hint is not None:
             self.hint = hint
         self._refresh_for_content()
+
+    def _content_key(self, width: int) -> Hashable | None:
+        # The clock's tick between polls rebuilt every line each second; the status only changes with
+        # `update_status`, so (which update, the width, what the clock shows) is what the lines are drawn from.
+        status = self.status
+        if status is None:
+            return (width, self._updates, None)
+        entered = status.phase_entered_at.get(status.phase)
+        if status.state in _END_STATES or not entered:
+            shown: object = None  # no clock, or one that stopped at the end
+        else:
+            now = self.now if self.now is not None else time.time()
+            shown = int((now - entered) // 60) if status.state == "ready" else int(now)
+        return (width, self._updates, shown)
 
     def _lines(self, width: int) -> list[Text]:
         status = self.status

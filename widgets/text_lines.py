@@ -26,6 +26,7 @@ class TextLines(Widget):
         changed: a poll every second must not repaint (or reflow) a screen that looks the same."""
         width = self.size.width
         if not width:
+            self._drawn = None
             self.refresh(layout=True)
             return
         key = self._content_key(width)
@@ -33,13 +34,28 @@ class TextLines(Widget):
             return
         self._drawn_key = key
         drawn = self._lines(width)
-        if drawn == getattr(self, "_drawn", None):
+        if drawn == getattr(self, "_drawn", None) and width == getattr(self, "_drawn_width", None):
             return
-        self._drawn = drawn
+        self._drawn, self._drawn_width = drawn, width
         self.refresh(layout=len(drawn) != self.size.height)
 
+    def _lines_at(self, width: int) -> list[Text]:
+        """The lines at ``width``: those `_refresh_for_content` just built when the width is theirs.  The
+        repaint it asks for (and the layout's height query) used to build every line again (issue 23)."""
+        drawn = getattr(self, "_drawn", None)
+        if drawn is not None and width == getattr(self, "_drawn_width", None):
+            return drawn
+        drawn = self._lines(width)
+        self._drawn, self._drawn_width, self._drawn_key = drawn, width, None
+        return drawn
+
+    def notify_style_update(self) -> None:
+        # The lines carry component styles (colours of the theme): a new theme or class draws them anew.
+        self._drawn = self._drawn_key = None
+        super().notify_style_update()
+
     def get_content_height(self, container, viewport, width: int) -> int:
-        return len(self._lines(max(1, width)))
+        return len(self._lines_at(max(1, width)))
 
     def render(self) -> Text:
-        return Text("\n").join(self._lines(max(1, self.size.width)))
+        return Text("\n").join(self._lines_at(max(1, self.size.width)))
