@@ -268,13 +268,9 @@ def _prune(args: argparse.Namespace) -> int:
     removed: list[str] = []
     problems: list[str] = []
     if plan.to_remove and not args.dry_run:
-        if not args.yes:
-            if not sys.stdin.isatty():
-                raise CliError("prune needs --yes when stdin is not a terminal (or --dry-run)", EXIT_BAD_INPUT)
-            print(f"remove {len(plan.to_remove)} session folder(s)? [y/N] ", end="", file=sys.stderr, flush=True)
-            if sys.stdin.readline().strip().lower() not in ("y", "yes"):
-                print("nothing removed", file=sys.stderr)
-                return 0
+        if not args.yes and not _confirmed("prune", "(or --dry-run)",
+                                           f"remove {len(plan.to_remove)} session folder(s)?", "nothing removed"):
+            return 0
         try:
             removed, problems = prune(home, plan)
         except LaunchError as exc:
@@ -468,13 +464,8 @@ def _restart(args: argparse.Namespace) -> int:
     print(f"restart {session.session_id} with profile {new_profile.name}:", file=sys.stderr)
     for line in diff or ["(no flag or env changes)"]:
         print(f"  {line}", file=sys.stderr)
-    if not args.yes:
-        if not sys.stdin.isatty():
-            raise CliError("restart needs --yes when stdin is not a terminal", EXIT_BAD_INPUT)
-        print("stop it and launch again? [y/N] ", end="", file=sys.stderr, flush=True)
-        if sys.stdin.readline().strip().lower() not in ("y", "yes"):
-            print("not restarted", file=sys.stderr)
-            return 0
+    if not args.yes and not _confirmed("restart", "", "stop it and launch again?", "not restarted"):
+        return 0
     try:
         new = session.restart(profile=new_profile, grace_s=args.grace)
     except SessionError as exc:
@@ -501,13 +492,8 @@ def _restart_group(args: argparse.Namespace, members: list) -> int:
         else info.size
     print(f"restart the group of {len(members)} ({names}) with profile {new_profile.name} "
           f"({replicas} replica(s))", file=sys.stderr)
-    if not args.yes:
-        if not sys.stdin.isatty():
-            raise CliError("restart needs --yes when stdin is not a terminal", EXIT_BAD_INPUT)
-        print("stop them and launch again? [y/N] ", end="", file=sys.stderr, flush=True)
-        if sys.stdin.readline().strip().lower() not in ("y", "yes"):
-            print("not restarted", file=sys.stderr)
-            return 0
+    if not args.yes and not _confirmed("restart", "", "stop them and launch again?", "not restarted"):
+        return 0
     try:
         new = restart_group(members, profile=new_profile, grace_s=args.grace)
     except SessionError as exc:
@@ -676,3 +662,18 @@ def _profile_error_text(name: str, exc: Exception) -> str:
         where = f" (line {p.line})" if getattr(p, "line", None) else ""
         lines.append(f"  {p.field}{where}: {p.message}")
     return "\n".join(lines)
+
+
+def _confirmed(command: str, alternative: str, question: str, declined: str) -> bool:
+    """The y/N question of a command without ``--yes``: refused when stdin is no terminal (a script must say
+    --yes), else asked on stderr; False (after saying ``declined``) unless the answer is y."""
+    from app.cli import EXIT_BAD_INPUT, CliError
+
+    if not sys.stdin.isatty():
+        more = f" {alternative}" if alternative else ""
+        raise CliError(f"{command} needs --yes when stdin is not a terminal{more}", EXIT_BAD_INPUT)
+    print(f"{question} [y/N] ", end="", file=sys.stderr, flush=True)
+    if sys.stdin.readline().strip().lower() in ("y", "yes"):
+        return True
+    print(declined, file=sys.stderr)
+    return False
