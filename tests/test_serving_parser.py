@@ -128,3 +128,21 @@ def test_metrics_text_overrides_the_log_figures():
     tracker.feed_line(V0523_DECODE)
     merged = with_metrics(tracker.snapshot(), values, at=123.0)
     assert (merged.gen_throughput, merged.queue_reqs, merged.source, merged.updated_at) == (0.0, 3, "metrics", 123.0)
+
+
+@pytest.mark.parametrize("prefix", ["", "[2026-12-02 01:07:57] ", "2026-12-02T01:07:57.1Z stdout F ", "> "])
+def test_the_warmup_request_is_not_running_once_the_server_is_fired_up(prefix):
+    """SGLang's warm-up request logs a Prefill line (running = #running-req + #new-seq = 1) before "fired up";
+    the card showed "running 1" on a server that had just become ready and ran nothing."""
+    from sessions.serving import ServingTracker
+
+    tracker = ServingTracker()
+    tracker.feed_line(prefix + "[2026-12-02 01:07:57 TP0] Prefill batch, #new-seq: 1, #new-token: 29, "
+                      "#cached-token: 0, token usage: 0.00, #running-req: 0, #queue-req: 0, ")
+    assert tracker.snapshot().running_reqs == 1  # the warm-up request, while it is prefilled
+    tracker.feed_line(prefix + "[2026-12-02 01:07:57] The server is fired up and ready to roll!")
+    snap = tracker.snapshot()
+    assert snap.running_reqs == 0 and snap.queue_reqs == 0
+    tracker.feed_line(prefix + "[2026-12-02 01:08:01 TP0] Decode batch, #running-req: 3, #token: 90, "
+                      "token usage: 0.01, gen throughput (token/s): 80.00, #queue-req: 2, ")
+    assert tracker.snapshot().running_reqs == 3  # later traffic counts as before
