@@ -134,8 +134,6 @@ def test_metrics_text_overrides_the_log_figures():
 def test_the_warmup_request_is_not_running_once_the_server_is_fired_up(prefix):
     """SGLang's warm-up request logs a Prefill line (running = #running-req + #new-seq = 1) before "fired up";
     the card showed "running 1" on a server that had just become ready and ran nothing."""
-    from sessions.serving import ServingTracker
-
     tracker = ServingTracker()
     tracker.feed_line(prefix + "[2026-12-02 01:07:57 TP0] Prefill batch, #new-seq: 1, #new-token: 29, "
                       "#cached-token: 0, token usage: 0.00, #running-req: 0, #queue-req: 0, ")
