@@ -99,7 +99,7 @@ def _launch_named(dashboard: DashboardScreen, name: str) -> Callable[[], None]:
 
 
 def _select_session(dashboard: DashboardScreen, session_id: str) -> Callable[[], None]:
-    return lambda: dashboard._select_session(session_id)
+    return lambda: dashboard.select_session(session_id)
 
 
 class Eagle3App(TypeAheadApp[int]):

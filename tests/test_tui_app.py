@@ -224,7 +224,7 @@ def test_filter_by_text_and_rank_shows_only_matching_lines(make_emulator_profile
         assert rows and all("TP1]" in r for r in rows)
         # another session's log under the same filter: scanned again, its own lines only
         app.dashboard.set_log_filter(LogFilter.parse("Load weight end"))
-        app.dashboard._select_session(other.session_id)
+        app.dashboard.select_session(other.session_id)
         await ui.until(
             lambda: view.path == str(other.log_path) and not view.filter_scanning and view.view_count == 4,
             "the other log filtered (TP4: four ranks)",

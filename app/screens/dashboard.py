@@ -5,6 +5,12 @@ it succeeds the UI thread draws the snapshot and re-arms the timer.  Polls there
 slow NVML or a slow disk stretches the period instead), and while a modal or another screen is on top
 the timer re-arms without polling.  Actions (launch, stop, restart) run in their own thread workers and
 ask for an immediate poll when done.  Nothing here blocks the UI thread.
+
+The screen composes three mixins, one concern each: `Targeting` (app/screens/dashboard_targets.py: what a
+key acts on, the selection and its persistence), `TargetActions` (dashboard_actions.py: stop, restart,
+capture, edit, diagnose, bench, jobs and their questions) and `LaunchActions` (dashboard_launch.py: launch
+and prune).  This module keeps the layout, the refresh loop with the snapshot's drawing and its toasts, and
+the panes' and the log's keys.
 """
 
 from __future__ import annotations
@@ -24,8 +30,9 @@ from textual.worker import Worker, WorkerState, get_current_worker
 
 from app.feed import DashboardFeed, DashboardSnapshot, PollRequest
 from app.keymap import DASHBOARD_KEYS, KEYS_BY_ID, bindings
+from app.screens.dashboard_actions import TargetActions
 from app.screens.dashboard_launch import LaunchActions
-from app.screens.dashboard_messages import (  # re-exported: listeners import them from here too
+from app.screens.dashboard_messages import (  # re-exported (see __all__)
     ActionFailed,
     CaptureToggled,
     FilterApplied,
@@ -33,23 +40,33 @@ from app.screens.dashboard_messages import (  # re-exported: listeners import th
     SessionLaunched,
     SessionStopped,
 )
-from app.selection import Selection, save_selection
+from app.screens.dashboard_targets import Targeting
+from app.selection import Selection
 from app.stall_reports import StallReports
 from sessions.logs import MAIN_RANK, LogFilter
 from sessions.phases import error_headline
 from widgets.action_line import ActionLine
-from widgets.confirm_modal import ConfirmModal
 from widgets.gpu_panel import GpuPanel
 from widgets.group_card import GroupCard
 from widgets.inputs import InOrderInput
-from widgets.lists import PageSafeSelect, ProfileList, SessionEntry, SessionList
+from widgets.lists import PageSafeSelect, ProfileList, SessionList
 from widgets.log_view import LogPane, LogView
 from widgets.phase_timeline import PhaseTimeline
 from widgets.serving_line import ServingLine
 from widgets.state_line import StateLine
 
+# The messages are re-exported: listeners (tests, other components) import them from here too.
+__all__ = [
+    "ActionFailed",
+    "CaptureToggled",
+    "DashboardScreen",
+    "FilterApplied",
+    "RestartProposed",
+    "SessionLaunched",
+    "SessionStopped",
+]
+
 REFRESH_S = 1.0
-STOP_GRACE_S = 30.0
 TALL_AT = 32  # rows: below, the capture panel is cut to two scrollable lines (the log pane keeps 5)
 FOOTER_LAST = ("dashboard.filter", "dashboard.fullscreen")  # shown last in the footer (see BINDINGS)
 WIDE_AT = 110  # columns: from here on the lists sit left of the session pane (HORIZONTAL_BREAKPOINTS)
@@ -64,7 +81,7 @@ _TRANSITION_TOASTS: dict[str, tuple[str, Any, float]] = {
 }
 
 
-class DashboardScreen(LaunchActions, Screen):
+class DashboardScreen(Targeting, TargetActions, LaunchActions, Screen):
     """The main screen (see module docstring for the refresh loop)."""
 
     # Help and Quit first in the footer: app bindings would come after the screen's own, and an 80-column
@@ -139,7 +156,7 @@ class DashboardScreen(LaunchActions, Screen):
         self.selected_session: str | None = kept.session
         self.selected_profile: str | None = kept.profile or initial_profile
         self._initial_pane = kept.pane
-        self._saved_selection = kept
+        self.saved_selection = kept
         self.last_snapshot: DashboardSnapshot | None = None
         self.poll_count = 0
         self._timer: Timer | None = None
@@ -315,7 +332,7 @@ class DashboardScreen(LaunchActions, Screen):
             if log_view.needs_scan:  # another session's log, or a rotated one, under an active filter
                 self.set_log_filter(log_view.log_filter, reset=False)
         self._update_log_title()
-        self._keep_selection()
+        self.keep_selection()
         for problem in snapshot.problems:
             self._notify_problem(problem)
         self._notify_transitions(snapshot)
@@ -366,380 +383,18 @@ class DashboardScreen(LaunchActions, Screen):
             self._seen_problems.add(problem)
             self.notify(problem, title="eagle3-tui", severity="warning", timeout=8)
 
-    # -- selection ----------------------------------------------------------------------------------------
+    # -- selection (what it means: `Targeting`; Textual dispatches @on handlers only from the screen class) --
 
     @on(ProfileList.OptionHighlighted, "#profiles")
     def _profile_highlighted(self, event: ProfileList.OptionHighlighted) -> None:
-        name = event.option.id
-        if name == self.selected_profile:
-            return
-        self.selected_profile = name
-        snapshot = self.last_snapshot
-        if snapshot is None:
-            return
-        # Follow the profile: show its newest session when the one shown belongs to another profile.
-        shown = next((s for s in snapshot.sessions if s.session_id == self.selected_session), None)
-        newest = next((s for s in snapshot.sessions if s.profile == name), None)
-        if newest is not None and (shown is None or shown.profile != name):
-            self._select_session(newest.session_id)
-        else:
-            self.poll_now()  # its capture panel
+        self.follow_profile(event.option.id)
 
     @on(SessionList.OptionHighlighted, "#sessions")
     def _session_highlighted(self, event: SessionList.OptionHighlighted) -> None:
         if event.option.id is not None and event.option.id != self.selected_session:
-            self._select_session(event.option.id)
-
-    def _select_session(self, session_id: str | None) -> None:
-        self.selected_session = session_id
-        self.query_one(SessionList).select_id(session_id)
-        self.poll_now()
-
-    # -- targets: what a key acts on -------------------------------------------------------------------------
-
-    def _target_session(self, verb: str, live_only: bool = True, quiet: bool = False) -> SessionEntry | None:
-        """The session a key acts on: the one under the cursor of the pane that has focus, as on screen.
-
-        Profiles pane: the highlighted profile's running session (``live_only`` False: else its newest one).
-        Sessions pane: the highlighted session.  Elsewhere (GPUs, log): the session the card and the log show.
-        When there is none, it says so (unless ``quiet``) and returns None: `s` on a profile with no server
-        stopped the session pane's one, another profile's (issue 21)."""
-        snapshot = self.last_snapshot
-        if snapshot is None:
-            if not quiet:
-                self.notify(f"Nothing to {verb} yet: the first refresh has not finished.", severity="warning")
-            return None
-        focused = self.focused
-        if isinstance(focused, ProfileList):
-            name = focused.highlighted_id
-            profile = next((p for p in snapshot.profiles if p.name == name), None)
-            session_id = profile.live_session if profile is not None else None
-            if session_id is None and not live_only:
-                session_id = next((s.session_id for s in snapshot.sessions if s.profile == name), None)
-            if session_id is None:
-                if not quiet:
-                    what = "running session" if live_only else "session"
-                    self.notify(f"Profile {name or '(none)'} has no {what} to {verb}"
-                                f"{' (l launches it)' if name else ''}.", severity="warning")
-                return None
-        elif isinstance(focused, SessionList):
-            session_id = focused.highlighted_id
-        else:
-            session_id = self.selected_session
-        entry = next((s for s in snapshot.sessions if s.session_id == session_id), None)
-        if entry is None:
-            if not quiet:
-                self.notify(f"No session selected to {verb}.", severity="warning")
-            return None
-        if entry.session_id != self.selected_session:
-            self._select_session(entry.session_id)  # the card and the log show what the key acts on
-        return entry
-
-    def _target_profile(self) -> str | None:
-        """The profile a key acts on: the highlighted one in the profiles pane, the highlighted session's in
-        the sessions pane, else the one the profile cursor is on."""
-        focused = self.focused
-        if isinstance(focused, SessionList) and self.last_snapshot is not None:
-            session = next((s for s in self.last_snapshot.sessions if s.session_id == focused.highlighted_id),
-                           None)
-            profiles = {p.name for p in self.last_snapshot.profiles}
-            if session is not None and session.profile in profiles:
-                return session.profile
-        if isinstance(focused, ProfileList) and focused.highlighted_id:
-            return focused.highlighted_id
-        return self.selected_profile or self.query_one(ProfileList).highlighted_id
-
-    def select_profile(self, name: str) -> None:
-        """Put the profile cursor on ``name`` (a new or saved-as profile; the palette): keys act on the cursor,
-        so it moves now, not at the next refresh (which keeps it there, or puts it there once listed)."""
-        self.selected_profile = name
-        self.query_one(ProfileList).select_id(name)
-
-    def focused_pane(self) -> int | None:
-        """1-4: the pane that has focus (None: the filter bar or nothing)."""
-        focused = self.focused
-        for number, pane in ((1, ProfileList), (2, SessionList), (4, LogView)):
-            if isinstance(focused, pane):
-                return number
-        return 3 if focused is not None and focused.id == "gpu-pane" else None
-
-    def _keep_selection(self) -> None:
-        """Write the selection to the state dir when it changed (a thread: never the UI's disk wait)."""
-        selection = Selection(self.selected_profile, self.selected_session,
-                              self.focused_pane() or self._saved_selection.pane)
-        if selection == self._saved_selection:
-            return
-        self._saved_selection = selection
-        self.run_worker(partial(save_selection, self.feed.home, selection), name="selection-save",
-                        group="selection-save", thread=True, exit_on_error=False)
-
-    def selected_status(self) -> Any:
-        snapshot = self.last_snapshot
-        if snapshot is None or snapshot.status is None or snapshot.selected != self.selected_session:
-            return None
-        return snapshot.status
-
-    # -- actions: lifecycle --------------------------------------------------------------------------------
-
-    def action_launch(self) -> None:
-        self.launch_profile(self._target_profile())
-
-    def launch_profile(self, name: str | None) -> None:
-        """Launch ``name`` as a detached server (l on it; the palette's "Launch profile NAME")."""
-        if not name:
-            self.notify("No profile to launch: create one in <config>/profiles.", severity="warning")
-            return
-        self.notify(f"Launching {name}…", timeout=3)
-        self._start_launch(name)
-
-    def _launched(self, session_id: str, name: str) -> None:
-        self.notify(
-            f"Launched {name} as {session_id}. The port stays closed until graphs are done.",
-            title="launched",
-            timeout=6,
-        )
-        self.post_message(SessionLaunched(session_id, name))
-        self._select_session(session_id)
-
-    def _report_failure(self, what: str, exc: BaseException) -> None:
-        problems = getattr(exc, "problems", None)
-        if problems:
-            lines = [
-                f"{p.field}{f' (line {p.line})' if getattr(p, 'line', None) else ''}: {p.message}"
-                for p in problems
-            ]
-            message = "\n".join(lines)
-        else:
-            message = str(exc)
-        self.notify(message, title=what, severity="error", timeout=15)
-        self.post_message(ActionFailed(what, message))
-
-    def action_stop(self) -> None:
-        target = self._target_session("stop")
-        if target is None:
-            return
-        if not target.alive:
-            self.notify(f"{target.session_id} ({target.names()}) is not running ({target.state}).",
-                        severity="warning")
-            return
-        status = self.selected_status()
-        pid = f"pid {status.pid} · " if status is not None and status.session_id == target.session_id else ""
-        detail = f"{pid}SIGTERM to the main process; SIGKILL to what is left after {STOP_GRACE_S:.0f} s."
-        session_id = target.session_id
-
-        def answered(yes: bool | None) -> None:
-            if yes:
-                self.notify(f"Stopping {session_id}…", timeout=3)
-                self.run_worker(
-                    partial(self._stop, session_id),
-                    name="stop",
-                    group="action",
-                    thread=True,
-                    exit_on_error=False,
-                )
-
-        self.app.push_screen(ConfirmModal(f"Stop {session_id} ({target.names()})?", detail), answered)
-
-    def _stop(self, session_id: str) -> None:
-        try:
-            report = self.feed.session(session_id).stop(grace_s=STOP_GRACE_S)
-        except Exception as exc:  # noqa: BLE001
-            self.app.call_from_thread(self._report_failure, f"Stop of {session_id} failed", exc)
-            return
-        self.feed.forget_final(session_id)
-        self.app.call_from_thread(self._stopped, session_id, report)
-
-    def _stopped(self, session_id: str, report: Any) -> None:
-        self.notify(
-            report.message,
-            title="stopped" if report.stopped else "stop incomplete",
-            severity="information" if report.stopped else "error",
-            timeout=8,
-        )
-        self.post_message(SessionStopped(session_id, bool(report.stopped), report.message))
-        self.poll_now()
-
-    def action_restart(self) -> None:
-        target = self._target_session("restart")
-        if target is None:
-            return
-        self.run_worker(
-            partial(self._restart_diff, target),
-            name="restart-diff",
-            group="action",
-            thread=True,
-            exit_on_error=False,
-        )
-
-    def _restart_diff(self, target: SessionEntry) -> None:
-        from sessions.server import flag_diff
-
-        session_id = target.session_id
-        try:
-            session = self.feed.session(session_id)
-            new_profile = session.current_profile()
-            diff = flag_diff(session.profile, new_profile)
-        except Exception as exc:  # noqa: BLE001
-            self.app.call_from_thread(self._report_failure, f"Restart of {session_id} refused", exc)
-            return
-        self.app.call_from_thread(self._confirm_restart, target, new_profile, diff)
-
-    def _confirm_restart(self, target: SessionEntry, new_profile: Any, diff: list[str]) -> None:
-        session_id = target.session_id
-        if diff:
-            detail = "Flags that change (+ added, - removed, ~ changed):\n" + "\n".join(diff)
-        else:
-            detail = "No flag changes: the same command runs again."
-        self.post_message(RestartProposed(session_id, tuple(diff)))
-
-        def answered(yes: bool | None) -> None:
-            if yes:
-                self.notify(f"Restarting {session_id}…", timeout=3)
-                self.run_worker(
-                    partial(self._restart, session_id, new_profile),
-                    name="restart",
-                    group="action",
-                    thread=True,
-                    exit_on_error=False,
-                )
-
-        self.app.push_screen(ConfirmModal(f"Restart {session_id} ({target.names()})?", detail), answered)
-
-    def _restart(self, session_id: str, new_profile: Any) -> None:
-        try:
-            new = self.feed.session(session_id).restart(new_profile, grace_s=STOP_GRACE_S)
-        except Exception as exc:  # noqa: BLE001
-            self.app.call_from_thread(self._report_failure, f"Restart of {session_id} failed", exc)
-            return
-        self.feed.forget_final(session_id)
-        self.feed.adopt(new)
-        self.app.call_from_thread(self._restarted, session_id, new.session_id)
-
-    def _restarted(self, old_id: str, new_id: str) -> None:
-        self.notify(f"{old_id} stopped; relaunched as {new_id}.", title="restarted", timeout=6)
-        self.post_message(SessionLaunched(new_id, ""))
-        self._select_session(new_id)
+            self.select_session(event.option.id)
 
     def action_refresh(self) -> None:
-        self.poll_now()
-
-    # -- actions: editing and other screens -----------------------------------------------------------------
-
-    def action_edit(self) -> None:
-        name = self._target_profile()
-        if not name:
-            self.notify("No profile selected to edit.", severity="warning")
-            return
-        from app.screens.profile_editor import ProfileEditorScreen
-
-        def closed(saved_as: str | None) -> None:
-            if saved_as:
-                self.select_profile(saved_as)
-            self.poll_now()
-
-        self.app.push_screen(ProfileEditorScreen(name, self.feed.home), closed)
-
-    def action_diagnose(self) -> None:
-        from app.screens.diagnose import DiagnoseScreen
-
-        target = self._target_session("diagnose", live_only=False)  # a crashed start is worth diagnosing
-        if target is None:
-            return
-        self.app.push_screen(DiagnoseScreen(target.session_id, home=self.feed.home))
-
-    def action_jobs(self) -> None:
-        from app.screens.jobs import JobsScreen
-
-        self.app.push_screen(JobsScreen(home=self.feed.home))
-
-    def action_bench(self) -> None:
-        """b: bench the selected session when it is ready; the kept results either way."""
-        from app.screens.bench import BenchScreen
-
-        target = self._target_session("bench", quiet=True)
-        ready = target is not None and target.state == "ready"
-        if target is None:
-            where = (f"profile {self.query_one(ProfileList).highlighted_id} has no running session"
-                     if isinstance(self.focused, ProfileList) else "no session selected")
-            self.notify(f"Nothing to bench ({where}): showing kept bench results only", severity="warning")
-        elif not ready:
-            self.notify(f"{target.session_id} ({target.names()}) is {target.state}: showing kept bench "
-                        "results only", severity="warning")
-        self.app.push_screen(BenchScreen(self.feed.home, target.session_id if target and ready else None))
-
-    def action_capture(self) -> None:
-        """c: show what toggling capture changes in the launch command, then ask y/N before saving."""
-        name = self._target_profile()
-        if not name:
-            self.notify("No profile selected.", severity="warning")
-            return
-        self.run_worker(
-            partial(self._capture_preview, name),
-            name="capture-preview",
-            group="action",
-            thread=True,
-            exit_on_error=False,
-        )
-
-    def _capture_preview(self, name: str) -> None:
-        from sessions.capture.toggle import toggle_summary, toggled
-        from sessions.profiles import load_profile
-        from sessions.server import flag_diff
-
-        try:
-            profile = load_profile(name, self.feed.home)
-            new = toggled(profile)
-            lines = toggle_summary(profile, new)
-            diff = flag_diff(profile, new)  # builds both launch commands (off the UI thread)
-        except Exception as exc:  # noqa: BLE001 - ProfileError names the field
-            self.app.call_from_thread(self._report_failure, f"Capture toggle for {name} failed", exc)
-            return
-        self.app.call_from_thread(self._confirm_capture, name, bool(profile.capture.enabled), lines, diff)
-
-    def _confirm_capture(self, name: str, was_on: bool, lines: list[str], diff: list[str]) -> None:
-        flags = "\n".join(diff) if diff else "(none)"
-        detail = "\n".join(lines) + "\n\nLaunch command (+ added, - removed, ~ changed):\n" + flags
-        live = self._live_session(name)
-        if live:
-            detail += f"\n\n{live} keeps running as it is until restarted (r)."
-
-        def answered(yes: bool | None) -> None:
-            if yes:
-                self.run_worker(
-                    partial(self._toggle_capture, name, was_on),
-                    name="capture-toggle",
-                    group="action",
-                    thread=True,
-                    exit_on_error=False,
-                )
-
-        verb = "off" if was_on else "on"
-        self.app.push_screen(ConfirmModal(f"Turn capture {verb} for {name}?", detail), answered)
-
-    def _toggle_capture(self, name: str, was_on: bool) -> None:
-        from sessions.capture.toggle import toggle_capture
-        from sessions.profiles import load_profile
-
-        try:
-            profile = load_profile(name, self.feed.home)
-            if bool(profile.capture.enabled) != was_on:  # edited elsewhere since the question: ask again
-                raise ValueError(f"{name}'s capture setting changed on disk meanwhile; nothing saved (press c)")
-            profile = toggle_capture(profile, self.feed.home)
-        except Exception as exc:  # noqa: BLE001 - ProfileError names the field
-            self.app.call_from_thread(self._report_failure, f"Capture toggle for {name} failed", exc)
-            return
-        self.app.call_from_thread(self._capture_toggled, name, bool(profile.capture.enabled))
-
-    def _live_session(self, profile: str) -> str | None:
-        """The running session of ``profile`` in the last snapshot, if any."""
-        entries = self.last_snapshot.profiles if self.last_snapshot else ()
-        return next((p.live_session for p in entries if p.name == profile and p.live_session), None)
-
-    def _capture_toggled(self, name: str, enabled: bool) -> None:
-        live = self._live_session(name)
-        when = f"restart {live} (r) to apply it" if live else "the next launch uses it"
-        self.notify(f"Capture {'on' if enabled else 'off'} for {name}: {when}.", title="capture", timeout=8)
-        self.post_message(CaptureToggled(name, enabled))
         self.poll_now()
 
     # -- actions: panes and the log -------------------------------------------------------------------------

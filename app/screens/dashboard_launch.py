@@ -1,10 +1,11 @@
-"""The dashboard's launch and housekeeping actions: the launch worker with its progress line, the
-GPUs-in-use question (launch anyway, or stop the holder and launch), and `P` (prune ended sessions).
+"""The dashboard's launch and housekeeping actions: `l` (launch the targeted profile; the palette's
+"Launch profile NAME"), the launch worker with its progress line, the GPUs-in-use question (launch anyway,
+or stop the holder and launch), and `P` (prune ended sessions).
 
 A mixin of `DashboardScreen` (kept apart so the screen module stays readable): it uses the screen's
-``feed``, ``notify``, ``run_worker``, ``_report_failure``, ``_launched`` and ``poll_now``.  Every wait (the
-launch lock, the GPU check, the stops, prune's liveness checks) runs in a thread worker; the UI thread only
-asks and draws.
+``feed``, ``notify``, ``run_worker`` and ``poll_now``, `Targeting`'s ``target_profile`` and
+``select_session`` and `TargetActions.report_failure`.  Every wait (the launch lock, the GPU check, the
+stops, prune's liveness checks) runs in a thread worker; the UI thread only asks and draws.
 """
 
 from __future__ import annotations
@@ -14,10 +15,10 @@ from typing import TYPE_CHECKING, Any
 
 from textual.worker import get_current_worker
 
+from app.screens.dashboard_actions import STOP_GRACE_S
+from app.screens.dashboard_messages import SessionLaunched
 from widgets.action_line import ActionLine
 from widgets.confirm_modal import ChoiceModal, ConfirmModal
-
-STOP_GRACE_S = 30.0
 
 
 class LaunchActions:
@@ -30,9 +31,22 @@ class LaunchActions:
         def query_one(self, *args: Any, **kwargs: Any) -> Any: ...
         def notify(self, *args: Any, **kwargs: Any) -> Any: ...
         def run_worker(self, *args: Any, **kwargs: Any) -> Any: ...
-        def _report_failure(self, what: str, exc: BaseException) -> None: ...
-        def _launched(self, session_id: str, name: str) -> None: ...
+        def post_message(self, message: Any) -> bool: ...
+        def report_failure(self, what: str, exc: BaseException) -> None: ...
+        def target_profile(self) -> str | None: ...
+        def select_session(self, session_id: str | None) -> None: ...
         def poll_now(self) -> None: ...
+
+    def action_launch(self) -> None:
+        self.launch_profile(self.target_profile())
+
+    def launch_profile(self, name: str | None) -> None:
+        """Launch ``name`` as a detached server (l on it; the palette's "Launch profile NAME")."""
+        if not name:
+            self.notify("No profile to launch: create one in <config>/profiles.", severity="warning")
+            return
+        self.notify(f"Launching {name}…", timeout=3)
+        self._start_launch(name)
 
     def _start_launch(self, name: str, force: bool = False, stop_first: tuple[str, ...] = ()) -> None:
         """The launch (and the stops it was asked to do first) in a worker; the progress line shows its
@@ -73,13 +87,22 @@ class LaunchActions:
         except Exception as exc:  # noqa: BLE001 - LaunchError/ProfileError name their fields
             line.finish()
             if not worker.is_cancelled:
-                self.app.call_from_thread(self._report_failure, f"Launch of {name} refused", exc)
+                self.app.call_from_thread(self.report_failure, f"Launch of {name} refused", exc)
             return
         line.finish()
         for session in members:
             self.feed.adopt(session)
         if not worker.is_cancelled:
             self.app.call_from_thread(self._launched, members[0].session_id, name)
+
+    def _launched(self, session_id: str, name: str) -> None:
+        self.notify(
+            f"Launched {name} as {session_id}. The port stays closed until graphs are done.",
+            title="launched",
+            timeout=6,
+        )
+        self.post_message(SessionLaunched(session_id, name))
+        self.select_session(session_id)
 
     def _confirm_busy_launch(self, name: str, exc: Any) -> None:
         """GPUs in use: launch anyway, or (when the holders are this home's sessions) stop them first."""
@@ -116,7 +139,7 @@ class LaunchActions:
         try:
             plan = plan_prune(self.feed.home)
         except Exception as exc:  # noqa: BLE001
-            self.app.call_from_thread(self._report_failure, "Prune failed", exc)
+            self.app.call_from_thread(self.report_failure, "Prune failed", exc)
             return
         self.app.call_from_thread(self._confirm_prune, plan)
 
@@ -143,7 +166,7 @@ class LaunchActions:
         try:
             removed, problems = prune(self.feed.home, plan)
         except Exception as exc:  # noqa: BLE001 - a lock timeout names the holder
-            self.app.call_from_thread(self._report_failure, "Prune failed", exc)
+            self.app.call_from_thread(self.report_failure, "Prune failed", exc)
             return
         for session_id in removed:
             self.feed.forget_final(session_id)
