@@ -273,6 +273,9 @@ class _RankState:
             self.input_throughput = line.input_throughput
 
 
+READY_TEXT = "The server is fired up and ready to roll"
+
+
 @dataclass
 class ServingTracker:
     """Latest stats line per DP rank, plus a short history of the server's gen throughput."""
@@ -286,6 +289,8 @@ class ServingTracker:
         """One cleaned log line; returns what it parsed (None for any other line)."""
         line = parse_batch_line(text)
         if line is None:
+            if READY_TEXT in text:
+                self._warmup_done()
             return None
         self.lines_seen += 1
         at = log_time_epoch(line.log_time) or (read_at if read_at is not None else time.time())
@@ -299,6 +304,16 @@ class ServingTracker:
                 if total is not None:
                     self.history.append(total)
         return line
+
+    def _warmup_done(self) -> None:
+        """SGLang prints "fired up" once its warm-up request has been answered
+        (``sglang/srt/entrypoints/http_server.py:2600``, sglang-facts §1.4): the batch lines before it were
+        that request's, so nothing runs or waits now."""
+        for state in self.ranks.values():
+            if state.running_reqs is not None:
+                state.running_reqs = 0
+            if state.queue_reqs is not None:
+                state.queue_reqs = 0
 
     def latest(self) -> BatchLine | None:
         """The newest stats line of any rank (what the idle limit is computed from)."""
