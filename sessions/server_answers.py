@@ -269,7 +269,10 @@ def finite_number(raw: Any, name: str, *, minimum: float | None = None, integer:
     if isinstance(raw, bool):
         return Figure(None, f"{name} is a boolean ({raw!r}), not a number")
     if isinstance(raw, (int, float)):
-        value = float(raw)
+        try:
+            value = float(raw)
+        except OverflowError:  # a JSON integer of hundreds of digits: json.loads makes it an int
+            return Figure(None, f"{name} is an integer of {len(str(raw))} digits, not a finite number")
     elif isinstance(raw, str):
         try:
             value = float(raw.strip())
