@@ -343,26 +343,30 @@ class StartupTracker:
         self._advance(StartupPhase.READY, line_no)
 
     def _segment(self, s: str, line_no: int, shown: str, rank: int | None) -> None:
+        # A timestamper that puts a header like SGLang's before every line (``ts '[%Y-%m-%d %H:%M:%S]'``)
+        # puts it before a traceback's frames, its exception line and a chain's "The above exception" too.
+        header = own_header(s) if s.startswith("[") else None
+        body = s[header.end():] if header is not None else s
         # 1. traceback continuation
         if self._tb_open:
-            if not s or s[0].isspace():
-                fm = FRAME_RE.match(s)
+            if not body or body[0].isspace():
+                fm = FRAME_RE.match(body)
                 if fm is not None:
                     self._frame(fm.group("func"), fm.group("path"), line_no)
-                elif "(" in s:  # the source line: the call it shows is the next frame (often cut off)
-                    for func in CALL_RE.findall(s):
+                elif "(" in body:  # the source line: the call it shows is the next frame (often cut off)
+                    for func in CALL_RE.findall(body):
                         if func in FRAME_FUNCS:
                             self._frame(func, "", line_no)
                 return
-            if s.startswith(("Traceback (most recent call last)", "During handling of the above exception",
-                             "The above exception was the direct cause")):
+            if body.startswith(("Traceback (most recent call last)", "During handling of the above exception",
+                                "The above exception was the direct cause")):
                 return
-            em = EXCEPTION_LINE_RE.match(s)
+            em = EXCEPTION_LINE_RE.match(body)
             if em is not None and (em.group("colon") or em.group("name").endswith(EXCEPTION_SUFFIXES)):
-                self._close_traceback((line_no, s))
+                self._close_traceback((line_no, body))
                 return
             self._close_traceback(None)
-        if s.startswith(("During handling of the above exception", "The above exception was the direct cause")):
+        if body.startswith(("During handling of the above exception", "The above exception was the direct cause")):
             if self._chain_owner is not None and line_no - self._chain_at <= 3:
                 self._chain_next = self._chain_owner  # the next traceback continues that error's chain
             return
@@ -410,7 +414,8 @@ class StartupTracker:
     # -- tracebacks ----------------------------------------------------------------------------------
 
     def _open_traceback(self, s: str, msg: str, tb_at: int, line_no: int, rank: int | None, shown: str) -> None:
-        before = s[:tb_at].strip()
+        header = own_header(s) if s.startswith("[") else None  # a header alone logs no message
+        before = s[header.end() if header is not None and header.end() <= tb_at else 0:tb_at].strip()
         owner: int | None = None
         if before:
             n_before = len(self._errors)
