@@ -118,6 +118,9 @@ def _open_fd(path: str | os.PathLike, what: str, nofollow: bool, single_link: bo
         flags |= os.O_NOFOLLOW
     try:
         fd = os.open(path, flags)
+    except ValueError:  # "embedded null byte": a name from a JSON or TOML value may hold a \u0000
+        raise FileRefused(errno.EINVAL, f"{what} {str(path)!r}: the name holds a NUL byte; it is not read",
+                          "a NUL in the name") from None
     except OSError as exc:
         if nofollow and exc.errno == errno.ELOOP:
             raise SpecialFileError(errno.ELOOP, f"{what} {path} is a symlink; it is not followed",
@@ -232,6 +235,8 @@ def parse_json(data: bytes | str, where: str, max_depth: int = 64) -> Any:
     except json.JSONDecodeError as exc:
         problem = "empty" if not text.strip() else f"not valid JSON (line {exc.lineno}, column {exc.colno}: {exc.msg})"
         raise FileRefused(errno.EINVAL, f"{where}: {problem}", "not JSON") from None
+    except ValueError as exc:  # an integer past Python's 4300-digit conversion limit is no JSONDecodeError
+        raise FileRefused(errno.EINVAL, f"{where}: not valid JSON ({str(exc).split(':')[0]})", "not JSON") from None
     except RecursionError:  # the depth check counts brackets; this is its backstop
         raise FileRefused(errno.EINVAL, f"{where}: JSON nested too deeply", "nested too deeply") from None
 

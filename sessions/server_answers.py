@@ -28,6 +28,8 @@ from urllib.parse import urlsplit
 
 import h11
 
+from sessions.safe_files import json_depth
+
 DEFAULT_DEADLINE_S = 2.0
 # /server_info of a TP8 server is a few tens of KB; /model_info and /ready far less.
 JSON_MAX_BYTES = 4 << 20
@@ -199,32 +201,17 @@ def parse_json(body: bytes, expect: type | None = dict, max_depth: int = JSON_MA
         return value
 
     try:
-        value = json.loads(body, parse_constant=no_constant, parse_float=finite_float)
-    except RecursionError:
+        decoded = body.decode("utf-8")
+        if json_depth(decoded) > max_depth:  # counted on the text: a deep answer is never built, nor recursed into
+            return None, f"is nested deeper than {max_depth} levels"
+        value = json.loads(decoded, parse_constant=no_constant, parse_float=finite_float)
+    except RecursionError:  # json_depth counts brackets; this is its backstop
         return None, f"is nested deeper than {max_depth} levels"
     except (ValueError, UnicodeDecodeError) as exc:
         return None, f"is not JSON ({exc})"
-    if _depth_over(value, max_depth):
-        return None, f"is nested deeper than {max_depth} levels"
     if expect is not None and not isinstance(value, expect):
         return None, f"is {kind_of(value)}, not {_KIND_NAMES.get(expect, expect.__name__)}"
     return value, None
-
-
-def _depth_over(value: Any, limit: int) -> bool:
-    stack = [(value, 1)]
-    while stack:
-        item, depth = stack.pop()
-        if isinstance(item, dict):
-            children: Any = item.values()
-        elif isinstance(item, list):
-            children = item
-        else:
-            continue
-        if depth > limit:
-            return True
-        stack.extend((child, depth + 1) for child in children)
-    return False
 
 
 def get_json(url: str, *, deadline_s: float = DEFAULT_DEADLINE_S, max_bytes: int = JSON_MAX_BYTES,
@@ -269,7 +256,10 @@ def finite_number(raw: Any, name: str, *, minimum: float | None = None, integer:
     if isinstance(raw, bool):
         return Figure(None, f"{name} is a boolean ({raw!r}), not a number")
     if isinstance(raw, (int, float)):
-        value = float(raw)
+        try:
+            value = float(raw)
+        except OverflowError:  # a JSON integer of hundreds of digits: json.loads makes it an int
+            return Figure(None, f"{name} is an integer of {len(str(raw))} digits, not a finite number")
     elif isinstance(raw, str):
         try:
             value = float(raw.strip())

@@ -40,6 +40,8 @@ ATTACKS: dict[str, tuple[list[bytes], str]] = {
     "deeply nested JSON": ([b"data: " + b"[" * 100_000 + b"]" * 100_000], "not JSON"),
     "an accept length of inf": ([_chunk(1, spec_accept_length=float("inf"))], "spec_accept_length"),
     "an accept length past max_new_tokens": ([_chunk(1, spec_accept_length=1e9)], "spec_accept_length"),
+    # a 400-digit integer is an int to json.loads; float() of it raised OverflowError
+    "an accept length of 400 digits": ([_chunk(1, spec_accept_length=10**400)], "spec_accept_length is"),
     "more correct drafts than proposed": ([_chunk(1, spec_num_proposed_drafts=3, spec_num_correct_drafts=9)],
                                           "spec_num_correct_drafts 9 is outside 0..3"),
     "not JSON at all": ([b"data: {\"text\": tru"], "not JSON"),
@@ -170,7 +172,8 @@ def test_a_run_with_untrusted_answers_gives_no_figure_and_says_why(hostile):
 
 @pytest.mark.parametrize("info", [b"[1, 2, 3]", b'"a string"', b"null", b"42", b'{"internal_states": 7}',
                                   b'{"internal_states": [{"avg_spec_accept_length": "NaN"}]}', b"{not json",
-                                  b'{"internal_states": ["x"]}'])
+                                  b'{"internal_states": ["x"]}',
+                                  b'{"internal_states": [{"avg_spec_accept_length": 1' + b"0" * 400 + b"}]}"])
 def test_a_server_info_that_is_not_an_object_is_a_failed_request_with_a_reason(hostile, info):
     hostile.server_info = info
     plan = BenchPlan(_base(hostile), tuple(random_id_prompts(2, 4, WANTED, 64, 1)), (1,), num_prompts=2,

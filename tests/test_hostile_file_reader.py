@@ -120,6 +120,15 @@ def test_deep_json_is_refused_before_it_is_parsed(text, tmp_path) -> None:
     assert str(path) in str(result)
 
 
+def test_a_name_with_a_nul_byte_is_refused_naming_it(tmp_path) -> None:
+    """``os.open`` raises ValueError ("embedded null byte") for such a name, which callers that list an
+    OSError with its file let through (a job spec's dataset path may hold a ``\\u0000``)."""
+    for kind in (safe_files.STATE, safe_files.DATASET):
+        result = answered(lambda kind=kind: safe_files.read_bytes(tmp_path / "a\0b.json", kind))
+        assert isinstance(result, safe_files.FileRefused) and "NUL" in str(result), result
+        assert kind.what in str(result) and "a\\x00b.json" in str(result)
+
+
 @pytest.mark.parametrize("text", [b'{"a": "[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[["}',
                                   b'{"a": "\\"[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[["}',
                                   deep(64)])
@@ -297,6 +306,8 @@ STATE_DAMAGE: dict[str, Callable[[Path, list], None]] = {
     "stop field 3000 deep": lambda p, s: p.write_bytes(b'{"stop": ' + deep(3000) + b"}"),
     "model_info 900 deep": lambda p, s: p.write_bytes(b'{"model_info": ' + b'{"a": ' * 900 + b"1" + b"}" * 901),
     "20 MiB": lambda p, s: p.write_bytes(b" " * (20 << 20) + b"{}"),
+    # json.loads raises ValueError (not JSONDecodeError) past Python's 4300-digit int limit
+    "a 5000-digit port": lambda p, s: p.write_bytes(b'{"port": ' + b"1" * 5000 + b"}"),
     **{how: (lambda p, s, how=how: plant(p, how, s)) for how in SPECIALS},
 }
 

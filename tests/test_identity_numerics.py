@@ -12,8 +12,10 @@ import json
 import os
 import shutil
 from concurrent.futures import ThreadPoolExecutor
+from datetime import datetime
 from pathlib import Path
 
+import pytest
 from _extract_support import wait_for
 
 from sessions.extraction.identity import identity_differences, server_identity
@@ -55,3 +57,14 @@ def test_config_dtype_and_template_changes_are_differences_and_a_fifo_is_never_w
     _second, other_url = serve("half", extra_args=["--dtype", "float16"])
     differences = identity_differences(before, server_identity(other_url))
     assert [d for d in differences if d.startswith("numerics:") and "float16" in d], differences
+
+
+@pytest.mark.parametrize("recorded", [5, [1], [1, 2, 3], None, "big", {"size": 1}])
+def test_a_recorded_weights_entry_of_another_shape_is_a_worded_difference_not_a_raise(recorded) -> None:
+    """job.json's server_identity is read back as it is; ``(size, mtime) = 5`` raised TypeError out of the
+    resume's identity check."""
+    differences = identity_differences({"weights": {"model.safetensors": recorded}},
+                                       {"weights": {"model.safetensors": [10, 1_700_000_000_000_000_000]}})
+    when = datetime.fromtimestamp(1.7e9).isoformat(sep=" ", timespec="seconds")
+    assert differences == [f"weights: model.safetensors changed (size ? → 10 bytes, modified ? → {when})"]
+

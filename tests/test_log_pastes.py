@@ -175,6 +175,17 @@ def test_the_error_text_through_a_wrapper_is_the_exception_not_the_wrapper():
     assert re.fullmatch(r"RuntimeError: CUDA error: an illegal memory access was encountered", wrapped.error)
 
 
+@pytest.mark.parametrize("path", sorted(PASTES.glob("*.log")), ids=lambda p: p.name[:44])
+def test_a_header_like_sglangs_before_every_line_leaves_the_error_and_its_cause(path):
+    """A timestamper (``ts '[%Y-%m-%d %H:%M:%S]'``) puts a header SGLang's own regex reads before every line,
+    traceback frames and exception lines too: the error was the "Traceback" line, or the header line of a
+    chain's second traceback, instead of the exception and its root cause."""
+    text = path.read_text()
+    plain, stamped = summarize_text(text), summarize_text(_wrap(text, "[2026-04-09 18:30:03] ", False))
+    assert (stamped.outcome, stamped.phase, stamped.error, stamped.error_cause, stamped.error_rank) == (
+        plain.outcome, plain.phase, plain.error, plain.error_cause, plain.error_rank)
+
+
 def test_feeding_a_wrapped_paste_in_odd_pieces_reads_the_same():
     text = _wrap((PASTES / "c5-chained-traceback-whole-tp1.log").read_text(), ("pod", "x", ": "), True)
     data = text.encode()

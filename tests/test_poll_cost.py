@@ -80,3 +80,26 @@ def test_a_ready_server_whose_port_closed_is_seen_after_the_recheck_window(ready
     monkeypatch.setattr(status_module, "PORT_RECHECK_S", 0.0)
     monkeypatch.setattr(status_module.probes, "port_listening", lambda host, port, timeout_s=0.5: False)
     assert not ready_session.status(probe_http=False).port_listening
+
+
+def test_a_poll_of_a_starting_server_reads_state_once(home, monkeypatch):
+    """While a server starts, its stall limit is computed at every status; it took the profile's name from
+    a second read of state.json (``profile_name``) instead of the record the status had read."""
+    me = psutil.Process()
+    session_id = "p-20260101-100000-00ab"
+    session_dir = ensure_private_dir(home.sessions_dir / session_id)
+    (session_dir / "server.log").write_text(READY_LOG.split("\n")[0] + "\n")  # no ready line: still starting
+    (session_dir / "profile.toml").write_text('[server]\nlauncher = "emulator"\nmodel_path = "/m"\n')
+    atomic_write_json(session_dir / "state.json", {
+        "version": 1, "session_id": session_id, "profile": "p", "pid": me.pid, "create_time": me.create_time(),
+        "pgid": me.pid, "host": "127.0.0.1", "port": 1, "started_at": time.time() - 60, "stall_after_s": 300,
+        "phase_entered_at": {"launching": time.time() - 60}, "descendants": []})
+    session = ServerSession.load(session_id, home)
+    assert session.status(probe_http=False).state not in ("ready", "crashed", "exited")
+    reads = _counting(monkeypatch, record_module, "read_state")
+    limits = _counting(monkeypatch, status_module, "last_good")
+    polls = 3
+    for _ in range(polls):
+        session.status(probe_http=False)
+    assert len(limits) == polls  # the start is not over: the limit is computed each time
+    assert len(reads) == polls  # one state.json read per status (it was two)

@@ -637,3 +637,23 @@ def test_cli_profile_list_and_new(home, model_dir: Path) -> None:
     assert plain.returncode == 0 and load_profile("real").server.launcher == "sglang"
     listed = _cli("profile", "list")
     assert listed.returncode == 0 and listed.stdout.split() == ["fresh", "real"]
+
+
+def test_loading_a_profile_opens_its_file_once(tmp_path, monkeypatch):
+    """load_profile opened the file twice (a check_regular, then the read that refuses the same special
+    files); a status of a starting server loads its snapshot each time it is read."""
+    from sessions.profiles import load_profile
+
+    path = tmp_path / "p.toml"
+    path.write_text('[server]\nlauncher = "emulator"\nmodel_path = "/m"\n')
+    opened = []
+    real_open = os.open
+
+    def counted(file, *args, **kwargs):
+        if os.fspath(file) == str(path):
+            opened.append(file)
+        return real_open(file, *args, **kwargs)
+
+    monkeypatch.setattr(os, "open", counted)
+    assert load_profile(path).server.model_path == "/m"
+    assert len(opened) == 1

@@ -252,7 +252,8 @@ def test_finite_number_table() -> None:
     ok = [(3, 3.0), ("4.0", 4.0), (0, 0.0), (" 2 ", 2.0)]
     for raw, value in ok:
         assert server_answers.finite_number(raw, "n", minimum=0, integer=True) == (value, None)
-    for raw in [float("nan"), float("inf"), "NaN", "+Inf", "-1", "1.5", True, None, [1], {"a": 1}, "x"]:
+    # 10**400: json.loads makes a 400-digit integer an int, which float() refused with OverflowError
+    for raw in [float("nan"), float("inf"), "NaN", "+Inf", "-1", "1.5", True, None, [1], {"a": 1}, "x", 10**400]:
         figure = server_answers.finite_number(raw, "n", minimum=0, integer=True)
         assert figure.value is None and figure.reason and figure.reason.startswith("n is ")
 

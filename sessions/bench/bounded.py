@@ -15,6 +15,8 @@ import math
 from collections.abc import Iterator
 from typing import Any
 
+from sessions.server_answers import finite_number
+
 MAX_SSE_LINE_BYTES = 8 << 20
 MAX_JSON_BODY_BYTES = 8 << 20  # /server_info of a big MoE server is about 20 KB
 MAX_PROMPT_TOKENS = 1 << 24
@@ -89,11 +91,14 @@ def count(value: Any, name: str, limit: int) -> int:
 
 
 def finite(value: Any, name: str, low: float, high: float) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+    """A figure the server reports: a JSON number (not a string, not a bool) that `finite_number` takes,
+    within [low, high]."""
+    number = None if isinstance(value, str) else finite_number(value, name).value
+    if number is None:
         raise AnswerError(f"{name} is {str(value)[:40]!r}, not a finite number")
-    if not low <= value <= high:
+    if not low <= number <= high:
         raise AnswerError(f"{name} {value!r} is outside {low:g}..{high:g}")
-    return float(value)
+    return number
 
 
 def _kind(value: Any) -> str:

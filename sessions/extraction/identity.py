@@ -199,10 +199,13 @@ def _weights_change(want: dict[str, Any], got: dict[str, Any]) -> str:
     def when(ns: Any) -> str:
         return datetime.fromtimestamp(ns / 1e9).isoformat(sep=" ", timespec="seconds") if isinstance(ns, int) else "?"
 
+    def pair(entry: Any) -> tuple[Any, Any]:  # [size, mtime_ns]; a job.json edited by hand may hold anything
+        return (entry[0], entry[1]) if isinstance(entry, list) and len(entry) == 2 else ("?", None)
+
     words = []
     changed = sorted(n for n in set(want) & set(got) if want[n] != got[n])
     for name in changed[:_WEIGHTS_NAMED]:
-        (size_a, time_a), (size_b, time_b) = want[name], got[name]
+        (size_a, time_a), (size_b, time_b) = pair(want[name]), pair(got[name])
         words.append(f"{name} changed (size {size_a} → {size_b} bytes, modified {when(time_a)} → {when(time_b)})")
     if len(changed) > _WEIGHTS_NAMED:
         words.append(f"{len(changed) - _WEIGHTS_NAMED} more changed")

@@ -173,6 +173,9 @@ def _tag_of(ranks: str) -> Tag:
 def _tag_and_stamp(text: str) -> tuple[Tag | None, bool]:
     """(the explicit tag of a cleaned line or None, whether the line has SGLang's ``[<time>]`` prefix)."""
     m = own_header(text)
+    if m is not None and not m.group("ranks") and text.startswith("[", m.end()):
+        # a timestamper's ``[<time>] `` before SGLang's own ``[<time> TP1] ``: the line's tag is the inner one
+        m = own_header(text, m.end()) or m
     if m is None:
         wrapper, text = strip_wrapper(text)  # a wrapper never hides the line's own tag
         if not text.startswith("["):

@@ -50,31 +50,18 @@ def load_profile(name_or_path: str | Path, home: Home | None = None) -> LaunchPr
     """Load and check a profile; raises `ProfileError` listing every problem of the file."""
     path = profile_path(name_or_path, home)
     try:
-        from sessions.safe_files import SpecialFileError, check_regular
-
-        check_regular(path, "profile")
-    except SpecialFileError as exc:
-        raise ProfileError([Problem("profile", exc.strerror or str(exc))], path) from None
-    except OSError as exc:
-        if exc.errno not in (errno.ENOENT, errno.ENOTDIR):
-            raise ProfileError([Problem("profile", f"cannot read {path}: {exc.strerror or exc}")], path) from None
-    if not path.is_file():
-        if not path.exists() and path.parent.is_dir() and not isinstance(name_or_path, Path):
-            known = [p.stem for p in sorted(path.parent.glob("*.toml"))]
-            hint = f" (profiles there: {', '.join(known)})" if known else ""
-            message = f"no profile file {path}{hint}"
-        elif path.exists():
-            message = f"{path} is not a file"
-        else:
-            message = f"no profile file {path}"
-        raise ProfileError([Problem("profile", message)], path)
-    try:
         text = safe_files.read_text(path, safe_files.PROFILE)  # a FIFO, /dev/zero, over 1 MiB: refused at once
-    except safe_files.FileRefused as exc:
+    except safe_files.FileRefused as exc:  # a special file or a folder: named by what it is
         where = "toml" if exc.kind == "not UTF-8" else "profile"
         raise ProfileError([Problem(where, str(exc).replace(f"profile {path}: ", ""))], path) from None
     except OSError as exc:
-        raise ProfileError([Problem("profile", f"cannot read {path}: {exc.strerror or exc}")], path) from None
+        if exc.errno not in (errno.ENOENT, errno.ENOTDIR):
+            raise ProfileError([Problem("profile", f"cannot read {path}: {exc.strerror or exc}")], path) from None
+        message = f"no profile file {path}"
+        if exc.errno == errno.ENOENT and path.parent.is_dir() and not isinstance(name_or_path, Path):
+            known = [p.stem for p in sorted(path.parent.glob("*.toml"))]
+            message += f" (profiles there: {', '.join(known)})" if known else ""
+        raise ProfileError([Problem("profile", message)], path) from None
     return parse_profile(text, name=path.stem, path=path)
 
 

@@ -416,7 +416,7 @@ class SessionReader(SessionRecord):
             profile: Any = self.profile
         except Exception:  # noqa: BLE001 - an unreadable snapshot must not break status; the recorded limit will do
             profile = SimpleNamespace(watch=SimpleNamespace(stall_after_s=rec.get("stall_after_s")))
-        baseline = last_good(self.home, self.profile_name, exclude_session_id=self.session_id)
+        baseline = last_good(self.home, self.profile_name_in(rec), exclude_session_id=self.session_id)
         has_compile_child = any(is_compiler_name(p.name) for p in tree[1:])
         return stall_verdict(
             profile, summary, silent_for_s, ready, baseline, has_compile_child, last_lines=self._last_lines()
