@@ -33,14 +33,24 @@ _ACTIVITY_ATTR = "_eagle3_test_activity"
 
 def install_message_waits() -> None:
     """Wrap `App.run_test` so every test app reports its messages to `wait_until` (conftest calls this);
-    a test's own ``message_hook`` still gets every message."""
+    a test's own ``message_hook`` still gets every message.
+
+    Textual hands the hook to its pumps through a context variable (`textual._context.message_hook`, private:
+    used here only) that `run_test` sets in the app's own task.  A pump inherits the context of the task
+    that starts it, so a screen the test body pushes itself (``await app.push_screen(BenchScreen(home))``)
+    and every widget on it dispatched their messages unseen: `wait_until` woke only on other pumps' messages
+    (the dashboard's 1 s timers), and slept through a whole compare once those timers rested while hidden.
+    The wrapper sets the same hook in the test body's context too, so every pump reports, whoever started it."""
+    from textual._context import message_hook as message_hook_context_var
     from textual.app import App
 
     if getattr(App.run_test, "_eagle3_waits", False):
         return
     original = App.run_test
 
-    def run_test(self: Any, *args: Any, message_hook: Callable[[Any], None] | None = None, **kwargs: Any) -> Any:
+    @contextlib.asynccontextmanager
+    async def run_test(self: Any, *args: Any, message_hook: Callable[[Any], None] | None = None,
+                       **kwargs: Any) -> Any:
         activity = asyncio.Event()
         setattr(self, _ACTIVITY_ATTR, activity)
 
@@ -49,7 +59,12 @@ def install_message_waits() -> None:
             if message_hook is not None:
                 message_hook(message)
 
-        return original(self, *args, message_hook=hook, **kwargs)
+        async with original(self, *args, message_hook=hook, **kwargs) as pilot:
+            token = message_hook_context_var.set(hook)  # the test body's context: see the docstring
+            try:
+                yield pilot
+            finally:
+                message_hook_context_var.reset(token)
 
     run_test._eagle3_waits = True  # type: ignore[attr-defined]
     App.run_test = run_test  # type: ignore[method-assign]
