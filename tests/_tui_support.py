@@ -70,6 +70,14 @@ def install_message_waits() -> None:
     App.run_test = run_test  # type: ignore[method-assign]
 
 
+# A condition can also turn true with no message dispatched: a loop timer (the type-ahead's flight and settle
+# limits run on the event loop, not as messages), a subprocess ending, a file written by a server.  Waking only
+# on messages then sleeps until the limit (the fuzz test's seed-1 burst: its last key's flight ended by the
+# loop timer, and nothing dispatched after it).  So the wait also re-checks at this interval; a condition that
+# never holds still fails at the limit.
+RECHECK_S = 0.25
+
+
 async def wait_until(pilot: Any, condition: Callable[[], Any], what: str, limit_s: float = 120.0) -> Any:
     """Wait until ``condition()`` is truthy, re-checking each time the app dispatches a message (its workers'
     results and polls arrive as messages); returns its value.
@@ -90,8 +98,8 @@ async def wait_until(pilot: Any, condition: Callable[[], Any], what: str, limit_
             await pilot.pause(0.05)
             continue
         activity.clear()
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(activity.wait(), timeout=left)
+        with contextlib.suppress(TimeoutError):  # also re-check now and then: see RECHECK_S
+            await asyncio.wait_for(activity.wait(), timeout=min(left, RECHECK_S))
         await pilot.pause()  # let what that message started (a render) finish before checking
 
 
