@@ -15,6 +15,7 @@ from textual.widgets import OptionList, Select
 from textual.widgets._select import SelectCurrent, SelectOverlay
 from textual.widgets.option_list import Option
 
+from sessions.server import FINAL_STATES
 from sessions.snapshots import ProfileEntry, SessionEntry
 from widgets.state_line import state_glyph
 
@@ -144,7 +145,7 @@ class SessionList(_KeyedList):
     @staticmethod
     def _full_prompt(entry: SessionEntry) -> Text:
         glyph, _ = state_glyph(entry.state)
-        ended = entry.state in ("exited", "stopped", "crashed")
+        ended = entry.state in FINAL_STATES
         text = Text(
             no_wrap=True, overflow="ellipsis", style="dim" if ended and entry.state != "crashed" else ""
         )
@@ -161,7 +162,7 @@ class SessionList(_KeyedList):
     @staticmethod
     def _prompt(entry: SessionEntry) -> Text:
         glyph, _ = state_glyph(entry.state)
-        ended = entry.state in ("exited", "stopped", "crashed")
+        ended = entry.state in FINAL_STATES
         text = Text(
             no_wrap=True, overflow="ellipsis", style="dim" if ended and entry.state != "crashed" else ""
         )
