@@ -143,7 +143,8 @@ class SessionList(_KeyedList):
         return self._replace((full, entries), options, prefer)
 
     @staticmethod
-    def _full_prompt(entry: SessionEntry) -> Text:
+    def _head(entry: SessionEntry) -> Text:
+        """Both prompts' start: the state (an ended one dimmed, a crash not) and the member's index."""
         glyph, _ = state_glyph(entry.state)
         ended = entry.state in FINAL_STATES
         text = Text(
@@ -152,6 +153,11 @@ class SessionList(_KeyedList):
         text.append(f"{glyph} {entry.state:<8}", style="bold")
         if entry.group_index is not None:  # a member of a group of replicas: listed with its group
             text.append(f" [{entry.group_index}]", style="bold")
+        return text
+
+    @classmethod
+    def _full_prompt(cls, entry: SessionEntry) -> Text:
+        text = cls._head(entry)
         text.append(f" {entry.session_id}")
         if not entry.session_id.startswith(entry.profile):  # the id carries a sanitized profile name
             text.append(f" ({entry.profile})")
@@ -159,16 +165,9 @@ class SessionList(_KeyedList):
             text.append(f" :{entry.port}", style="dim")
         return text
 
-    @staticmethod
-    def _prompt(entry: SessionEntry) -> Text:
-        glyph, _ = state_glyph(entry.state)
-        ended = entry.state in FINAL_STATES
-        text = Text(
-            no_wrap=True, overflow="ellipsis", style="dim" if ended and entry.state != "crashed" else ""
-        )
-        text.append(f"{glyph} {entry.state:<8}", style="bold")
-        if entry.group_index is not None:
-            text.append(f" [{entry.group_index}]", style="bold")
+    @classmethod
+    def _prompt(cls, entry: SessionEntry) -> Text:
+        text = cls._head(entry)
         text.append(f" {entry.profile}")
         if entry.port:
             text.append(f" :{entry.port}", style="dim")
