@@ -28,7 +28,7 @@ from sessions.history import record_start
 from sessions.phases import StartupTracker
 from sessions.server.status import last_output_offset
 from tests._hang_support import wait_for_state
-from tests._tui_support import screen_text, wait_until
+from tests._tui_support import screen_host, screen_text, wait_until
 
 ALL_REDUCE_HINT = "all-ranks-in-collective"
 BACKEND_HINT = "attention-backend-hang-after-weights"
@@ -294,18 +294,12 @@ def test_an_idle_ready_server_is_not_called_silent(seeded):
 
 @pytest.mark.timeout(240)
 def test_the_diagnosis_screen_at_80x24_shows_the_top_hint_first_and_picks_a_baseline(seeded):
-    from textual.app import App
-
     from app.screens.diagnose import BaselinePicker, DiagnoseScreen
 
     hang, home = seeded.hang, seeded.home
 
-    class Host(App):
-        def on_mount(self) -> None:
-            self.push_screen(DiagnoseScreen(hang.session_id, home))
-
     async def scenario() -> None:
-        app = Host()
+        app = screen_host(lambda: DiagnoseScreen(hang.session_id, home))
         async with app.run_test(size=(80, 24)) as pilot:
             screen = app.screen
             assert isinstance(screen, DiagnoseScreen)

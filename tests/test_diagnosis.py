@@ -25,6 +25,7 @@ import pytest
 from sessions.diagnosis import diagnose, format_report, write_bundle
 from sessions.history import last_good
 from tests._hang_support import wait_for_state
+from tests._tui_support import screen_host
 
 HF_TOKEN = "hf_Zq8mWv3LxT9pKd2RbN7cYs4FgH6jJa1E"
 API_KEY = "mykey-7f3e9a1c5b2d8e4f6a0b"
@@ -317,19 +318,14 @@ def test_cli_prints_the_json_contract_and_names_the_bundle(hung, tmp_path):
 def test_diagnose_screen_shows_stacks_and_saves_a_bundle(hung):
     import asyncio
 
-    from textual.app import App
     from textual.widgets import DataTable
 
     from app.screens.diagnose import DiagnoseScreen
 
     session, home = hung.session, hung.home
 
-    class Host(App):
-        def on_mount(self) -> None:
-            self.push_screen(DiagnoseScreen(session.session_id, home))
-
     async def scenario() -> None:
-        app = Host()
+        app = screen_host(lambda: DiagnoseScreen(session.session_id, home))
         async with app.run_test(size=(140, 50)) as pilot:
             screen = app.screen
             assert isinstance(screen, DiagnoseScreen)

@@ -19,6 +19,7 @@ from sessions.hints import KnownCausesError, implications, parse_causes
 from sessions.history import StartRecord, changes_since, last_good, load_history, record_start
 from sessions.start_facts import Change, Implication, diff, mark, parse_flags
 from tests._hang_support import wait_for_state
+from tests._tui_support import screen_host
 
 HF_TOKEN = "hf_Zq8mWv3LxT9pKd2RbN7cYs4FgH6jJa1E"
 
@@ -211,17 +212,12 @@ def test_a_stall_after_swapping_the_attention_backend_and_adding_nccl_names_both
     # The diagnosis screen shows the same changes at its top, the implicated ones first.
     import asyncio
 
-    from textual.app import App
     from textual.widgets import Static
 
     from app.screens.diagnose import DiagnoseScreen
 
-    class Host(App):
-        def on_mount(self) -> None:
-            self.push_screen(DiagnoseScreen(bad.session_id, home, with_stacks=False))
-
     async def scenario() -> None:
-        app = Host()
+        app = screen_host(lambda: DiagnoseScreen(bad.session_id, home, with_stacks=False))
         async with app.run_test(size=(160, 50)) as pilot:
             screen = app.screen
             await app.workers.wait_for_complete()
