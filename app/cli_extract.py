@@ -136,16 +136,9 @@ def job_action(args: argparse.Namespace, act: Callable[[str], Any], said: str) -
 
 
 def _run(args: argparse.Namespace) -> int:
-    from sessions.extraction.job import run_job
-    from sessions.regeneration.job import run_regen_job
-    from sessions.regeneration.spec import is_regeneration_spec_file
+    from sessions.regeneration.job import run_any_job
 
-    def start(spec_path: str) -> str:  # a spec with mode = "regenerate" starts a regeneration job, as `regenerate run` does
-        if is_regeneration_spec_file(spec_path):
-            return run_regen_job(spec_path)
-        return run_job(spec_path, allow_partial=args.allow_partial)
-
-    return start_job(start, args.spec, "extract")
+    return start_job(lambda spec_path: run_any_job(spec_path, allow_partial=args.allow_partial), args.spec, "extract")
 
 
 def _format_bytes(n: float) -> str:

@@ -330,14 +330,9 @@ def _save_stall_reports(sessions, statuses) -> None:
     for session, status in zip(sessions, statuses):
         if status.state != "stalled":
             continue
-        # imported only for a stall: the diagnosis package is a third of a plain status's start-up
-        from sessions.diagnosis import save_stall_report
-
-        try:
-            path = save_stall_report(session, status)
-        except OSError as exc:
-            print(f"{session.session_id}: stall report not saved: {exc.strerror or exc}", file=sys.stderr)
-            continue
+        # `_save_stall_report` imports the diagnosis package only for a stall: it is a third of a plain
+        # status's start-up
+        path = _save_stall_report(session, status)
         if path is not None:
             print(f"{session.session_id} stalled: diagnosis saved to {path}", file=sys.stderr)
 

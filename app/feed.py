@@ -21,7 +21,7 @@ from sessions.gpus import GpuSnapshot, GpuSource
 from sessions.logs import LogFile, LogFilter, LogLine, shown
 from sessions.profiles import ProfileError, list_profiles, load_profile
 from sessions.redaction import Redactor
-from sessions.server import ServerSession, SessionStatus, list_sessions
+from sessions.server import FINAL_STATES, ServerSession, SessionStatus, list_sessions
 from sessions.snapshots import LogChunk, ProfileEntry, SessionEntry
 from widgets.state_line import rank_label
 
@@ -30,8 +30,6 @@ if TYPE_CHECKING:
 
 # The poll hands at most this many new lines to the screen; a filter still sees every new line.
 TAIL_LINES = 400
-# Status of ended sessions does not change: read it once.  Live ones are read every poll.
-_FINAL_STATES = ("crashed", "exited", "stopped")
 # A ready server's /ready is asked again after this long (every poll while it starts).
 HTTP_RECHECK_S = 5.0
 # The sessions folder is listed again when it changes, else this often: a listing reads every state.json
@@ -236,12 +234,12 @@ class DashboardFeed:
                 continue
             status = self._with_http(status, probed=probe)
             statuses[session.session_id] = status
-            if status.state in _FINAL_STATES and not status.alive and stamp is not None:
+            if status.state in FINAL_STATES and not status.alive and stamp is not None:
                 # An ended session changes only through its state.json (a stop records itself there,
                 # also one that lands while this poll ran): keyed by that file's mtime, never stale.
                 with self._lock:
                     self._final[session.session_id] = (stamp, status)
-        ended = [s for s in statuses.values() if s.state in _FINAL_STATES]
+        ended = [s for s in statuses.values() if s.state in FINAL_STATES]
         ended.sort(key=lambda s: s.started_at or 0.0, reverse=True)
         for old in ended[MAX_ENDED_SESSIONS:]:
             statuses.pop(old.session_id, None)

@@ -336,14 +336,13 @@ def write_crash_file(home: Home, error: BaseException) -> Path | None:
     return path
 
 
-ENDED_STATES = ("exited", "stopped", "crashed")
-
-
 def exit_message(app: Eagle3App) -> str | None:
     """What the terminal shows after the TUI closed: the servers that keep running, and the crash file."""
+    from sessions.server import FINAL_STATES
+
     lines = []
     snapshot = app.dashboard.last_snapshot if app.dashboard is not None else None
-    live = [s for s in (snapshot.sessions if snapshot is not None else ()) if s.state not in ENDED_STATES]
+    live = [s for s in (snapshot.sessions if snapshot is not None else ()) if s.state not in FINAL_STATES]
     if live:
         names = ", ".join(f"{s.session_id} ({s.profile}{f' :{s.port}' if s.port else ''})" for s in live)
         lines.append(

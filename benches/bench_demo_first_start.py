@@ -13,15 +13,14 @@ from __future__ import annotations
 
 import argparse
 import os
-import pty
-import select
 import shutil
-import signal
 import statistics
 import sys
 import tempfile
-import time
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_tui import TuiInPty
 
 ALT_SCREEN = b"\x1b[?1049h"
 
@@ -32,32 +31,19 @@ def one_round(code: Path, timeout_s: float = 300.0) -> tuple[float, float, str]:
     env = dict(os.environ, EAGLE3_TUI_HOME=str(home / "never-opened"), PYTHONPATH=str(code),
                TERM="xterm-256color")
     env.pop("EAGLE3_TUI_DEMO", None)
-    started = time.monotonic()
-    pid, fd = pty.fork()
-    if pid == 0:
-        os.chdir(code)
-        os.execvpe(sys.executable, [sys.executable, "-m", "app", "--demo"], env)
-    seen = b""
-    first_byte = None
+    tui = TuiInPty(env, 120, 40, argv=[sys.executable, "-m", "app", "--demo"], cwd=code)
     try:
-        while ALT_SCREEN not in seen:
-            ready, _, _ = select.select([fd], [], [], max(0.0, started + timeout_s - time.monotonic()))
-            if not ready:
-                raise SystemExit(f"no first frame within {timeout_s:.0f} s")
-            chunk = os.read(fd, 65536)
-            if not chunk:
-                raise SystemExit(f"the TUI ended before its first frame: {seen!r}")
-            if first_byte is None:
-                first_byte = time.monotonic() - started
-            seen += chunk
-        frame = time.monotonic() - started
+        started = tui.start(watch=(ALT_SCREEN,))
+        frame_at = tui.wait_marker(ALT_SCREEN, timeout_s)
+        seen = bytes(tui.output)
+        if frame_at is None:
+            raise SystemExit(f"no first frame within {timeout_s:.0f} s (or the TUI ended first): {seen[-2000:]!r}")
     finally:
-        os.kill(pid, signal.SIGTERM)
-        os.waitpid(pid, 0)
-        os.close(fd)
+        tui.quit()
         shutil.rmtree(home, ignore_errors=True)
-    assert first_byte is not None
-    return first_byte, frame, seen.split(ALT_SCREEN)[0].decode(errors="replace").strip()
+    assert tui.first_output_at is not None  # the frame is output
+    shown = seen.split(ALT_SCREEN)[0].decode(errors="replace").strip()
+    return tui.first_output_at - started, frame_at - started, shown
 
 
 def main() -> int:

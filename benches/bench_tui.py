@@ -120,9 +120,11 @@ class LogWriter(threading.Thread):
 class TuiInPty:
     """`eagle3-tui` in a pseudo-terminal of a given size; its output is drained in a thread."""
 
-    def __init__(self, env: dict[str, str], columns: int, rows: int, argv: list[str] | None = None) -> None:
+    def __init__(self, env: dict[str, str], columns: int, rows: int, argv: list[str] | None = None,
+                 cwd: Path = REPO_ROOT) -> None:
         self.argv = argv or [sys.executable, "-m", "app"]
         self.env = env
+        self.cwd = cwd  # `python -m app` imports the app of its working folder first
         self.columns, self.rows = columns, rows
         self.output = bytearray()
         self.first_output_at: float | None = None
@@ -135,7 +137,7 @@ class TuiInPty:
         self.started_at = time.monotonic()
         pid, fd = pty.fork()
         if pid == 0:  # the child: the TUI
-            os.chdir(str(REPO_ROOT))
+            os.chdir(str(self.cwd))
             os.execve(self.argv[0], self.argv, self.env)
         self.pid, self.fd = pid, fd
         fcntl.ioctl(fd, termios.TIOCSWINSZ, struct.pack("HHHH", self.rows, self.columns, 0, 0))
@@ -175,11 +177,16 @@ class TuiInPty:
         return done != 0
 
     def wait_marker(self, marker: bytes, timeout_s: float) -> float | None:
+        """When ``marker`` (one of ``watch``) was first seen; None after ``timeout_s`` or once the TUI ended
+        without it."""
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             with self._lock:
                 if marker in self.marker_at:
                     return self.marker_at[marker]
+            if not self._reader.is_alive():  # the TUI ended (its terminal closed): nothing more comes
+                with self._lock:
+                    return self.marker_at.get(marker)
             time.sleep(0.01)
         return None
 

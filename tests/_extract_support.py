@@ -252,6 +252,35 @@ def wait_for(condition, what: str, limit_s: float = 120.0, interval_s: float = 0
         time.sleep(interval_s)
 
 
+JOB_ENDS = ("done", "failed", "cancelled")
+
+
+def start_job(spec: Path, env: dict[str, str], command: str = "extract") -> str:
+    """`eagle3-tui <command> run SPEC` (extract or regenerate): the new job's id, the only thing on stdout."""
+    result = run_cli([command, "run", str(spec)], env)
+    assert result.returncode == 0, result.stderr
+    job_id = result.stdout.strip()
+    assert job_id and "\n" not in job_id  # only the job id on stdout
+    return job_id
+
+
+def wait_state(job_id: str, home, states: tuple[str, ...] = JOB_ENDS, limit_s: float = 240):
+    """The job's progress once its state is one of ``states`` (default: it ended)."""
+    from sessions.extraction.job import job_status
+
+    return wait_for(lambda: (p := job_status(job_id, home)).state in states and p, f"job {job_id} in {states}",
+                    limit_s)
+
+
+def run_job_to_end(spec: Path, env: dict[str, str], home, command: str = "extract", limit_s: float = 240):
+    """`<command> run SPEC` until the job ends: its last progress (the job is stopped either way)."""
+    job_id = start_job(spec, env, command)
+    try:
+        return wait_state(job_id, home, limit_s=limit_s)
+    finally:
+        stop_job(job_id, home)
+
+
 def stop_job(job_id: str, home) -> None:
     """Teardown: cancel the job (SIGTERM, then SIGKILL of its pid after the grace)."""
     from sessions.extraction.job import JobError, cancel_job

@@ -18,6 +18,7 @@ import subprocess
 import threading
 import time
 from collections.abc import Callable
+from typing import Any
 
 import psutil
 
@@ -25,6 +26,26 @@ from sessions.stacks import StackDump, dump_stacks
 
 PARK_LIMIT_S = 90.0  # stops a hung test only; nothing asserts on time
 ANSWER_LIMIT_S = 120.0  # a hang guard, not a timing: a read that waits on a FIFO waits forever
+
+
+SETTLE_LIMIT_S = 90.0  # a start that has not settled by then is a broken test setup, not a slow machine
+
+
+def wait_for_state(session: Any, wanted: set[str], phase: str | None = None,
+                   guard_s: float = SETTLE_LIMIT_S) -> Any:
+    """Poll ``session.status()`` until it is in one of ``wanted`` (in ``phase``, when given) or has ended
+    (crashed, exited, stopped: the caller's assertion on the state says which); the status.  The guard only
+    stops a start that never settles, and the failure shows the log's tail."""
+    deadline = time.monotonic() + guard_s
+    while True:
+        status = session.status()
+        settled = status.state in wanted and (phase is None or status.phase == phase)
+        if settled or status.state in ("crashed", "exited", "stopped"):
+            return status
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{session.session_id} never reached {wanted} in {phase}: {status.state} in "
+                                 f"{status.phase}; log tail: {session.log_path.read_text()[-2000:]}")
+        time.sleep(0.2)
 
 
 def answered(call: Callable[[], object]) -> object:

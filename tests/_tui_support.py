@@ -142,6 +142,17 @@ def assert_snapshot(name: str, text: str) -> None:
         raise AssertionError(f"screen differs from {path} (actual written to {actual}):\n{text}")
 
 
+def screen_host(make_screen: Callable[[], Any]) -> Any:
+    """A bare Textual app that opens on ``make_screen()``: one screen tested without the dashboard."""
+    from textual.app import App
+
+    class ScreenHost(App):
+        def on_mount(self) -> None:
+            self.push_screen(make_screen())
+
+    return ScreenHost()
+
+
 def run(scenario: Callable[[], Awaitable[None]]) -> None:
     asyncio.run(scenario())
 

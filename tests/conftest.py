@@ -15,6 +15,8 @@
   or carrying the session's env id.
   Use ``launched.launch(profile)``, ``launched.track(session_id)`` for sessions a CLI subprocess started,
   and ``launched.remember(session)`` after the ranks are up.
+* ``tp4_holding_gpus_0_to_3`` - a launched TP4 emulator session (hung after its weights) whose ranks hold
+  emulated memory on GPUs 0-3, for launches that must meet GPUs in use.
 """
 from __future__ import annotations
 
@@ -196,6 +198,23 @@ def launched(home):
         yield registry
     finally:
         registry.cleanup()
+
+
+@pytest.fixture
+def tp4_holding_gpus_0_to_3(launched, make_emulator_profile, home):
+    """A TP4 emulator session whose ranks publish emulated memory on GPUs 0-3 (the demo's GPUs)."""
+    session = launched.launch(make_emulator_profile("holder", tp=4, fault="hang-after-weights",
+                                                    watch={"stall_after_s": 600}))
+    from sessions.gpus import EmulatedSource
+    from tests._extract_support import wait_for
+
+    def held() -> bool:
+        snap = EmulatedSource(home).snapshot()
+        return sum(1 for s in snap.samples if s.index < 4 and s.processes) == 4
+
+    wait_for(held, "emulated memory on GPUs 0-3", 90, interval_s=0.1)
+    launched.remember(session)
+    return session
 
 
 @pytest.fixture

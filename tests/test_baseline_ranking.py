@@ -13,7 +13,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,23 +27,12 @@ from sessions.hints import load_causes
 from sessions.history import record_start
 from sessions.phases import StartupTracker
 from sessions.server.status import last_output_offset
-from tests._tui_support import screen_text, wait_until
+from tests._hang_support import wait_for_state
+from tests._tui_support import screen_host, screen_text, wait_until
 
-GUARD_S = 90.0  # a start that has not settled by then is a broken setup, not a slow machine
 ALL_REDUCE_HINT = "all-ranks-in-collective"
 BACKEND_HINT = "attention-backend-hang-after-weights"
 PORT_ADVICE = "port-closed-until-graphs-done"
-
-
-def _wait(session, wanted: set[str], phase: str | None = None):
-    deadline = time.monotonic() + GUARD_S
-    while True:
-        status = session.status()
-        if (status.state in wanted and (phase is None or status.phase == phase)) or status.state in (
-                "crashed", "exited", "stopped"):
-            return status
-        assert time.monotonic() < deadline, f"{status.state} in {status.phase}: {session.log_path.read_text()[-1500:]}"
-        time.sleep(0.2)
 
 
 @dataclass(frozen=True)
@@ -90,11 +78,11 @@ def seeded(tmp_path_factory) -> Iterator[Seeded]:
         registry = LaunchedSessions(home)
         try:
             good = registry.launch(profile("kimi-good", "none", 300))
-            assert _wait(good, {"ready"}).state == "ready"
+            assert wait_for_state(good, {"ready"}).state == "ready"
             ready_diagnosis = diagnose(good, with_stacks=False)
             good.stop(grace_s=5)
             hang = registry.launch(profile("kimi-hang", "hang-after-weights", 3))
-            status = _wait(hang, {"stalled"}, "weights_loaded")
+            status = wait_for_state(hang, {"stalled"}, "weights_loaded")
             registry.remember(hang)
             assert status.state == "stalled", status.to_json()
             env = dict(os.environ)
@@ -306,18 +294,12 @@ def test_an_idle_ready_server_is_not_called_silent(seeded):
 
 @pytest.mark.timeout(240)
 def test_the_diagnosis_screen_at_80x24_shows_the_top_hint_first_and_picks_a_baseline(seeded):
-    from textual.app import App
-
     from app.screens.diagnose import BaselinePicker, DiagnoseScreen
 
     hang, home = seeded.hang, seeded.home
 
-    class Host(App):
-        def on_mount(self) -> None:
-            self.push_screen(DiagnoseScreen(hang.session_id, home))
-
     async def scenario() -> None:
-        app = Host()
+        app = screen_host(lambda: DiagnoseScreen(hang.session_id, home))
         async with app.run_test(size=(80, 24)) as pilot:
             screen = app.screen
             assert isinstance(screen, DiagnoseScreen)
@@ -358,7 +340,7 @@ def test_the_dashboard_saves_the_report_of_a_stall_it_sees_once(make_emulator_pr
 
     session = launched.launch(make_emulator_profile("hang", tp=2, fault="hang-after-weights",
                                                     watch={"stall_after_s": 3}))
-    assert _wait(session, {"stalled"}, "weights_loaded").state == "stalled"
+    assert wait_for_state(session, {"stalled"}, "weights_loaded").state == "stalled"
     launched.remember(session)
 
     def reports() -> list[Path]:

@@ -14,11 +14,10 @@ from pathlib import Path
 
 import pytest
 import torch
-from _extract_support import run_cli, stop_job, wait_for, write_spec
+from _extract_support import run_cli, run_job_to_end, wait_for, write_spec
 
 from sessions.demo import TINY_MODEL_SHAPE, demo_conversation_plans, demo_dataset_text
 from sessions.demo_answers import ANSWERS_FILE, answer_key, generate_answers, load_book, model_fingerprint
-from sessions.extraction.job import job_status
 from sessions.extraction.output import ManifestEntry, OutputDir
 from sessions.extraction.verify import verify_output
 
@@ -91,13 +90,7 @@ def test_the_demo_jobs_output_passes_the_lm_head_check_and_planted_wrong_final_s
     out = tmp_path / "out"
     spec = write_spec(tmp_path / "job.toml", name="demo", session=session.session_id, dataset=dataset,
                       output_dir=out, num_samples=30, concurrency=4)
-    started = run_cli(["extract", "run", str(spec)], cli_env)
-    assert started.returncode == 0, started.stderr
-    job_id = started.stdout.strip()
-    try:
-        done = wait_for(lambda: (p := job_status(job_id, home)).state in ("done", "failed") and p, "the job ends", 300)
-    finally:
-        stop_job(job_id, home)
+    done = run_job_to_end(spec, cli_env, home, limit_s=300)
     assert done.state == "done" and done.ok == 29, done.reason
 
     verified = run_cli(["extract", "verify", str(out), "--lm-head-check"], cli_env)

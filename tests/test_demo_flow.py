@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 import tomli_w
 from _extract_support import assert_specforge_reads, run_cli, stop_job
-from _tui_support import first_poll, run, screen_text, wait_until
+from _tui_support import first_poll, run, screen_host, screen_text, wait_until
 
 from app.screens.jobs import JobRow, JobsScreen, SpecPathModal
 from sessions.demo import (
@@ -142,7 +142,6 @@ def test_without_torch_the_capture_demo_is_skipped_with_a_note_and_made_once_tor
 
 
 def test_the_new_job_prompt_lists_known_specs_outside_the_demo_and_starts_empty(home) -> None:
-    from textual.app import App
     from textual.widgets import Input, Static
 
     jobs_dir = home.config_root / "jobs"
@@ -150,12 +149,8 @@ def test_the_new_job_prompt_lists_known_specs_outside_the_demo_and_starts_empty(
     for name in ("alpha", "beta"):
         (jobs_dir / f"{name}.toml").write_text(tomli_w.dumps({"job": {"name": name}}))
 
-    class _JobsApp(App):
-        def on_mount(self) -> None:
-            self.push_screen(JobsScreen(home))
-
     async def scenario() -> None:
-        app = _JobsApp()
+        app = screen_host(lambda: JobsScreen(home))
         async with app.run_test(size=(120, 30)) as pilot:
             await pilot.press("n")
             modal = await wait_until(pilot, lambda: isinstance(app.screen, SpecPathModal) and app.screen,

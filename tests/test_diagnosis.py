@@ -24,6 +24,8 @@ import pytest
 
 from sessions.diagnosis import diagnose, format_report, write_bundle
 from sessions.history import last_good
+from tests._hang_support import wait_for_state
+from tests._tui_support import screen_host
 
 HF_TOKEN = "hf_Zq8mWv3LxT9pKd2RbN7cYs4FgH6jJa1E"
 API_KEY = "mykey-7f3e9a1c5b2d8e4f6a0b"
@@ -33,20 +35,6 @@ CONTRACT_FIELDS = {"state", "phase", "silent_for_s", "last_lines", "port_listeni
 PROCESS_FIELDS = {"pid", "title", "rank", "status", "cpu_percent", "rss_bytes", "num_threads", "children",
                   "stack"}
 GUARD_S = 60.0  # a start that has not settled by then is a broken test setup, not a slow machine
-
-
-def wait_for_state(session, wanted: set[str], phase: str | None = None, guard_s: float = GUARD_S):
-    """Poll until the session is in one of ``wanted`` (in ``phase``, when given) or has ended."""
-    deadline = time.monotonic() + guard_s
-    while True:
-        status = session.status()
-        settled = status.state in wanted and (phase is None or status.phase == phase)
-        if settled or status.state in ("crashed", "exited", "stopped"):
-            return status
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{session.session_id} never reached {wanted} in {phase}: {status.state} in "
-                                 f"{status.phase}; log tail: {session.log_path.read_text()[-2000:]}")
-        time.sleep(0.2)
 
 
 FAULT_PHASE = {"hang-after-weights": "weights_loaded", "rank-missing": "weights_loaded",
@@ -181,7 +169,7 @@ def test_bundle_holds_everything_and_no_secret_from_the_profile_env(hung, tmp_pa
         if hasattr(tarfile, "data_filter"):
             tar.extractall(out, filter="data")
         else:
-            tar.extractall(out)  # noqa: S202 - our own bundle, just written by the test
+            tar.extractall(out)
     names = {str(p.relative_to(out)).split("/", 1)[1] for p in out.rglob("*") if p.is_file()}
     assert {"diagnosis.json", "report.txt", "server.log.tail", "profile.toml", "env.txt",
             "command.json"} <= names
@@ -330,19 +318,14 @@ def test_cli_prints_the_json_contract_and_names_the_bundle(hung, tmp_path):
 def test_diagnose_screen_shows_stacks_and_saves_a_bundle(hung):
     import asyncio
 
-    from textual.app import App
     from textual.widgets import DataTable
 
     from app.screens.diagnose import DiagnoseScreen
 
     session, home = hung.session, hung.home
 
-    class Host(App):
-        def on_mount(self) -> None:
-            self.push_screen(DiagnoseScreen(session.session_id, home))
-
     async def scenario() -> None:
-        app = Host()
+        app = screen_host(lambda: DiagnoseScreen(session.session_id, home))
         async with app.run_test(size=(140, 50)) as pilot:
             screen = app.screen
             assert isinstance(screen, DiagnoseScreen)

@@ -17,8 +17,10 @@ from _extract_support import (
     assert_specforge_reads,
     chat_rows,
     run_cli,
+    start_job,
     stop_job,
     wait_for,
+    wait_state,
     write_dataset,
     write_spec,
 )
@@ -67,19 +69,6 @@ def job_spec(tmp_path: Path, session, rows: int, bad: dict[int, bytes] | None = 
     dataset = write_dataset(tmp_path / "data.jsonl", chat_rows(rows), bad=bad)
     return write_spec(tmp_path / "job.toml", name="t", session=session.session_id, dataset=dataset,
                       output_dir=tmp_path / "out", **keys)
-
-
-def start_job(spec: Path, cli_env: dict) -> str:
-    result = run_cli(["extract", "run", str(spec)], cli_env)
-    assert result.returncode == 0, result.stderr
-    job_id = result.stdout.strip()
-    assert job_id and "\n" not in job_id  # only the job id on stdout
-    return job_id
-
-
-def wait_state(job_id: str, home, states: tuple[str, ...], limit_s: float = 240):
-    return wait_for(lambda: (p := job_status(job_id, home)).state in states and p, f"job {job_id} in {states}",
-                    limit_s)
 
 
 def expected_indices(rows: int, bad: dict[int, bytes]) -> set[int]:

@@ -17,13 +17,12 @@ from pathlib import Path
 
 import pytest
 from _extract_support import chat_rows, run_cli, stop_job, wait_for, write_dataset, write_spec
-from textual.app import App
 
 from app.screens.jobs import JobRow, JobsScreen
 from sessions.extraction.job import JobError, cancel_job, create_job, job_status, spawn
 from sessions.extraction.progress import read_progress
 from sessions.extraction.runner import JobRun
-from tests._tui_support import run, wait_until
+from tests._tui_support import run, screen_host, wait_until
 from widgets.confirm_modal import ConfirmModal
 
 
@@ -61,12 +60,8 @@ def test_cancel_on_a_done_job_says_it_is_done_and_leaves_it_done(home, cli_env) 
 def test_the_jobs_screen_does_not_offer_to_cancel_a_done_job(home) -> None:
     _job(home, "job-done", "done")
 
-    class _JobsApp(App):
-        def on_mount(self) -> None:
-            self.push_screen(JobsScreen(home))
-
     async def scenario() -> None:
-        app = _JobsApp()
+        app = screen_host(lambda: JobsScreen(home))
         async with app.run_test(size=(120, 30)) as pilot:
             await wait_until(pilot, lambda: list(app.screen.query(JobRow)), "the done job listed")
             await pilot.press("c")

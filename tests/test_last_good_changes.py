@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import time
 
 import pytest
 
@@ -19,9 +18,10 @@ from sessions.diagnosis import diagnose, format_report
 from sessions.hints import KnownCausesError, implications, parse_causes
 from sessions.history import StartRecord, changes_since, last_good, load_history, record_start
 from sessions.start_facts import Change, Implication, diff, mark, parse_flags
+from tests._hang_support import wait_for_state
+from tests._tui_support import screen_host
 
 HF_TOKEN = "hf_Zq8mWv3LxT9pKd2RbN7cYs4FgH6jJa1E"
-GUARD_S = 60.0
 
 
 def _facts(argv: list[str], env: dict[str, str] | None = None, **extra) -> dict:
@@ -162,22 +162,12 @@ def test_start_facts_hide_every_catalogued_secret_but_never_the_launch_dir(make_
     kept = json.dumps([r.to_json() for r in load_history(home, "pwd")]) + text
     assert "/srv/launch-a" in kept and not any(v in kept for v in secrets.values())
 
-def _wait(session, wanted: set[str], phase: str | None = None):
-    deadline = time.monotonic() + GUARD_S
-    while True:
-        status = session.status()
-        if (status.state in wanted and (phase is None or status.phase == phase)) or status.state in (
-                "crashed", "exited", "stopped"):
-            return status
-        assert time.monotonic() < deadline, f"{status.state} in {status.phase}: {session.log_path.read_text()[-1500:]}"
-        time.sleep(0.2)
-
 
 def test_a_stall_after_swapping_the_attention_backend_and_adding_nccl_names_both(
         make_emulator_profile, launched, home, cli_env):
     good = launched.launch(make_emulator_profile("kimi", tp=2, server={"attention_backend": "triton"},
                                                  env={"NCCL_ALGO": "Ring", "HF_TOKEN": HF_TOKEN}))
-    assert _wait(good, {"ready"}).state == "ready"
+    assert wait_for_state(good, {"ready"}).state == "ready"
     good.stop(grace_s=5)
     baseline = last_good(home, "kimi")
     assert baseline is not None and baseline.session_id == good.session_id and baseline.facts
@@ -187,7 +177,7 @@ def test_a_stall_after_swapping_the_attention_backend_and_adding_nccl_names_both
         server={"attention_backend": "flashinfer"},
         env={"NCCL_ALGO": "Ring", "NCCL_P2P_DISABLE": "1", "HF_TOKEN": HF_TOKEN})
     bad = launched.launch(bad_profile)
-    status = _wait(bad, {"stalled"}, "weights_loaded")
+    status = wait_for_state(bad, {"stalled"}, "weights_loaded")
     assert status.state == "stalled", status.to_json()
 
     d = diagnose(bad, with_stacks=True)
@@ -222,17 +212,12 @@ def test_a_stall_after_swapping_the_attention_backend_and_adding_nccl_names_both
     # The diagnosis screen shows the same changes at its top, the implicated ones first.
     import asyncio
 
-    from textual.app import App
     from textual.widgets import Static
 
     from app.screens.diagnose import DiagnoseScreen
 
-    class Host(App):
-        def on_mount(self) -> None:
-            self.push_screen(DiagnoseScreen(bad.session_id, home, with_stacks=False))
-
     async def scenario() -> None:
-        app = Host()
+        app = screen_host(lambda: DiagnoseScreen(bad.session_id, home, with_stacks=False))
         async with app.run_test(size=(160, 50)) as pilot:
             screen = app.screen
             await app.workers.wait_for_complete()

@@ -74,22 +74,6 @@ def test_memory_on_a_gpu_whose_processes_nvml_hides_still_counts(make_emulator_p
     assert "processes NVML does not list" in busy[0].text()
 
 
-@pytest.fixture
-def tp4_holding_gpus_0_to_3(launched, make_emulator_profile, home):
-    """A TP4 emulator session whose ranks publish emulated memory on GPUs 0-3 (the demo's GPUs)."""
-    session = launched.launch(make_emulator_profile("holder", tp=4, fault="hang-after-weights",
-                                                    watch={"stall_after_s": 600}))
-    from sessions.gpus import EmulatedSource
-
-    def held() -> bool:
-        snap = EmulatedSource(home).snapshot()
-        return sum(1 for s in snap.samples if s.index < 4 and s.processes) == 4
-
-    wait_for(held, "emulated memory on GPUs 0-3", 90, interval_s=0.1)
-    launched.remember(session)
-    return session
-
-
 def test_a_launch_onto_gpus_held_by_another_session_is_refused_naming_them(
     tp4_holding_gpus_0_to_3, launched, make_emulator_profile, home, cli_env
 ):

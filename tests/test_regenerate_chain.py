@@ -5,17 +5,10 @@ from __future__ import annotations
 import json
 
 import pytest
-from _extract_support import run_cli, stop_job, wait_for, write_spec
+from _extract_support import run_cli, run_job_to_end, start_job, stop_job, wait_state, write_spec
 from test_extract_job import capture_dir, demo_model, manifest, start_server  # noqa: F401 - fixtures
 
-from sessions.extraction.job import job_status
-
 pytestmark = pytest.mark.slow
-
-
-def finish(job_id: str, home):
-    return wait_for(lambda: (p := job_status(job_id, home)).state in ("done", "failed", "cancelled") and p,
-                    f"job {job_id} ends", 240)
 
 
 def test_an_extraction_job_reads_a_regeneration_jobs_output_with_its_row_ids(
@@ -28,23 +21,15 @@ def test_an_extraction_job_reads_a_regeneration_jobs_output_with_its_row_ids(
     regen_spec = write_spec(tmp_path / "regen.toml", mode="regenerate", name="regen", dataset=dataset,
                             output=tmp_path / "regen" / "data.jsonl", sessions=[session.session_id],
                             temperature=0.0, max_tokens=24, window=2)
-    started = run_cli(["regenerate", "run", str(regen_spec)], cli_env)
-    assert started.returncode == 0, started.stderr
-    regen_id = started.stdout.strip()
+    regen_id = start_job(regen_spec, cli_env, "regenerate")
     extract_spec = write_spec(tmp_path / "extract.toml", name="x", session=session.session_id,
                               dataset=f"job:{regen_id}", output_dir=tmp_path / "out", concurrency=2)
     try:
-        regen = finish(regen_id, home)
+        regen = wait_state(regen_id, home)
     finally:
         stop_job(regen_id, home)
     assert regen.state == "done", regen.reason
-    started = run_cli(["extract", "run", str(extract_spec)], cli_env)
-    assert started.returncode == 0, started.stderr
-    extract_id = started.stdout.strip()
-    try:
-        done = finish(extract_id, home)
-    finally:
-        stop_job(extract_id, home)
+    done = run_job_to_end(extract_spec, cli_env, home)
     assert done.state == "done", done.reason
     assert done.dataset == str(tmp_path / "regen" / "data.jsonl")
     ok = [e for e in manifest(tmp_path / "out") if e["status"] == "ok"]

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import openai
 import pytest
-from _extract_support import run_cli, stop_job, wait_for, write_spec
+from _extract_support import run_cli, run_job_to_end, start_job, stop_job, wait_for, wait_state, write_spec
 from test_emulator import Emulator, models  # noqa: F401 - models is a fixture
 
 from sessions.extraction.job import job_status
@@ -53,26 +53,6 @@ def spec_for(tmp_path: Path, server: Emulator, dataset: Path, name: str = "r", *
                       output=tmp_path / name / "regen.jsonl", servers=[server.url("")], **keys)
 
 
-def start(spec: Path, cli_env: dict) -> str:
-    result = run_cli(["regenerate", "run", str(spec)], cli_env)
-    assert result.returncode == 0, result.stderr
-    return result.stdout.strip()
-
-
-def finish(job_id: str, home) -> object:
-    return wait_for(lambda: (p := job_status(job_id, home)).state in ("done", "failed", "cancelled") and p,
-                    f"job {job_id} ends", 240)
-
-
-def run_to_end(spec: Path, cli_env: dict, home) -> object:
-    """`regenerate run` of ``spec`` until the job ends; its last progress (the job is stopped either way)."""
-    job_id = start(spec, cli_env)
-    try:
-        return finish(job_id, home)
-    finally:
-        stop_job(job_id, home)
-
-
 def rows_of(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
 
@@ -80,7 +60,7 @@ def rows_of(path: Path) -> list[dict]:
 def test_each_answer_is_the_servers_reply_to_the_history_with_the_earlier_regenerated_answers(
         home, cli_env, server, tmp_path) -> None:
     dataset = write_lines(tmp_path / "data.jsonl", two_turn_rows(3))
-    done = run_to_end(spec_for(tmp_path, server, dataset), cli_env, home)
+    done = run_job_to_end(spec_for(tmp_path, server, dataset), cli_env, home, "regenerate")
     assert done.state == "done", done.reason
     client = openai.OpenAI(base_url=server.url("/v1"), api_key="None", max_retries=0)
     out = rows_of(tmp_path / "r" / "regen.jsonl")
@@ -109,7 +89,7 @@ def test_the_three_files_account_for_every_input_row_and_pass_specforges_validat
         {"id": "too-long", "conversations": [{"role": "user", "content": "word " * 5000}]},  # refused: 400
     ]
     dataset = write_lines(tmp_path / "data.jsonl", rows)
-    done = run_to_end(spec_for(tmp_path, server, dataset), cli_env, home)
+    done = run_job_to_end(spec_for(tmp_path, server, dataset), cli_env, home, "regenerate")
     assert done.state == "done", done.reason
     base = tmp_path / "r"
     success, error, skipped = (rows_of(base / f"regen{s}.jsonl") for s in ("", "_error", "_skipped"))
@@ -137,10 +117,10 @@ def test_kill_9_at_any_point_then_resume_writes_each_row_exactly_once_and_keeps_
         home, cli_env, server, tmp_path) -> None:
     count = 16
     dataset = write_lines(tmp_path / "data.jsonl", two_turn_rows(count))
-    assert run_to_end(spec_for(tmp_path, server, dataset, name="ref"), cli_env, home).state == "done"
+    assert run_job_to_end(spec_for(tmp_path, server, dataset, name="ref"), cli_env, home, "regenerate").state == "done"
     reference = {r["id"]: r for r in rows_of(tmp_path / "ref" / "regen.jsonl")}
     out = tmp_path / "r" / "regen.jsonl"
-    job_id = start(spec_for(tmp_path, server, dataset), cli_env)
+    job_id = start_job(spec_for(tmp_path, server, dataset), cli_env, "regenerate")
     written_before: list[bytes] = []
     try:
         for threshold in (1, 6):  # killed twice, each time with conversations in flight
@@ -154,7 +134,7 @@ def test_kill_9_at_any_point_then_resume_writes_each_row_exactly_once_and_keeps_
             written_before.append(kept)
             resumed = run_cli(["regenerate", "resume", job_id], cli_env)
             assert resumed.returncode == 0, resumed.stderr
-        done = finish(job_id, home)
+        done = wait_state(job_id, home)
     finally:
         stop_job(job_id, home)
     assert done.state == "done", done.reason
@@ -173,9 +153,9 @@ def test_kill_9_at_any_point_then_resume_writes_each_row_exactly_once_and_keeps_
 
 def test_resume_drops_a_torn_last_line_and_redoes_that_row(home, cli_env, server, tmp_path) -> None:
     dataset = write_lines(tmp_path / "data.jsonl", two_turn_rows(3))
-    job_id = start(spec_for(tmp_path, server, dataset), cli_env)
+    job_id = start_job(spec_for(tmp_path, server, dataset), cli_env, "regenerate")
     try:
-        assert finish(job_id, home).state == "done"
+        assert wait_state(job_id, home).state == "done"
         out = tmp_path / "r" / "regen.jsonl"
         lines = out.read_bytes().splitlines(keepends=True)
         out.write_bytes(b"".join(lines[:2]) + lines[2][: len(lines[2]) // 2])  # a write cut by a crash
@@ -183,7 +163,7 @@ def test_resume_drops_a_torn_last_line_and_redoes_that_row(home, cli_env, server
         progress = Path(job_status(job_id, home).job_dir) / "progress.json"
         atomic_write_json(progress, {**json.loads(progress.read_text()), "state": "interrupted"})
         assert run_cli(["regenerate", "resume", job_id], cli_env).returncode == 0
-        done = finish(job_id, home)
+        done = wait_state(job_id, home)
     finally:
         stop_job(job_id, home)
     assert done.state == "done", done.reason
@@ -194,7 +174,7 @@ def test_resume_drops_a_torn_last_line_and_redoes_that_row(home, cli_env, server
 def test_status_json_shows_the_shape_of_the_data(home, cli_env, server, tmp_path) -> None:
     rows = two_turn_rows(4)
     dataset = write_lines(tmp_path / "data.jsonl", rows)
-    job_id = run_to_end(spec_for(tmp_path, server, dataset, max_tokens=4), cli_env, home).job_id
+    job_id = run_job_to_end(spec_for(tmp_path, server, dataset, max_tokens=4), cli_env, home, "regenerate").job_id
     shown = run_cli(["regenerate", "status", job_id, "--json"], cli_env)
     assert shown.returncode == 0, shown.stderr
     status = json.loads(shown.stdout)
@@ -235,7 +215,7 @@ def test_rows_are_shared_over_several_servers_with_a_line_each_and_a_dead_one_le
         spec = write_spec(tmp_path / "multi.toml", mode="regenerate", name="multi", dataset=dataset,
                           output=tmp_path / "multi" / "regen.jsonl", window=2, max_tokens=8,
                           servers=[emus[0].url(""), emus[1].url(""), dead])
-        done = run_to_end(spec, cli_env, home)
+        done = run_job_to_end(spec, cli_env, home, "regenerate")
     finally:
         for emu in emus:
             emu.kill()

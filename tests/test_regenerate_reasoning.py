@@ -7,10 +7,8 @@ import json
 
 import openai
 import pytest
-from _extract_support import run_cli, stop_job, wait_for, write_spec
+from _extract_support import run_job_to_end, write_spec
 from test_emulator_openai import demo_model, server  # noqa: F401 - fixtures
-
-from sessions.extraction.job import job_status
 
 pytestmark = pytest.mark.slow
 
@@ -24,13 +22,7 @@ def test_reasoning_disable_reaches_the_chat_template(home, cli_env, server, tmp_
     spec = write_spec(tmp_path / "r.toml", mode="regenerate", name="r", dataset=dataset,
                       output=tmp_path / "o" / "r.jsonl", servers=[server.url("")], max_tokens=12,
                       temperature=0.0, reasoning=reasoning)
-    started = run_cli(["regenerate", "run", str(spec)], cli_env)
-    assert started.returncode == 0, started.stderr
-    job_id = started.stdout.strip()
-    try:
-        done = wait_for(lambda: (p := job_status(job_id, home)).state in ("done", "failed") and p, "job ends", 240)
-    finally:
-        stop_job(job_id, home)
+    done = run_job_to_end(spec, cli_env, home, "regenerate")
     assert done.state == "done", done.reason
     row = json.loads((tmp_path / "o" / "r.jsonl").read_text())
     client = openai.OpenAI(base_url=server.url("/v1"), api_key="None", max_retries=0)

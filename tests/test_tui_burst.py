@@ -507,18 +507,13 @@ def test_c_then_y_in_one_burst_answers_the_capture_question(home, make_emulator_
     assert load_profile("emu", home).capture.enabled
 
 
-def test_l_then_y_in_one_burst_answers_the_gpus_in_use_question(home, make_emulator_profile, launched):
+def test_l_then_y_in_one_burst_answers_the_gpus_in_use_question(home, make_emulator_profile, launched,
+                                                                tp4_holding_gpus_0_to_3):
     """l on a profile whose GPUs another session holds asks y/N once the launch worker found them: the y
     typed right after l waits for that question and launches anyway (a real second emulator session)."""
-    from _extract_support import wait_for
-
     from widgets.confirm_modal import ChoiceModal, ConfirmModal
 
-    holder = launched.launch(make_emulator_profile("holder", tp=4, fault="hang-after-weights",
-                                                   watch={"stall_after_s": 600}))
-    wait_for(lambda: sum(1 for s in EmulatedSource(home).snapshot().samples if s.index < 4 and s.processes) == 4,
-             "emulated memory on GPUs 0-3", 90, interval_s=0.1)
-    launched.remember(holder)
+    holder = tp4_holding_gpus_0_to_3
     make_emulator_profile("big", tp=8)
     questions: list[str] = []
 

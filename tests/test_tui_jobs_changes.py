@@ -7,20 +7,9 @@ from __future__ import annotations
 import json
 import time
 
-from textual.app import App
-
 from app.screens import jobs as jobs_screen
 from app.screens.jobs import JobRow, JobsScreen
-from tests._tui_support import run, screen_text, wait_until
-
-
-class _JobsApp(App):
-    def __init__(self, home) -> None:
-        super().__init__()
-        self.home = home
-
-    def on_mount(self) -> None:
-        self.push_screen(JobsScreen(self.home))
+from tests._tui_support import run, screen_host, screen_text, wait_until
 
 
 def _write_job(home, job_id: str, started_at: float, state: str = "done", errors: list[str] = ()) -> None:
@@ -49,7 +38,7 @@ def test_jobs_added_and_removed_under_an_open_jobs_screen_update_in_place(home, 
     _write_job(home, "job-a", now - 100, errors=["not JSON", "not JSON", "tokenizer: empty"])
 
     async def scenario() -> None:
-        app = _JobsApp(home)
+        app = screen_host(lambda: JobsScreen(home))
         async with app.run_test(size=(120, 30)) as pilot:
             screen = app.screen
 

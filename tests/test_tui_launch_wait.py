@@ -17,7 +17,6 @@ import time
 from collections.abc import Iterator
 
 import pytest
-from _extract_support import wait_for
 from test_server import run_cli
 from test_tui_ssh import _env, _read_until, _spawn_tui, _wait_exit
 
@@ -103,12 +102,9 @@ def test_the_cli_lock_wait_times_out_naming_the_holder(home, make_emulator_profi
     assert bad.returncode == 2 and "--lock-timeout" in bad.stderr
 
 
-def test_the_gpu_busy_question_offers_stop_the_holder_and_launch(home, make_emulator_profile, launched):
-    holder = launched.launch(make_emulator_profile("holder", tp=4, fault="hang-after-weights",
-                                                   watch={"stall_after_s": 600}))
-    wait_for(lambda: sum(1 for s in EmulatedSource(home).snapshot().samples if s.index < 4 and s.processes) == 4,
-             "emulated memory on GPUs 0-3", 90, interval_s=0.1)
-    launched.remember(holder)
+def test_the_gpu_busy_question_offers_stop_the_holder_and_launch(home, make_emulator_profile, launched,
+                                                                 tp4_holding_gpus_0_to_3):
+    holder = tp4_holding_gpus_0_to_3
     make_emulator_profile("big", tp=8)
     seen: dict[str, object] = {}
 

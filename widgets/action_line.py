@@ -34,13 +34,11 @@ class ActionLine(TextLines):
         self._started = 0.0
         self._frame = 0
         self._timer: Timer | None = None
-        self._ticking = False
 
     def on_mount(self) -> None:
         # The spinner's timer runs only while an action runs: idle, a 5 Hz timer woke the event loop five
         # times a second for nothing, most of the idle TUI's wake-ups (issue 23).
         self._timer = self.set_interval(TICK_S, self._tick, name="action-line", pause=self._title is None)
-        self._ticking = self._title is not None
 
     def start(self, title: str) -> None:
         with self._lock:
@@ -48,13 +46,7 @@ class ActionLine(TextLines):
         self.display = True
         if self._timer is not None:
             self._timer.resume()
-            self._ticking = True
         self._refresh_for_content()
-
-    @property
-    def ticking(self) -> bool:
-        """Whether the spinner's timer runs (only while an action runs, and until its line is hidden)."""
-        return self._ticking
 
     def step(self, text: str) -> None:
         with self._lock:
@@ -77,7 +69,6 @@ class ActionLine(TextLines):
                 self.display = False
             if self._timer is not None:
                 self._timer.pause()
-                self._ticking = False
             return
         self._frame += 1
         self.display = True

@@ -14,12 +14,12 @@ from typing import TYPE_CHECKING, ClassVar
 from rich.text import Text
 from textual.widget import Widget
 
+from sessions.server import FINAL_STATES
 from widgets import units
 
 if TYPE_CHECKING:
     from sessions.capture.toggle import CaptureStatus
 
-_ENDED_STATES = ("stopped", "crashed", "exited")
 
 
 class CapturePanel(Widget):
@@ -95,7 +95,7 @@ class CapturePanel(Widget):
                                style=self._style("warn"))
         lines.append(layers_line)
 
-        ended = self.server_state in _ENDED_STATES
+        ended = self.server_state in FINAL_STATES
         if self.server_layers is not None and ended:
             # The session is over: what it captured, not a capture that still runs.
             past = Text(f"{self.server_state} session captured layers {self.server_layers}", style=self._style("dim"))

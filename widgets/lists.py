@@ -15,6 +15,7 @@ from textual.widgets import OptionList, Select
 from textual.widgets._select import SelectCurrent, SelectOverlay
 from textual.widgets.option_list import Option
 
+from sessions.server import FINAL_STATES
 from sessions.snapshots import ProfileEntry, SessionEntry
 from widgets.state_line import state_glyph
 
@@ -142,15 +143,21 @@ class SessionList(_KeyedList):
         return self._replace((full, entries), options, prefer)
 
     @staticmethod
-    def _full_prompt(entry: SessionEntry) -> Text:
+    def _head(entry: SessionEntry) -> Text:
+        """Both prompts' start: the state (an ended one dimmed, a crash not) and the member's index."""
         glyph, _ = state_glyph(entry.state)
-        ended = entry.state in ("exited", "stopped", "crashed")
+        ended = entry.state in FINAL_STATES
         text = Text(
             no_wrap=True, overflow="ellipsis", style="dim" if ended and entry.state != "crashed" else ""
         )
         text.append(f"{glyph} {entry.state:<8}", style="bold")
         if entry.group_index is not None:  # a member of a group of replicas: listed with its group
             text.append(f" [{entry.group_index}]", style="bold")
+        return text
+
+    @classmethod
+    def _full_prompt(cls, entry: SessionEntry) -> Text:
+        text = cls._head(entry)
         text.append(f" {entry.session_id}")
         if not entry.session_id.startswith(entry.profile):  # the id carries a sanitized profile name
             text.append(f" ({entry.profile})")
@@ -158,16 +165,9 @@ class SessionList(_KeyedList):
             text.append(f" :{entry.port}", style="dim")
         return text
 
-    @staticmethod
-    def _prompt(entry: SessionEntry) -> Text:
-        glyph, _ = state_glyph(entry.state)
-        ended = entry.state in ("exited", "stopped", "crashed")
-        text = Text(
-            no_wrap=True, overflow="ellipsis", style="dim" if ended and entry.state != "crashed" else ""
-        )
-        text.append(f"{glyph} {entry.state:<8}", style="bold")
-        if entry.group_index is not None:
-            text.append(f" [{entry.group_index}]", style="bold")
+    @classmethod
+    def _prompt(cls, entry: SessionEntry) -> Text:
+        text = cls._head(entry)
         text.append(f" {entry.profile}")
         if entry.port:
             text.append(f" :{entry.port}", style="dim")

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from rich.text import Text
 
 from sessions.phases import StartupPhase
+from sessions.server import FINAL_STATES
 from widgets import units
 from widgets.text_lines import TextLines
 
@@ -196,7 +197,7 @@ class PhaseTimeline(TextLines):
                 text.append("  · ")
             missing = sorted(set(range(expected)) - set(ranks))
             label = MARKER_TEXT.get(name, name.replace("_", " "))
-            if name == "capture_active" and status.state in ("stopped", "crashed", "exited"):
+            if name == "capture_active" and status.state in FINAL_STATES:
                 label = f"capture was active until {status.state}:"  # the past: nothing captures now
             text.append(f"{label} {len(set(ranks))}/{expected}")
             if missing:

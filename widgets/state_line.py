@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from rich.text import Text
 
 from sessions.phases import StartupPhase, error_headline
+from sessions.server import FINAL_STATES
 from widgets import units
 from widgets.text_lines import TextLines
 
@@ -27,7 +28,6 @@ STATE_GLYPHS = {
     "exited": ("○", "state--ended"),
     "stopped": ("■", "state--ended"),
 }
-_END_STATES = ("crashed", "exited", "stopped")
 # psutil status -> the letter ps shows
 _STATUS_LETTERS = {
     "running": "R",
@@ -136,7 +136,7 @@ class StateLine(TextLines):
         if status is None:
             return (width, self._updates, None)
         entered = status.phase_entered_at.get(status.phase)
-        if status.state in _END_STATES or not entered:
+        if status.state in FINAL_STATES or not entered:
             shown: object = None  # no clock, or one that stopped at the end
         else:
             now = self.now if self.now is not None else time.time()
@@ -152,8 +152,8 @@ class StateLine(TextLines):
         now = self.now if self.now is not None else time.time()
         glyph, klass = state_glyph(status.state)
         entered = status.phase_entered_at.get(status.phase)
-        ended_at = self._ended_at(status) if status.state in _END_STATES else None
-        if status.state in _END_STATES:
+        ended_at = self._ended_at(status) if status.state in FINAL_STATES else None
+        if status.state in FINAL_STATES:
             # How it ended and when: "after 0:11 ready · stopped 06:10:22" (not "ready for", which reads
             # as if it still were); the time in the last phase counts up to the end, not to now.
             lasted = f" {units.duration(ended_at - entered)}" if entered and ended_at else ""
@@ -170,7 +170,7 @@ class StateLine(TextLines):
         segments = [
             Text.assemble(
                 (f"{glyph} {status.state.upper()}", self.get_component_rich_style(klass)),
-                in_phase if status.state in _END_STATES else f"  {status.phase}{in_phase}",
+                in_phase if status.state in FINAL_STATES else f"  {status.phase}{in_phase}",
             ),
         ]
         if status.alive and status.state != "ready" and status.silent_for_s >= 10:

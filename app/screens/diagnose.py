@@ -327,9 +327,11 @@ class DiagnoseScreen(Screen):
         self.query_one("#compare", Static).update(compare)
         self.query_one("#changes", Static).update(_changes_text(d))
 
-        first = [h for h in d.hints if h.rank in ("changed", "observed", "setting")]
-        demoted = [h for h in d.hints if h.rank == "unchanged"]
-        advice = [h for h in d.hints if h.rank == "generic"]
+        from sessions.diagnosis.ranking import ADVICE_RANKS, DEMOTED_RANKS, EVIDENCE_RANKS
+
+        first = [h for h in d.hints if h.rank in EVIDENCE_RANKS]
+        demoted = [h for h in d.hints if h.rank in DEMOTED_RANKS]
+        advice = [h for h in d.hints if h.rank in ADVICE_RANKS]
         self.query_one("#hints", Static).update(
             _hint_text(first) if first else Text("no hint from this start's evidence", style="dim")
         )

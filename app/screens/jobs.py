@@ -14,7 +14,7 @@ import json
 import time
 from collections import Counter
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from rich.text import Text
 from textual import work
@@ -29,6 +29,9 @@ from textual.widgets import Footer, Input, ListItem, ListView, ProgressBar, Stat
 from sessions import safe_files
 from widgets.confirm_modal import DismissOnce
 from widgets.inputs import InOrderInput
+
+if TYPE_CHECKING:
+    from sessions.extraction.progress import JobProgress
 
 POLL_INTERVAL_S = 1.0
 STALL_AFTER_S = 120.0  # a running job with no sample finished for this long is worth a notification
@@ -76,7 +79,7 @@ class JobRow(ListItem):
     JobRow .job-rates { color: $text-muted; }
     """
 
-    def __init__(self, progress: Any, errors: tuple[tuple[str, int], ...] = ()) -> None:
+    def __init__(self, progress: JobProgress, errors: tuple[tuple[str, int], ...] = ()) -> None:
         # No DOM id: rows are keyed by job id in the screen's own map, so a row being removed while its
         # successor mounts can never clash (the DuplicateIds crash when the set of jobs changed).
         super().__init__()
@@ -92,7 +95,7 @@ class JobRow(ListItem):
     def on_mount(self) -> None:
         self.show(self.progress, self.errors)
 
-    def show(self, p: Any, errors: tuple[tuple[str, int], ...] = ()) -> None:
+    def show(self, p: JobProgress, errors: tuple[tuple[str, int], ...] = ()) -> None:
         self.progress = p
         self.errors = errors
         title = Text()
@@ -106,7 +109,7 @@ class JobRow(ListItem):
         self.query_one("#title", Static).update(title)
         self.query_one("#bar", ProgressBar).update(total=max(1, p.total), progress=p.done)
         error_count = f"{p.failed_lines} error{'' if p.failed_lines == 1 else 's'}"
-        if getattr(p, "mode", "extract") == "regenerate":
+        if p.mode == "regenerate":
             self.query_one("#rates", Static).update(Text(regeneration_rates(p)))
             return
         # What is written against the storage estimate, so a disk that cannot hold the job shows early.
@@ -404,12 +407,10 @@ class JobsScreen(Screen):
     @work(thread=True, group="jobs-action")
     def _start(self, path: str) -> None:
         from sessions.extraction import job as jobs
-        from sessions.regeneration.job import run_regen_job
-        from sessions.regeneration.spec import is_regeneration_spec_file
+        from sessions.regeneration.job import run_any_job
 
         try:
-            start = run_regen_job if is_regeneration_spec_file(path) else jobs.run_job
-            job_id = start(path, self.home)
+            job_id = run_any_job(path, self.home)
         except jobs.JobError as exc:
             self.app.call_from_thread(self.notify, str(exc), severity="error", timeout=15)
             return

@@ -28,6 +28,11 @@ from sessions.baseline import BaselineChoice
 from sessions.diagnosis.model import HintView
 
 RANKS = ("changed", "observed", "setting", "unchanged", "generic")
+# The three groups a diagnosis shows its hints in (the report and the TUI's screen): what this start's
+# evidence backs, what its baseline speaks against (the good start had the same settings), general advice.
+EVIDENCE_RANKS = ("changed", "observed", "setting")
+DEMOTED_RANKS = ("unchanged",)
+ADVICE_RANKS = ("generic",)
 _SETTING_KINDS = ("flag", "env", "cuda_visible_devices")
 
 

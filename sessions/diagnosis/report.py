@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from sessions import history
 from sessions.diagnosis.model import Diagnosis, ProcessReport, _fmt_ranks
+from sessions.diagnosis.ranking import ADVICE_RANKS, DEMOTED_RANKS, EVIDENCE_RANKS
 
 
 def _mib(value: int | None) -> str:
@@ -16,7 +17,7 @@ def format_report(d: Diagnosis) -> str:
     its evidence backs, the stacks, the last lines); then the timings and GPUs; then the hints the baseline
     rules out; general advice for the phase last."""
     out = _verdict_lines(d)
-    out += _hints_section(d, ("changed", "observed", "setting"), "hints from this session's evidence:")
+    out += _hints_section(d, EVIDENCE_RANKS, "hints from this session's evidence:")
     out.append("")
     out += _process_table(d)
     if d.progress_lines:
@@ -26,9 +27,9 @@ def format_report(d: Diagnosis) -> str:
     out += _phase_table(d)
     out.append("")
     out += _gpu_lines(d)
-    out += _hints_section(d, ("unchanged",), "hints the baseline speaks against (its good start had the same "
-                                             "settings):")
-    out += _hints_section(d, ("generic",), "general advice for this phase (true of every start here):")
+    out += _hints_section(d, DEMOTED_RANKS, "hints the baseline speaks against (its good start had the same "
+                                          "settings):")
+    out += _hints_section(d, ADVICE_RANKS, "general advice for this phase (true of every start here):")
     return "\n".join(out) + "\n"
 
 
