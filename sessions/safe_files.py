@@ -246,6 +246,16 @@ _NOT_BRACKETS = bytes(b for b in range(256) if b not in b"[]{}")
 _STEP = tuple(1 if b in b"[{" else -1 if b in b"]}" else 0 for b in range(256))
 
 
+def json_kind(value: Any) -> str:
+    """What JSON calls ``value``'s kind ("object", "array", "string", "number", "boolean", "null"): the one
+    naming every reason about a JSON value of the wrong kind uses (state files, server answers, the bench)."""
+    if isinstance(value, bool):
+        return "boolean"
+    if isinstance(value, (int, float)):
+        return "number"
+    return {dict: "object", list: "array", str: "string", type(None): "null"}.get(type(value), type(value).__name__)
+
+
 def json_depth(text: str) -> int:
     """How deep the arrays and objects of JSON ``text`` nest (brackets inside strings do not count).
     Strings are blanked by one regex, the brackets kept by ``bytes.translate`` and summed by

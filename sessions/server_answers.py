@@ -28,7 +28,7 @@ from urllib.parse import urlsplit
 
 import h11
 
-from sessions.safe_files import json_depth
+from sessions.safe_files import json_depth, json_kind
 
 DEFAULT_DEADLINE_S = 2.0
 # /server_info of a TP8 server is a few tens of KB; /model_info and /ready far less.
@@ -178,14 +178,19 @@ def _ssl_context() -> ssl.SSLContext:
 
 # --- JSON ------------------------------------------------------------------------------------------------
 
-_KIND_NAMES = {dict: "an object", list: "an array", str: "a string", bool: "a boolean", type(None): "null"}
-
-
 def kind_of(value: Any) -> str:
     """``an object``, ``an array``, ``a number`` ...: how a JSON value is named in a reason."""
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
-        return "a number"
-    return _KIND_NAMES.get(type(value), type(value).__name__)
+    return _with_article(json_kind(value))
+
+
+def _expected(expect: type) -> str:
+    """``an object`` for dict, ``an array`` for list ...: the kind a caller asked for, named as `kind_of` does."""
+    sample: dict[type, Any] = {dict: {}, list: [], str: "", bool: True, int: 0, float: 0.0}
+    return kind_of(sample[expect]) if expect in sample else expect.__name__
+
+
+def _with_article(noun: str) -> str:
+    return noun if noun == "null" else f"{'an' if noun[0] in 'aeiou' else 'a'} {noun}"
 
 
 def parse_json(body: bytes, expect: type | None = dict, max_depth: int = JSON_MAX_DEPTH) -> tuple[Any, str | None]:
@@ -210,7 +215,7 @@ def parse_json(body: bytes, expect: type | None = dict, max_depth: int = JSON_MA
     except (ValueError, UnicodeDecodeError) as exc:
         return None, f"is not JSON ({exc})"
     if expect is not None and not isinstance(value, expect):
-        return None, f"is {kind_of(value)}, not {_KIND_NAMES.get(expect, expect.__name__)}"
+        return None, f"is {kind_of(value)}, not {_expected(expect)}"
     return value, None
 
 
@@ -225,7 +230,7 @@ def get_json(url: str, *, deadline_s: float = DEFAULT_DEADLINE_S, max_bytes: int
         return JsonResult(answer.status, None, f"{_path(url)}: {answer.error}")
     if not answer.body.strip():
         return JsonResult(answer.status, None, None if answer.status != 200 or expect is None
-                          else f"{_path(url)}: the answer is empty, not {_KIND_NAMES.get(expect, 'JSON')}")
+                          else f"{_path(url)}: the answer is empty, not {_expected(expect) if expect is not None else 'JSON'}")
     value, why = parse_json(answer.body, expect if answer.status == 200 else None)
     if why is not None:
         return JsonResult(answer.status, None, f"{_path(url)}: the answer {why}" if answer.status == 200 else None)

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from sessions import safe_files
+from sessions.server_answers import kind_of
 
 STATE_FILE = "state.json"
 
@@ -137,7 +138,7 @@ def read_state(session_dir: Path) -> StateRead:
         return StateRead({}, (f"{path}: cannot be opened ({safe_files.describe_os_error(exc, path)})",),
                          unreadable=True)
     if not isinstance(obj, dict):
-        return StateRead({}, (f"{path}: holds a JSON {_json_kind(obj)}, not an object",), unreadable=True)
+        return StateRead({}, (f"{path}: holds {kind_of(obj)}, not an object",), unreadable=True)
     record, problems = check_fields(obj)
     return StateRead(record, tuple(f"{path}: {p}" for p in problems))
 
@@ -155,18 +156,6 @@ def check_fields(obj: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
     return record, problems
 
 
-def _json_kind(obj: Any) -> str:
-    if isinstance(obj, list):
-        return "list"
-    if isinstance(obj, str):
-        return "string"
-    if isinstance(obj, bool):
-        return "boolean"
-    if obj is None:
-        return "null"
-    return "number"
-
-
 def _shown(value: Any) -> str:
     text = json.dumps(value)
-    return f"{_json_kind(value) if not isinstance(value, dict) else 'object'} {text[:40]}{'…' if len(text) > 40 else ''}"
+    return f"{kind_of(value)} {text[:40]}{'…' if len(text) > 40 else ''}"

@@ -91,10 +91,10 @@ def check_isolated(capsys, expect_in_problem: str | None = None) -> dict:
 
 
 WHOLE_FILE = [
-    (b"[1, 2, 3]\n", "holds a JSON list"),
-    (b'"a string"\n', "holds a JSON string"),
-    (b"42\n", "holds a JSON number"),
-    (b"null\n", "holds a JSON null"),
+    (b"[1, 2, 3]\n", "holds an array"),
+    (b'"a string"\n', "holds a string"),
+    (b"42\n", "holds a number"),
+    (b"null\n", "holds null"),
     (b'{"pid": 12\xff\xfe}', "not UTF-8 text"),
     (b'{"pid": 123, "port": ', "not valid JSON"),
     (b"", "empty"),
@@ -169,7 +169,7 @@ def test_diagnose_of_a_damaged_session_says_what_is_wrong(home, two_good, cli_en
                             capture_output=True, text=True, timeout=120, check=False)
     assert result.returncode == 0, result.stderr
     assert "Traceback" not in result.stderr + result.stdout
-    assert "problem:" in result.stdout and "holds a JSON list" in result.stdout
+    assert "problem:" in result.stdout and "holds an array" in result.stdout
     assert "profile.toml" in result.stdout and "cannot be read" in result.stdout
 
 

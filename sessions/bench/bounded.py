@@ -15,7 +15,7 @@ import math
 from collections.abc import Iterator
 from typing import Any
 
-from sessions.server_answers import finite_number
+from sessions.server_answers import finite_number, kind_of
 
 MAX_SSE_LINE_BYTES = 8 << 20
 MAX_JSON_BODY_BYTES = 8 << 20  # /server_info of a big MoE server is about 20 KB
@@ -70,19 +70,22 @@ def get_json_object(client: Any, url: str, headers: dict[str, str] | None = None
 
 
 def json_object(raw: bytes | str, what: str) -> dict[str, Any]:
+    """A JSON object, or `AnswerError`.  Plain `json.loads`, not `server_answers.parse_json`: a NaN or an
+    infinity is let through here so that the check of the field that holds it (`count`, `finite`) names
+    the field ("spec_accept_length inf is outside ..."), where parse_json would refuse the whole chunk."""
     try:
         data = json.loads(raw)
     except (ValueError, RecursionError) as exc:
         raise AnswerError(f"{what} is not JSON ({type(exc).__name__})") from None
     if not isinstance(data, dict):
-        raise AnswerError(f"{what} is a JSON {_kind(data)}, not an object")
+        raise AnswerError(f"{what} is {kind_of(data)}, not an object")
     return data
 
 
 def count(value: Any, name: str, limit: int) -> int:
     """A count the server reports: an int in [0, limit] (a float with an integral value is accepted)."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise AnswerError(f"{name} is {_kind(value)} {str(value)[:40]!r}, not a count")
+        raise AnswerError(f"{name} is {kind_of(value)} {str(value)[:40]!r}, not a count")
     if isinstance(value, float) and (not math.isfinite(value) or value != int(value)):
         raise AnswerError(f"{name} is {value!r}, not a count")
     if not 0 <= value <= limit:
@@ -99,8 +102,3 @@ def finite(value: Any, name: str, low: float, high: float) -> float:
     if not low <= number <= high:
         raise AnswerError(f"{name} {value!r} is outside {low:g}..{high:g}")
     return number
-
-
-def _kind(value: Any) -> str:
-    return {dict: "object", list: "list", str: "string", int: "number", float: "number", bool: "boolean",
-            type(None): "null"}.get(type(value), type(value).__name__)
