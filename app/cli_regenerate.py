@@ -12,7 +12,16 @@ import argparse
 from collections.abc import Callable
 from typing import Any
 
-from app.cli_extract import add_job_commands, job_action, print_job_status, start_job
+from app.cli_extract import (
+    add_job_commands,
+    is_pipeline_progress,
+    job_action,
+    pipeline_human,
+    pipeline_or,
+    print_job_status,
+    stage_or_job,
+    start_job,
+)
 
 
 def register(subparsers: Any) -> None:
@@ -57,8 +66,9 @@ def _status(args: argparse.Namespace) -> int:
     from sessions.regeneration.job import regen_status
 
     return print_job_status(
-        args, lambda: [regen_status(args.job)] if args.job else [p for p in all_jobs() if p.mode == "regenerate"],
-        lambda p: p.to_json(), human, "regeneration")
+        args, lambda: [pipeline_or(args.job, regen_status)] if args.job else
+        [p for p in all_jobs() if p.mode == "regenerate"],
+        lambda p: p.to_json(), lambda p: pipeline_human(p) if is_pipeline_progress(p) else human(p), "regeneration")
 
 
 def _regeneration_only(act: Callable[[str], Any]) -> Callable[[str], Any]:
@@ -66,8 +76,10 @@ def _regeneration_only(act: Callable[[str], Any]) -> Callable[[str], Any]:
     from sessions.regeneration.job import regen_status
 
     def checked(job_id: str) -> Any:
-        regen_status(job_id)
-        return act(job_id)
+        stage = stage_or_job(job_id)  # a pipeline's running stage may be its extraction
+        if stage == job_id:
+            regen_status(job_id)
+        return act(stage)
 
     return checked
 
@@ -80,8 +92,10 @@ def _pause(args: argparse.Namespace) -> int:
 
 def _resume(args: argparse.Namespace) -> int:
     from sessions.regeneration.job import resume_regen_job  # refuses an extraction job itself
+    from sessions.regeneration.pipeline import is_pipeline, resume_pipeline
 
-    return job_action(args, resume_regen_job, "job {job} resumed (pid {progress.pid})")
+    return job_action(args, lambda job: resume_pipeline(job) if is_pipeline(job) else resume_regen_job(job),
+                      "job {job} resumed (pid {progress.pid})")
 
 
 def _cancel(args: argparse.Namespace) -> int:

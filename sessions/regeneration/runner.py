@@ -306,6 +306,9 @@ class RegenRun:
             self._progress("done", reason=None, finished_at=time.time(), eta_s=None)
             self.log(f"done: {counts['success']} success + {counts['error']} error + {counts['skipped']} skipped "
                      f"= {self.total} input rows")
+            from sessions.regeneration.pipeline import hand_over
+
+            hand_over(self.job_dir, self.log)  # a pipeline's first stage starts its extraction stage
             return 0
         except Exception as exc:  # noqa: BLE001 - the job's own failure: recorded for status, then exit 1
             self.log(traceback.format_exc())
