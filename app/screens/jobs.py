@@ -514,7 +514,6 @@ class JobsScreen(Screen):
     @work(thread=True, group="jobs-action")
     def _run_action(self, action: str, job_id: str) -> None:
         from sessions.extraction import job as jobs
-
         from sessions.regeneration import pipeline
 
         functions = {"pause": jobs.pause_job, "resume": jobs.resume_job, "cancel": jobs.cancel_job}

@@ -104,8 +104,8 @@ def parse_pipeline_spec(text: str, source: str = "<pipeline spec>", base_dir: Pa
     try:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
-        found = re.search(r"at line (\d+)", str(exc))
-        raise JobSpecError(source, [SpecProblem("toml", str(exc), int(found.group(1)) if found else None)]) from None
+        at = re.search(r"at line (\d+)", str(exc))
+        raise JobSpecError(source, [SpecProblem("toml", str(exc), int(at.group(1)) if at else None)]) from None
     lines = _table_lines(text)
     problems = [SpecProblem(top, "unknown table or key; a pipeline spec has [regenerate], then [extract]",
                             lines.get(top)) for top in data if top not in STAGES]
