@@ -285,7 +285,8 @@ class SpecPathModal(DismissOnce, ModalScreen[str | None]):
         from textual.suggester import SuggestFromList
 
         with Vertical():
-            yield Static("Start an extraction job from a spec (TOML with a [job] table):", markup=False)
+            yield Static("Start a job from a spec (TOML with a [job] table, or [regenerate] then [extract]):",
+                         markup=False)
             yield InOrderInput(value=self.default, placeholder="/path/to/job.toml", id="spec-path",
                         suggester=SuggestFromList(self.known) if self.known else None)
             if self.known:
