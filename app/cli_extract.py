@@ -23,7 +23,8 @@ def register(subparsers: Any) -> None:
                                     description="Extraction jobs write SpecForge-format EAGLE-3 training data.")
     sub = extract.add_subparsers(dest="extract_command", metavar="ACTION", required=True)
     actions = add_job_commands(
-        sub, spec_help="the job spec (TOML with a [job] table)", status_help="progress of one job (or of all)",
+        sub, spec_help="the job spec (TOML with a [job] table, or a pipeline: [regenerate] then [extract])",
+        status_help="progress of one job or pipeline (or of all jobs)",
         every_job="every job", run=_run, status=_status, actions=(
             ("pause", "stop sending new requests (the process stays)", _pause),
             ("resume", "continue a paused job, or restart a stopped one from its manifest", _resume),

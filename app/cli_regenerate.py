@@ -31,7 +31,8 @@ def register(subparsers: Any) -> None:
                     "/v1/chat/completions and write SpecForge's <out>.jsonl, <out>_error.jsonl, <out>_skipped.jsonl.")
     sub = regen.add_subparsers(dest="regenerate_command", metavar="ACTION", required=True)
     add_job_commands(
-        sub, spec_help='the job spec (TOML [job] table with mode = "regenerate")',
+        sub, spec_help='the job spec (TOML [job] table with mode = "regenerate", or a pipeline: [regenerate] '
+                       "then [extract])",
         status_help="progress and data statistics of one job (or of all)", every_job="every regeneration job",
         run=_run, status=_status, actions=(
             ("pause", "stop taking new rows (the process stays)", _pause),
