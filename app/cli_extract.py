@@ -137,7 +137,7 @@ def job_action(args: argparse.Namespace, act: Callable[[str], Any], said: str) -
 
 
 def _run(args: argparse.Namespace) -> int:
-    from sessions.regeneration.job import run_any_job
+    from sessions.regeneration.pipeline import run_any_job
 
     return start_job(lambda spec_path: run_any_job(spec_path, allow_partial=args.allow_partial), args.spec, "extract")
 
@@ -194,12 +194,25 @@ def is_pipeline_progress(p: Any) -> bool:
     return getattr(p, "mode", None) == "pipeline"
 
 
+def regeneration_human(p: Any) -> str:
+    """A regeneration job in two or three lines (`regenerate status`, and a pipeline's first stage)."""
+    pct = f"{100 * p.fraction:5.1f}%" if p.total else "  -  "
+    eta = f", ETA {p.eta_s:.0f} s" if p.eta_s else ""
+    line = (f"{p.job_id}  {p.state:<11} {pct}  {p.done}/{p.total} rows: {p.ok} success, {p.failed_lines} error, "
+            f"{p.skipped} skipped; {p.tokens_per_s:.0f} tok/s{eta}")
+    from sessions.regeneration.stats import shape_lines
+
+    for extra in shape_lines(p.stats):
+        line += f"\n    {extra}"
+    if p.reason:
+        line += f"\n    {p.reason}"
+    return line
+
+
 def pipeline_human(p: Any) -> str:
     """A pipeline in a few lines: its state, then each stage as its own kind's status prints it."""
-    from app.cli_regenerate import human as regen_human
-
     lines = [f"{p.job_id}  {p.state:<11} pipeline {p.name}, stage {p.stage}"]
-    for label, stage, show in (("regenerate", p.regenerate, regen_human), ("extract", p.extract, _human)):
+    for label, stage, show in (("regenerate", p.regenerate, regeneration_human), ("extract", p.extract, _human)):
         text = show(stage) if stage is not None else "not started"
         lines.append(f"  {label}: " + text.replace("\n", "\n  "))
     if p.reason and p.extract is None and (p.regenerate is None or p.regenerate.state == "done"):

@@ -19,6 +19,7 @@ from app.cli_extract import (
     pipeline_human,
     pipeline_or,
     print_job_status,
+    regeneration_human,
     stage_or_job,
     start_job,
 )
@@ -42,24 +43,9 @@ def register(subparsers: Any) -> None:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from sessions.regeneration.job import run_regen_job
+    from sessions.regeneration.pipeline import run_regen_or_pipeline
 
-    return start_job(run_regen_job, args.spec, "regenerate")
-
-
-def human(p: Any) -> str:
-    """One job in two or three lines (also what the jobs screen's detail shows)."""
-    pct = f"{100 * p.fraction:5.1f}%" if p.total else "  -  "
-    eta = f", ETA {p.eta_s:.0f} s" if p.eta_s else ""
-    line = (f"{p.job_id}  {p.state:<11} {pct}  {p.done}/{p.total} rows: {p.ok} success, {p.failed_lines} error, "
-            f"{p.skipped} skipped; {p.tokens_per_s:.0f} tok/s{eta}")
-    from sessions.regeneration.stats import shape_lines
-
-    for extra in shape_lines(p.stats):
-        line += f"\n    {extra}"
-    if p.reason:
-        line += f"\n    {p.reason}"
-    return line
+    return start_job(run_regen_or_pipeline, args.spec, "regenerate")
 
 
 def _status(args: argparse.Namespace) -> int:
@@ -69,7 +55,7 @@ def _status(args: argparse.Namespace) -> int:
     return print_job_status(
         args, lambda: [pipeline_or(args.job, regen_status)] if args.job else
         [p for p in all_jobs() if p.mode == "regenerate"],
-        lambda p: p.to_json(), lambda p: pipeline_human(p) if is_pipeline_progress(p) else human(p), "regeneration")
+        lambda p: p.to_json(), lambda p: pipeline_human(p) if is_pipeline_progress(p) else regeneration_human(p), "regeneration")
 
 
 def _regeneration_only(act: Callable[[str], Any]) -> Callable[[str], Any]:

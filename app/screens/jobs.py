@@ -491,7 +491,7 @@ class JobsScreen(Screen):
     @work(thread=True, group="jobs-action")
     def _start(self, path: str) -> None:
         from sessions.extraction import job as jobs
-        from sessions.regeneration.job import run_any_job
+        from sessions.regeneration.pipeline import run_any_job
 
         try:
             job_id = run_any_job(path, self.home)

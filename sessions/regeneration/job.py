@@ -16,14 +16,13 @@ from sessions.extraction.job import (
     job_status,
     load_spec_for_job,
     resume_job,
-    run_job,
     spawn,
     update_progress,
 )
 from sessions.extraction.progress import JobProgress
 from sessions.home import Home, atomic_write_json, atomic_write_text, ensure_private_dir, resolve_home
 from sessions.regeneration.runner import SERVERS_FILE
-from sessions.regeneration.spec import RegenSpec, is_regeneration_spec_file, load_regen_spec
+from sessions.regeneration.spec import RegenSpec, load_regen_spec
 
 
 def _session_url(session_id: str, home: Home) -> str:
@@ -82,29 +81,10 @@ def create_regen_job_from(spec: RegenSpec, where: str, home: Home | None = None,
 
 
 def run_regen_job(spec_path: Path | str, home: Home | None = None) -> str:
-    """``regenerate run``: create and spawn; returns the job id (a pipeline spec starts its pipeline)."""
-    from sessions.regeneration.pipeline import run_pipeline
-    from sessions.regeneration.pipeline_spec import is_pipeline_spec_file
-
-    if is_pipeline_spec_file(spec_path):
-        return run_pipeline(spec_path, home)
+    """``regenerate run``: create and spawn; returns the job id."""
     job_id, path, _spec = create_regen_job(spec_path, home)
     spawn(path, resume=False)  # the runner and interpreter of job.json's mode
     return job_id
-
-
-def run_any_job(spec_path: Path | str, home: Home | None = None, allow_partial: bool = False) -> str:
-    """``extract run`` and the jobs screen's ``n``: a spec with ``mode = "regenerate"`` starts a regeneration
-    job (as ``regenerate run`` does), a spec with ``[regenerate]`` and ``[extract]`` tables a pipeline
-    (`sessions.regeneration.pipeline`), any other an extraction job (``allow_partial`` is extraction's)."""
-    from sessions.regeneration.pipeline import run_pipeline
-    from sessions.regeneration.pipeline_spec import is_pipeline_spec_file
-
-    if is_pipeline_spec_file(spec_path):
-        return run_pipeline(spec_path, home)
-    if is_regeneration_spec_file(spec_path):
-        return run_regen_job(spec_path, home)
-    return run_job(spec_path, home, allow_partial=allow_partial)
 
 
 def regen_status(job_id: str, home: Home | None = None) -> JobProgress:

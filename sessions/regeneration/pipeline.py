@@ -26,7 +26,6 @@ from sessions.extraction.job import (
     JobError,
     capture_dir_problem,
     check_job_python,
-    create_job,
     job_dir,
     job_python,
     job_status,
@@ -34,17 +33,17 @@ from sessions.extraction.job import (
     new_job_id,
     resolve_spec,
     resume_job,
+    run_job,
     spawn,
     write_spec_copy,
 )
 from sessions.extraction.progress import JobProgress, process_alive
 from sessions.extraction.spec import check_paths
 from sessions.home import Home, atomic_write_json, ensure_private_dir, read_json, resolve_home
-from sessions.regeneration.pipeline_spec import PipelineSpec, load_pipeline_spec
+from sessions.regeneration.handover import EXTRACT_SPEC_FILE, PIPELINE_FILE, start_extract_stage
+from sessions.regeneration.pipeline_spec import PipelineSpec, is_pipeline_spec_file, load_pipeline_spec
 
 MODE = "pipeline"
-PIPELINE_FILE = "pipeline.json"
-EXTRACT_SPEC_FILE = "extract.toml"
 
 
 @dataclass(frozen=True)
@@ -147,50 +146,27 @@ def run_pipeline(spec_path: Path | str, home: Home | None = None) -> str:
     return pipeline_id
 
 
-def _record(path: Path, **changes: Any) -> None:
-    current = read_json(path / PIPELINE_FILE, default={}) or {}
-    current.update(changes)
-    atomic_write_json(path / PIPELINE_FILE, current)
+def run_any_job(spec_path: Path | str, home: Home | None = None, allow_partial: bool = False) -> str:
+    """``extract run`` and the jobs screen's ``n``: a spec with ``[regenerate]`` and ``[extract]`` tables
+    starts a pipeline, one with ``mode = "regenerate"`` a regeneration job (as ``regenerate run`` does),
+    any other an extraction job (``allow_partial`` is extraction's)."""
+    from sessions.regeneration.job import run_regen_job
+    from sessions.regeneration.spec import is_regeneration_spec_file
+
+    if is_pipeline_spec_file(spec_path):
+        return run_pipeline(spec_path, home)
+    if is_regeneration_spec_file(spec_path):
+        return run_regen_job(spec_path, home)
+    return run_job(spec_path, home, allow_partial=allow_partial)
 
 
-def start_extract_stage(pipeline_dir: Path, home: Home) -> str:
-    """Create and spawn the extraction stage (once: an id already recorded is returned as it is).
+def run_regen_or_pipeline(spec_path: Path | str, home: Home | None = None) -> str:
+    """``regenerate run``: a pipeline spec starts its pipeline, any other is a regeneration spec."""
+    from sessions.regeneration.job import run_regen_job
 
-    Its id is recorded before its process starts, so a kill in between leaves a job that `resume` starts,
-    never a second one.  A stage that cannot start is recorded as the pipeline's reason."""
-    recorded = read_json(pipeline_dir / PIPELINE_FILE, default={}) or {}
-    if recorded.get("extract"):
-        return str(recorded["extract"])
-    try:
-        extract_id, extract_path = create_job(pipeline_dir / EXTRACT_SPEC_FILE, home)
-    except JobError as exc:
-        _record(pipeline_dir, reason=f"the extraction stage did not start: {exc}")
-        raise
-    _record(pipeline_dir, extract=extract_id, reason=None)
-    spawn(extract_path, resume=False)
-    return extract_id
-
-
-def hand_over(regen_job_dir: Path, log: Any = print) -> None:
-    """Called by a pipeline's regeneration process once it is done: start the extraction stage."""
-    meta = read_json(regen_job_dir / JOB_FILE, default={}) or {}
-    pipeline_id = meta.get("pipeline")
-    if not pipeline_id:
-        return
-    home = resolve_home(bool(meta.get("home_demo")))
-    if home.jobs_dir.resolve() != regen_job_dir.parent.resolve():  # another home in this environment
-        home = Home(config_root=home.config_root, state_root=regen_job_dir.parent.parent, demo=home.demo)
-    path = home.jobs_dir / str(pipeline_id)
-    try:
-        extract_id = start_extract_stage(path, home)
-    except JobError as exc:
-        log(f"pipeline {pipeline_id}: the extraction stage did not start: {exc}")
-        return
-    except Exception as exc:  # noqa: BLE001 - the regeneration is done whatever happens here: record why
-        _record(path, reason=f"the extraction stage did not start: {type(exc).__name__}: {exc}")
-        log(f"pipeline {pipeline_id}: the extraction stage did not start: {type(exc).__name__}: {exc}")
-        return
-    log(f"pipeline {pipeline_id}: started the extraction stage, job {extract_id}")
+    if is_pipeline_spec_file(spec_path):
+        return run_pipeline(spec_path, home)
+    return run_regen_job(spec_path, home)
 
 
 def _stage(job_id: Any, home: Home) -> JobProgress | None:

@@ -317,7 +317,7 @@ class RegenRun:
             self._progress("done", reason=None, finished_at=time.time(), eta_s=None)
             self.log(f"done: {counts['success']} success + {counts['error']} error + {counts['skipped']} skipped "
                      f"= {self.total} input rows")
-            from sessions.regeneration.pipeline import hand_over
+            from sessions.regeneration.handover import hand_over
 
             hand_over(self.job_dir, self.log)  # a pipeline's first stage starts its extraction stage
             return 0
