@@ -23,7 +23,8 @@ def register(subparsers: Any) -> None:
                                     description="Extraction jobs write SpecForge-format EAGLE-3 training data.")
     sub = extract.add_subparsers(dest="extract_command", metavar="ACTION", required=True)
     actions = add_job_commands(
-        sub, spec_help="the job spec (TOML with a [job] table)", status_help="progress of one job (or of all)",
+        sub, spec_help="the job spec (TOML with a [job] table, or a pipeline: [regenerate] then [extract])",
+        status_help="progress of one job or pipeline (or of all jobs)",
         every_job="every job", run=_run, status=_status, actions=(
             ("pause", "stop sending new requests (the process stays)", _pause),
             ("resume", "continue a paused job, or restart a stopped one from its manifest", _resume),
@@ -136,7 +137,7 @@ def job_action(args: argparse.Namespace, act: Callable[[str], Any], said: str) -
 
 
 def _run(args: argparse.Namespace) -> int:
-    from sessions.regeneration.job import run_any_job
+    from sessions.regeneration.pipeline import run_any_job
 
     return start_job(lambda spec_path: run_any_job(spec_path, allow_partial=args.allow_partial), args.spec, "extract")
 
@@ -173,33 +174,82 @@ def _status_json(p: Any) -> dict[str, Any]:
     return {**{k: data[k] for k in _CONTRACT_FIELDS}, **data}
 
 
+# A pipeline (a [regenerate] + [extract] spec) answers to its own id in `extract` and `regenerate` alike:
+# status shows both stages, resume continues the stage that stopped, pause and cancel act on the running one.
+def pipeline_or(job_id: str, load_job: Callable[[str], Any]) -> Any:
+    """The pipeline ``job_id`` (`sessions.regeneration.pipeline.PipelineProgress`), or ``load_job(job_id)``."""
+    from sessions.regeneration.pipeline import is_pipeline, pipeline_status
+
+    return pipeline_status(job_id) if is_pipeline(job_id) else load_job(job_id)
+
+
+def stage_or_job(job_id: str) -> str:
+    """The running stage's job id for a pipeline id, else ``job_id`` itself."""
+    from sessions.regeneration.pipeline import is_pipeline, stage_job_id
+
+    return stage_job_id(job_id) if is_pipeline(job_id) else job_id
+
+
+def is_pipeline_progress(p: Any) -> bool:
+    return getattr(p, "mode", None) == "pipeline"
+
+
+def regeneration_human(p: Any) -> str:
+    """A regeneration job in two or three lines (`regenerate status`, and a pipeline's first stage)."""
+    pct = f"{100 * p.fraction:5.1f}%" if p.total else "  -  "
+    eta = f", ETA {p.eta_s:.0f} s" if p.eta_s else ""
+    line = (f"{p.job_id}  {p.state:<11} {pct}  {p.done}/{p.total} rows: {p.ok} success, {p.failed_lines} error, "
+            f"{p.skipped} skipped; {p.tokens_per_s:.0f} tok/s{eta}")
+    from sessions.regeneration.stats import shape_lines
+
+    for extra in shape_lines(p.stats):
+        line += f"\n    {extra}"
+    if p.reason:
+        line += f"\n    {p.reason}"
+    return line
+
+
+def pipeline_human(p: Any) -> str:
+    """A pipeline in a few lines: its state, then each stage as its own kind's status prints it."""
+    lines = [f"{p.job_id}  {p.state:<11} pipeline {p.name}, stage {p.stage}"]
+    for label, stage, show in (("regenerate", p.regenerate, regeneration_human), ("extract", p.extract, _human)):
+        text = show(stage) if stage is not None else "not started"
+        lines.append(f"  {label}: " + text.replace("\n", "\n  "))
+    if p.reason and p.extract is None and (p.regenerate is None or p.regenerate.state == "done"):
+        lines.append(f"    {p.reason}")
+    return "\n".join(lines)
+
+
 def _status(args: argparse.Namespace) -> int:
     from sessions.extraction.job import all_jobs, job_status
 
-    return print_job_status(args, lambda: [job_status(args.job)] if args.job else all_jobs(), _status_json, _human,
-                            "extraction")
+    return print_job_status(
+        args, lambda: [pipeline_or(args.job, job_status)] if args.job else all_jobs(),
+        lambda p: p.to_json() if is_pipeline_progress(p) else _status_json(p),
+        lambda p: pipeline_human(p) if is_pipeline_progress(p) else _human(p), "extraction")
 
 
 def _pause(args: argparse.Namespace) -> int:
     from sessions.extraction.job import pause_job
 
-    return job_action(args, pause_job, "job {job} pauses after the requests in flight")
+    return job_action(args, lambda job: pause_job(stage_or_job(job)), "job {job} pauses after the requests in flight")
 
 
 def _resume(args: argparse.Namespace) -> int:
     from sessions.extraction.job import resume_job
+    from sessions.regeneration.pipeline import is_pipeline, resume_pipeline
 
     accepted = " and accepts the server that answers now (recorded in job.json and dataset.json)" \
         if args.accept_server else ""
-    return job_action(args, lambda job: resume_job(job, accept_server=args.accept_server,
-                                                   allow_partial=args.allow_partial),
+    return job_action(args, lambda job: resume_pipeline(job) if is_pipeline(job) else
+                      resume_job(job, accept_server=args.accept_server, allow_partial=args.allow_partial),
                       "job {job} resumed (pid {progress.pid})" + accepted)
 
 
 def _cancel(args: argparse.Namespace) -> int:
     from sessions.extraction.job import cancel_job
 
-    return job_action(args, cancel_job, "job {job} is {progress.state}")
+    return job_action(args, lambda job: cancel_job(stage_or_job(job)), "job {job} is {progress.state}")
 
 
 def _verify(args: argparse.Namespace) -> int:

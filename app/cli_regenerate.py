@@ -12,7 +12,17 @@ import argparse
 from collections.abc import Callable
 from typing import Any
 
-from app.cli_extract import add_job_commands, job_action, print_job_status, start_job
+from app.cli_extract import (
+    add_job_commands,
+    is_pipeline_progress,
+    job_action,
+    pipeline_human,
+    pipeline_or,
+    print_job_status,
+    regeneration_human,
+    stage_or_job,
+    start_job,
+)
 
 
 def register(subparsers: Any) -> None:
@@ -22,7 +32,8 @@ def register(subparsers: Any) -> None:
                     "/v1/chat/completions and write SpecForge's <out>.jsonl, <out>_error.jsonl, <out>_skipped.jsonl.")
     sub = regen.add_subparsers(dest="regenerate_command", metavar="ACTION", required=True)
     add_job_commands(
-        sub, spec_help='the job spec (TOML [job] table with mode = "regenerate")',
+        sub, spec_help='the job spec (TOML [job] table with mode = "regenerate", or a pipeline: [regenerate] '
+                       "then [extract])",
         status_help="progress and data statistics of one job (or of all)", every_job="every regeneration job",
         run=_run, status=_status, actions=(
             ("pause", "stop taking new rows (the process stays)", _pause),
@@ -32,24 +43,9 @@ def register(subparsers: Any) -> None:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from sessions.regeneration.job import run_regen_job
+    from sessions.regeneration.pipeline import run_regen_or_pipeline
 
-    return start_job(run_regen_job, args.spec, "regenerate")
-
-
-def human(p: Any) -> str:
-    """One job in two or three lines (also what the jobs screen's detail shows)."""
-    pct = f"{100 * p.fraction:5.1f}%" if p.total else "  -  "
-    eta = f", ETA {p.eta_s:.0f} s" if p.eta_s else ""
-    line = (f"{p.job_id}  {p.state:<11} {pct}  {p.done}/{p.total} rows: {p.ok} success, {p.failed_lines} error, "
-            f"{p.skipped} skipped; {p.tokens_per_s:.0f} tok/s{eta}")
-    from sessions.regeneration.stats import shape_lines
-
-    for extra in shape_lines(p.stats):
-        line += f"\n    {extra}"
-    if p.reason:
-        line += f"\n    {p.reason}"
-    return line
+    return start_job(run_regen_or_pipeline, args.spec, "regenerate")
 
 
 def _status(args: argparse.Namespace) -> int:
@@ -57,8 +53,9 @@ def _status(args: argparse.Namespace) -> int:
     from sessions.regeneration.job import regen_status
 
     return print_job_status(
-        args, lambda: [regen_status(args.job)] if args.job else [p for p in all_jobs() if p.mode == "regenerate"],
-        lambda p: p.to_json(), human, "regeneration")
+        args, lambda: [pipeline_or(args.job, regen_status)] if args.job else
+        [p for p in all_jobs() if p.mode == "regenerate"],
+        lambda p: p.to_json(), lambda p: pipeline_human(p) if is_pipeline_progress(p) else regeneration_human(p), "regeneration")
 
 
 def _regeneration_only(act: Callable[[str], Any]) -> Callable[[str], Any]:
@@ -66,8 +63,10 @@ def _regeneration_only(act: Callable[[str], Any]) -> Callable[[str], Any]:
     from sessions.regeneration.job import regen_status
 
     def checked(job_id: str) -> Any:
-        regen_status(job_id)
-        return act(job_id)
+        stage = stage_or_job(job_id)  # a pipeline's running stage may be its extraction
+        if stage == job_id:
+            regen_status(job_id)
+        return act(stage)
 
     return checked
 
@@ -80,8 +79,10 @@ def _pause(args: argparse.Namespace) -> int:
 
 def _resume(args: argparse.Namespace) -> int:
     from sessions.regeneration.job import resume_regen_job  # refuses an extraction job itself
+    from sessions.regeneration.pipeline import is_pipeline, resume_pipeline
 
-    return job_action(args, resume_regen_job, "job {job} resumed (pid {progress.pid})")
+    return job_action(args, lambda job: resume_pipeline(job) if is_pipeline(job) else resume_regen_job(job),
+                      "job {job} resumed (pid {progress.pid})")
 
 
 def _cancel(args: argparse.Namespace) -> int:

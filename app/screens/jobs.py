@@ -130,6 +130,78 @@ class JobRow(ListItem):
         self.query_one("#rates", Static).update(line)
 
 
+class PipelineRow(ListItem):
+    """One pipeline (a regeneration, then the extraction of its output): a title, then a bar and a line of
+    rates per stage, each drawn as that stage's own job row draws it."""
+
+    DEFAULT_CSS = """
+    PipelineRow { height: auto; padding: 0 1; }
+    PipelineRow > Vertical { height: auto; }
+    PipelineRow ProgressBar { width: 100%; }
+    PipelineRow ProgressBar Bar { width: 1fr; }
+    PipelineRow .job-rates { color: $text-muted; }
+    PipelineRow .stage { text-style: bold; }
+    """
+
+    def __init__(self, progress: Any, errors: tuple[tuple[str, int], ...] = ()) -> None:
+        super().__init__()
+        self.progress = progress
+        self.errors = errors
+
+    def compose(self) -> ComposeResult:
+        with Vertical():
+            yield Static(id="title", markup=False)
+            for stage in ("regenerate", "extract"):
+                yield Static(classes="stage", id=f"{stage}-label", markup=False)
+                yield ProgressBar(total=1, show_eta=False, id=f"{stage}-bar")
+                yield Static(classes="job-rates", id=f"{stage}-rates", markup=False)
+
+    def on_mount(self) -> None:
+        self.show(self.progress, self.errors)
+
+    def show(self, p: Any, errors: tuple[tuple[str, int], ...] = ()) -> None:
+        self.progress = p
+        self.errors = errors
+        title = Text()
+        title.append(p.name or p.job_id, style="bold")
+        title.append(f"  pipeline {p.job_id}  ")
+        title.append(p.state, style=_STATE_STYLE.get(p.state, "bold"))
+        title.append(f" ({p.stage})")
+        if p.state == "interrupted":
+            title.append(" · r resumes", style="bold")
+        if p.reason:
+            title.append(f"  {p.reason}", style="italic")
+        self.query_one("#title", Static).update(title)
+        for stage, job in (("regenerate", p.regenerate), ("extract", p.extract)):
+            label = Text(f"{'1 regenerate' if stage == 'regenerate' else '2 extract'}", style="bold")
+            if job is not None:
+                label.append(f"  {job.job_id}  ", style="")
+                label.append(job.state, style=_STATE_STYLE.get(job.state, "bold"))
+            else:
+                label.append("  not started", style="dim")
+            self.query_one(f"#{stage}-label", Static).update(label)
+            self.query_one(f"#{stage}-bar", ProgressBar).update(
+                total=max(1, job.total if job else 1), progress=job.done if job else 0)
+            if job is None:
+                rates = Text("waits for the regeneration" if stage == "extract" else "")
+            elif stage == "regenerate":
+                rates = Text(regeneration_rates(job))
+            else:
+                rates = Text(extraction_rates(job))
+                if errors:
+                    rates.append("\nwhy: " + " · ".join(f"{reason} ({count})" if count > 1 else reason
+                                                        for reason, count in errors), style="red")
+            self.query_one(f"#{stage}-rates", Static).update(rates)
+
+
+def extraction_rates(p: Any) -> str:
+    """An extraction job's line of counts and rates (the pipeline card's second stage)."""
+    errors = f"{p.failed_lines} error{'' if p.failed_lines == 1 else 's'}"
+    return (f"{p.done}/{p.total} samples · {errors} · {p.tokens:,} tokens · {_bytes(p.bytes)}"
+            f" · {p.samples_per_s:.1f} samples/s · {p.tokens_per_s:,.0f} tok/s"
+            f"{' · ' + _eta(p.eta_s) if p.state == 'running' else ''}")
+
+
 def regeneration_rates(p: Any) -> str:
     """A regeneration job's line: rows (success/error/skipped), rates, ETA, then the data's shape."""
     from sessions.regeneration.stats import shape_lines
@@ -213,7 +285,8 @@ class SpecPathModal(DismissOnce, ModalScreen[str | None]):
         from textual.suggester import SuggestFromList
 
         with Vertical():
-            yield Static("Start an extraction job from a spec (TOML with a [job] table):", markup=False)
+            yield Static("Start a job from a spec (TOML with a [job] table, or [regenerate] then [extract]):",
+                         markup=False)
             yield InOrderInput(value=self.default, placeholder="/path/to/job.toml", id="spec-path",
                         suggester=SuggestFromList(self.known) if self.known else None)
             if self.known:
@@ -258,7 +331,7 @@ class JobsScreen(Screen):
         self._states: dict[str, str] = {}
         self._stall_notified: set[str] = set()
         self._first_poll = True
-        self._rows: dict[str, JobRow] = {}  # job id -> its row, the one source for what is on screen
+        self._rows: dict[str, JobRow | PipelineRow] = {}  # job id -> its row, the one source for what is on screen
         self._errors: dict[str, tuple[tuple[str, int], ...]] = {}
         self._show_lock = asyncio.Lock()
         self._poll_timer: Any = None
@@ -286,13 +359,23 @@ class JobsScreen(Screen):
     @work(thread=True, exclusive=True, group="jobs-poll")
     def poll(self) -> None:
         from sessions.extraction.progress import list_jobs
+        from sessions.regeneration.pipeline import list_pipelines
 
         try:
-            jobs = list_jobs(self.home)
+            jobs: list[Any] = list_jobs(self.home)
+            # A pipeline's two stage jobs are shown on its one card, not as rows of their own.
+            pipelines = list_pipelines(self.home)
+            staged = {stage.job_id for p in pipelines for stage in (p.regenerate, p.extract) if stage is not None}
+            jobs = sorted([*pipelines, *(p for p in jobs if p.job_id not in staged)],
+                          key=lambda p: p.started_at or 0.0, reverse=True)
         except Exception as exc:  # noqa: BLE001 - an unreadable jobs dir is shown, never crashes the TUI
             self.app.call_from_thread(self.notify, f"Cannot read jobs: {exc}", severity="error")
             jobs = self.jobs
-        errors = {p.job_id: error_reasons(p.output_dir) for p in jobs if p.failed_lines and p.output_dir}
+        errors = {}
+        for p in jobs:
+            shown = p.extract if getattr(p, "mode", None) == "pipeline" else p
+            if shown is not None and shown.failed_lines and shown.output_dir:
+                errors[p.job_id] = error_reasons(shown.output_dir)
         # Textual's call_from_thread solves its return TypeVar to Never for an async callback returning None.
         self.app.call_from_thread(self._show, jobs, errors)  # type: ignore[arg-type]
 
@@ -321,7 +404,8 @@ class JobsScreen(Screen):
                 row = self._rows.get(p.job_id)
                 children = list(view.children)
                 if row is None:
-                    row = self._rows[p.job_id] = JobRow(p, self._errors.get(p.job_id, ()))
+                    kind = PipelineRow if getattr(p, "mode", None) == "pipeline" else JobRow
+                    row = self._rows[p.job_id] = kind(p, self._errors.get(p.job_id, ()))
                     if position < len(children):
                         await view.mount(row, before=position)
                     else:
@@ -335,7 +419,7 @@ class JobsScreen(Screen):
                 if self.cursor_to in wanted:  # a new job gets the cursor, so r, p and c act on it
                     keep, self.cursor_to = self.cursor_to, None
                 rows = list(view.children)
-                index = next((i for i, r in enumerate(rows) if isinstance(r, JobRow)
+                index = next((i for i, r in enumerate(rows) if isinstance(r, (JobRow, PipelineRow))
                               and r.progress.job_id == keep), None)
                 view.index = index if index is not None else min(view.index or 0, len(rows) - 1)
             self._arm_poll()
@@ -368,7 +452,7 @@ class JobsScreen(Screen):
     def selected(self) -> Any:
         view = self.query_one("#jobs", ListView)
         item = view.highlighted_child
-        return item.progress if isinstance(item, JobRow) else None
+        return item.progress if isinstance(item, (JobRow, PipelineRow)) else None
 
     def action_pause(self) -> None:
         self._act("pause")
@@ -407,7 +491,7 @@ class JobsScreen(Screen):
     @work(thread=True, group="jobs-action")
     def _start(self, path: str) -> None:
         from sessions.extraction import job as jobs
-        from sessions.regeneration.job import run_any_job
+        from sessions.regeneration.pipeline import run_any_job
 
         try:
             job_id = run_any_job(path, self.home)
@@ -431,10 +515,15 @@ class JobsScreen(Screen):
     @work(thread=True, group="jobs-action")
     def _run_action(self, action: str, job_id: str) -> None:
         from sessions.extraction import job as jobs
+        from sessions.regeneration import pipeline
 
         functions = {"pause": jobs.pause_job, "resume": jobs.resume_job, "cancel": jobs.cancel_job}
         try:
-            progress = functions[action](job_id, self.home)
+            if pipeline.is_pipeline(job_id, self.home):  # resume: the stage that stopped; else the running one
+                progress = pipeline.resume_pipeline(job_id, self.home) if action == "resume" else \
+                    functions[action](pipeline.stage_job_id(job_id, self.home), self.home)
+            else:
+                progress = functions[action](job_id, self.home)
         except jobs.JobError as exc:
             self.app.call_from_thread(self.notify, str(exc), severity="warning")
             return

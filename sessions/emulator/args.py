@@ -375,6 +375,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="A verify step's cost in decode steps (>= 1; default 1.1).",
     )
     emulator.add_argument(
+        "--emulate-thinking",
+        action="store_true",
+        help="The model-free backend answers like a thinking model (Qwen3's shape): <think>, a thought, "
+        "</think>, then the answer, unless the prompt closed the think block (enable_thinking=false). "
+        "Serve it with --reasoning-parser to get reasoning_content.",
+    )
+    emulator.add_argument(
         "--emulate-gpus",
         type=_positive_int,
         default=None,
@@ -414,6 +421,7 @@ class EmulatorOptions:
     spec_accept_length: float | None = None
     spec_draft_cost: float | None = None
     spec_verify_cost: float | None = None
+    thinking: bool = False  # --emulate-thinking: the model-free backend answers <think>...</think> first
 
 
 DEFAULT_SPEC_VERIFY_COST = 1.1  # a verify forward (num-draft-tokens positions) vs a one-token decode step
@@ -428,6 +436,7 @@ _EMULATOR_DESTS = (
     "emulate_spec_accept_length",
     "emulate_spec_draft_cost",
     "emulate_spec_verify_cost",
+    "emulate_thinking",
 )
 
 
@@ -447,6 +456,7 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, Emula
         spec_accept_length=ns.emulate_spec_accept_length,
         spec_draft_cost=ns.emulate_spec_draft_cost,
         spec_verify_cost=ns.emulate_spec_verify_cost,
+        thinking=ns.emulate_thinking,
     )
     if options.spec_verify_cost is not None and options.spec_verify_cost < 1:
         build_parser().error(f"--emulate-spec-verify-cost must be >= 1 (a verify step is at least a decode "

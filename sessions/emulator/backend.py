@@ -29,6 +29,12 @@ _CONTINUATION = (
     b" Paris. This answer comes from the eagle3-tui emulator, which stands in for SGLang and has no "
     b"model weights, so every reply is a fixed continuation of the same sentence."
 )
+# With --emulate-thinking the model "thinks" first, as Qwen3 does with thinking on: its think block, then the
+# answer.  A prompt that already closed the block (Qwen3's template with enable_thinking=false ends the
+# generation prompt with an empty one) gets the answer only.
+_THOUGHT = (b"<think>\nThe user asked something; the emulator has no weights, so it thinks this fixed "
+            b"thought before it answers.\n</think>\n\n")
+_CLOSED_THINK = b"</think>\n\n"
 _BYTE_TOKEN_OFFSET = 3  # ids 0-2 are the usual special tokens
 DEFAULT_MAX_NEW_TOKENS = 128  # sampling_params.py:149
 
@@ -142,6 +148,7 @@ class FixedBackend:
         self.chunked_prefill_size = server_flags.get("chunked_prefill_size") or -1
         self.time_scale = float(server_flags.get("time_scale") or 0.0)
         self.prefix_cache = PrefixCache(enabled=not server_flags.get("disable_radix_cache"))
+        self.thinking = bool(server_flags.get("emulate_thinking"))
 
     # -- tokens ---------------------------------------------------------------------------------------
 
@@ -231,7 +238,11 @@ class FixedBackend:
 
     def _continuation(self, input_ids: list[int], count: int) -> list[int]:
         start = zlib.crc32(",".join(map(str, input_ids)).encode()) % len(_CONTINUATION)
-        return [self._byte_to_id(_CONTINUATION[(start + i) % len(_CONTINUATION)]) for i in range(count)]
+        thought = b""
+        if self.thinking and not self.decode(input_ids[-len(_CLOSED_THINK):]).encode().endswith(_CLOSED_THINK):
+            thought = _THOUGHT
+        text = thought + bytes(_CONTINUATION[(start + i) % len(_CONTINUATION)] for i in range(count))
+        return [self._byte_to_id(b) for b in text[:count]]
 
     def _hidden_states(self, input_ids: list[int], cached: int, output_ids: list[int]) -> list[Any]:
         """SGLang's layout: [extend rows of the last prefill chunk] then one vector per decode step."""

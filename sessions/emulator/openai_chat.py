@@ -21,8 +21,15 @@ What is modelled, with the places in the 0.5.23 wheel it follows:
   that does not validate is 400 ``"Bad Request"`` (http_server.py:635-692, FastAPI's 422 replaced); an
   empty ``messages`` is 400 ``"Messages cannot be empty."`` (serving_chat.py:1103-1106); a refusal of the
   generation (context length) is 400 ``"BadRequestError"`` (serving_base.py:205-221).
-* ``--reasoning-parser``: ``<think>...</think>`` is split into ``reasoning_content`` unless the request sets
-  ``separate_reasoning: false``.
+* ``--reasoning-parser`` (the ``<think>``/``</think>`` parsers): the answer is split as
+  ``BaseReasoningFormatDetector.detect_and_parse`` does (parser/reasoning_parser.py:160-204) with the
+  ``force_reasoning`` serving_chat.py:2931-2944 passes.  Reasoning is forced for ``deepseek-r1``-like
+  parsers always, for ``qwen3``-like ones unless ``chat_template_kwargs.enable_thinking`` is false, for
+  ``kimi_k2`` unless ``thinking`` is false (`_get_reasoning_from_request`'s parser defaults; the template
+  rules of template_detection.py are not modelled).  Forced or with ``<think>`` in the text: everything up
+  to the first ``</think>`` is ``reasoning_content`` (all of it when there is no ``</think>``: cut by
+  max_tokens), the rest is ``content``, neither stripped; an empty reasoning is ``null``.  Not split when
+  the request sets ``separate_reasoning: false``.
 """
 from __future__ import annotations
 
@@ -189,7 +196,10 @@ class ChatTemplate:
             return "input_ids", [int(i) for i in ids]
         text = "".join(f"{_FALLBACK_IM_START}{m['role']}\n{m.get('content') or ''}{_FALLBACK_IM_END}\n"
                        for m in messages)
-        return "text", text + f"{_FALLBACK_IM_START}assistant\n"
+        text += f"{_FALLBACK_IM_START}assistant\n"
+        if request.chat_template_kwargs.get("enable_thinking") is False:
+            text += f"{_THINK_OPEN}\n\n{_THINK_CLOSE}\n\n"  # Qwen3's template closes the think block
+        return "text", text
 
 
 def generate_request(request: ChatRequest, template: ChatTemplate, args: dict[str, Any],
@@ -203,16 +213,47 @@ def generate_request(request: ChatRequest, template: ChatTemplate, args: dict[st
             "return_hidden_states": False, "stream": request.stream}
 
 
-def split_reasoning(text: str, parser: str | None, separate: bool) -> tuple[str, str | None]:
-    """(content, reasoning_content) as a ``<think>`` reasoning parser splits a whole text."""
-    if not parser or not separate:
+# SGLang 0.5.23's <think>/</think> detectors (reasoning_parser.py DetectorMap), by how they force reasoning.
+_ALWAYS_THINKS = ("deepseek-r1", "step3", "step3p5", "gigachat35", "qwen3-thinking", "minimax")
+_THINKS_UNLESS_DISABLED = {"qwen3": "enable_thinking", "dots": "enable_thinking", "nanbeige": "enable_thinking",
+                           "interns1": "enable_thinking", "glm45": "enable_thinking", "kimi_k2": "thinking"}
+_TOOL_START = {"qwen3": "<tool_call>", "kimi_k2": "<|tool_calls_section_begin|>"}
+REASONING_PARSERS = (*_ALWAYS_THINKS, *_THINKS_UNLESS_DISABLED)
+
+
+def reasoning_forced(parser: str, kwargs: dict[str, Any]) -> bool:
+    """Whether the parser reads the answer as reasoning from its first token (no ``<think>`` needed)."""
+    if parser in _ALWAYS_THINKS:
+        return True
+    toggle = _THINKS_UNLESS_DISABLED.get(parser)
+    return toggle is not None and kwargs.get(toggle) is not False
+
+
+def split_reasoning(text: str, parser: str | None, separate: bool,
+                    kwargs: dict[str, Any] | None = None) -> tuple[str, str | None]:
+    """(content, reasoning_content) of a whole answer, as SGLang's reasoning parser splits it."""
+    if not parser or not separate or parser not in REASONING_PARSERS:
         return text, None
-    head, sep, tail = text.partition(_THINK_CLOSE)
-    if sep:
-        return tail.lstrip("\n"), head.replace(_THINK_OPEN, "", 1).strip("\n")
-    if text.lstrip().startswith(_THINK_OPEN):  # still thinking (or cut by max_tokens)
-        return "", text.replace(_THINK_OPEN, "", 1).lstrip("\n")
-    return text, None
+    if not (reasoning_forced(parser, kwargs or {}) or _THINK_OPEN in text):
+        return text, None
+    while text.startswith(_THINK_OPEN):
+        text = text[len(_THINK_OPEN):]
+    if _THINK_CLOSE not in text:
+        tool = _TOOL_START.get(parser)
+        at = text.find(tool) if tool else -1
+        if at != -1:  # a tool call ends the reasoning without </think>
+            return text[at:], text[:at] or None
+        return "", text or None  # still thinking: cut by max_tokens
+    reasoning, _, content = text.partition(_THINK_CLOSE)
+    return content, reasoning or None
+
+
+def _partial_marker(text: str, parser: str | None) -> int:
+    """The length of the longest tail of ``text`` that is a proper prefix of a marker of the parser."""
+    if not parser or parser not in REASONING_PARSERS:
+        return 0
+    markers = [m for m in (_THINK_OPEN, _THINK_CLOSE, _TOOL_START.get(parser)) if m]
+    return max((k for m in markers for k in range(1, len(m)) if text.endswith(m[:k])), default=0)
 
 
 def _usage(meta: dict[str, Any]) -> dict[str, Any]:
@@ -232,7 +273,8 @@ def _finish(meta: dict[str, Any]) -> tuple[str | None, Any]:
 def chat_response(request: ChatRequest, response: dict[str, Any], parser: str | None) -> dict[str, Any]:
     """The non-streaming body from one /generate response."""
     meta = response.get("meta_info") or {}
-    content, reasoning = split_reasoning(response.get("text") or "", parser, request.separate_reasoning)
+    content, reasoning = split_reasoning(response.get("text") or "", parser, request.separate_reasoning,
+                                         request.chat_template_kwargs)
     finish, matched = _finish(meta)
     return {
         "id": meta.get("id"),
@@ -262,27 +304,38 @@ def stream_chunks(request: ChatRequest, responses: Iterator[dict[str, Any]],
                   parser: str | None) -> Iterator[dict[str, Any]]:
     """The SSE objects (without ``[DONE]``) from a stream of cumulative /generate responses."""
     created = int(time.time())
-    sent_content, sent_reasoning = "", ""
+    sent = {"content": "", "reasoning_content": ""}
     meta: dict[str, Any] = {}
     first = True
+    text = ""
+
+    def delta_of(shown: str) -> dict[str, Any]:
+        """What ``shown`` (the text so far) adds to what was sent, split by the reasoning parser."""
+        content, reasoning = split_reasoning(shown, parser, request.separate_reasoning, request.chat_template_kwargs)
+        delta: dict[str, Any] = {}
+        for key, now in (("reasoning_content", reasoning or ""), ("content", content)):
+            if now.startswith(sent[key]) and len(now) > len(sent[key]):
+                delta[key] = now[len(sent[key]):]
+                sent[key] = now
+        return delta
+
     for response in responses:
         meta = response.get("meta_info") or {}
         rid = str(meta.get("id"))
         if first:
             first = False
             yield _chunk(rid, created, request.model, {"role": "assistant", "content": ""})
-        content, reasoning = split_reasoning(response.get("text") or "", parser, request.separate_reasoning)
-        delta: dict[str, Any] = {}
-        if reasoning and reasoning.startswith(sent_reasoning) and len(reasoning) > len(sent_reasoning):
-            delta["reasoning_content"] = reasoning[len(sent_reasoning):]
-            sent_reasoning = reasoning
-        if content.startswith(sent_content) and len(content) > len(sent_content):
-            delta["content"] = content[len(sent_content):]
-            sent_content = content
+        text = response.get("text") or ""
+        # The detector holds back a tail that may be the start of a marker (reasoning_parser.py:226-290):
+        # "<thi" is not sent as reasoning before the next tokens say whether it is "<think>".
+        delta = delta_of(text[: len(text) - _partial_marker(text, parser)])
         if delta:
             yield _chunk(rid, created, request.model, delta)
-    finish, matched = _finish(meta)
+    delta = delta_of(text)  # the generation ended: nothing more can complete a held-back marker
     rid = str(meta.get("id"))
+    if delta:
+        yield _chunk(rid, created, request.model, delta)
+    finish, matched = _finish(meta)
     if finish is not None:
         yield _chunk(rid, created, request.model, {}, finish, matched)
     if request.include_usage:

@@ -445,6 +445,7 @@ class ModelRunner:
             self.args,
             time_scale=self.scheduler.options.time_scale,
             emulator_layers_to_capture=self.layers_to_capture,
+            emulate_thinking=self.scheduler.options.thinking,
         )
         if self.model.safetensors_files:
             from sessions.emulator.model_backend import ModelBackend

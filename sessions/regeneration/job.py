@@ -16,14 +16,13 @@ from sessions.extraction.job import (
     job_status,
     load_spec_for_job,
     resume_job,
-    run_job,
     spawn,
     update_progress,
 )
 from sessions.extraction.progress import JobProgress
 from sessions.home import Home, atomic_write_json, atomic_write_text, ensure_private_dir, resolve_home
 from sessions.regeneration.runner import SERVERS_FILE
-from sessions.regeneration.spec import RegenSpec, is_regeneration_spec_file, load_regen_spec
+from sessions.regeneration.spec import RegenSpec, load_regen_spec
 
 
 def _session_url(session_id: str, home: Home) -> str:
@@ -40,20 +39,28 @@ def _session_url(session_id: str, home: Home) -> str:
     return f"http://{host}:{session.state_record.get('port') or server.port}"
 
 
-def create_regen_job(spec_path: Path | str, home: Home | None = None) -> tuple[str, Path, RegenSpec]:
+def create_regen_job(spec_path: Path | str, home: Home | None = None,
+                     pipeline: str | None = None) -> tuple[str, Path, RegenSpec]:
     """Check the spec, its dataset and its output, resolve its sessions, make the job dir (no process)."""
+    spec = load_spec_for_job(spec_path, load_regen_spec)
+    return create_regen_job_from(spec, str(spec_path), home, pipeline)
+
+
+def create_regen_job_from(spec: RegenSpec, where: str, home: Home | None = None,
+                          pipeline: str | None = None) -> tuple[str, Path, RegenSpec]:
+    """`create_regen_job` of a spec already loaded (``where`` names it in errors); ``pipeline``: the id of
+    the pipeline whose first stage this job is (its runner starts the extraction stage when done)."""
     from sessions.extraction.job import new_job_id
     from sessions.safe_files import check_regular
 
     home = (home or resolve_home()).ensure()
-    spec = load_spec_for_job(spec_path, load_regen_spec)
     try:
         check_regular(spec.dataset, "dataset")
     except OSError as exc:
-        raise JobError(f"{spec_path}: job.dataset: {spec.dataset}: {exc.strerror or exc}", code=2) from None
+        raise JobError(f"{where}: job.dataset: {spec.dataset}: {exc.strerror or exc}", code=2) from None
     for path in (spec.output, spec.error_path, spec.skipped_path):
         if path.exists() or path.is_symlink():
-            raise JobError(f"{spec_path}: job.output: {path} already exists; choose a fresh output (or resume "
+            raise JobError(f"{where}: job.output: {path} already exists; choose a fresh output (or resume "
                            "the job that wrote it)", code=1)
     servers = list(spec.servers) or [_session_url(s, home) for s in spec.sessions]
     job_id = new_job_id(spec.name)
@@ -62,8 +69,11 @@ def create_regen_job(spec_path: Path | str, home: Home | None = None) -> tuple[s
 
     atomic_write_text(path / SPEC_FILE, tomli_w.dumps(spec.to_toml_dict()))
     atomic_write_json(path / SERVERS_FILE, {"servers": servers})
-    atomic_write_json(path / JOB_FILE, {"job_id": job_id, "mode": "regenerate", "created_at": time.time(),
-                                         "spec_source": str(spec.source_path), "home_demo": home.demo})
+    meta = {"job_id": job_id, "mode": "regenerate", "created_at": time.time(),
+            "spec_source": str(spec.source_path), "home_demo": home.demo}
+    if pipeline:
+        meta["pipeline"] = pipeline
+    atomic_write_json(path / JOB_FILE, meta)
     update_progress(path, job_id=job_id, name=spec.name, mode="regenerate", state="starting",
                     output_dir=str(spec.output), dataset=str(spec.dataset), server_url=servers[0],
                     started_at=time.time())
@@ -75,14 +85,6 @@ def run_regen_job(spec_path: Path | str, home: Home | None = None) -> str:
     job_id, path, _spec = create_regen_job(spec_path, home)
     spawn(path, resume=False)  # the runner and interpreter of job.json's mode
     return job_id
-
-
-def run_any_job(spec_path: Path | str, home: Home | None = None, allow_partial: bool = False) -> str:
-    """``extract run`` and the jobs screen's ``n``: a spec with ``mode = "regenerate"`` starts a regeneration
-    job (as ``regenerate run`` does), any other an extraction job (``allow_partial`` is extraction's)."""
-    if is_regeneration_spec_file(spec_path):
-        return run_regen_job(spec_path, home)
-    return run_job(spec_path, home, allow_partial=allow_partial)
 
 
 def regen_status(job_id: str, home: Home | None = None) -> JobProgress:

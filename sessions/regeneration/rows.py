@@ -130,8 +130,9 @@ def input_problem(messages: Any) -> str | None:
 
 
 def output_problem(row: dict[str, Any], reasoning: str = "none") -> str | None:
-    """Why ``validate_regenerated_data.py`` would reject a success row (``--strict-think-markers``, and
-    ``--expect-non-reasoning`` unless reasoning is saved), or None."""
+    """Why ``validate_regenerated_data.py`` would reject a success row (``--strict-think-markers``, with
+    ``--expect-reasoning`` when reasoning is saved, else ``--expect-non-reasoning``, as SpecForge's
+    ``run_qwen_sharegpt_regeneration.sh`` runs it), or None."""
     row_id = row.get("id")
     if not isinstance(row_id, str) or not row_id.strip():
         return "id must be a non-empty string"
@@ -151,6 +152,8 @@ def output_problem(row: dict[str, Any], reasoning: str = "none") -> str | None:
             return f"assistant message {index} reasoning_content must be a string or null"
         if reasoning != "save" and thought and thought.strip():
             return f"assistant message {index} has non-empty reasoning_content"
+        if reasoning == "save" and (not isinstance(thought, str) or not thought.strip()):
+            return f"assistant message {index} has empty reasoning_content"
         if has_think_marker(message["content"]) or (isinstance(thought, str) and has_think_marker(thought)):
             return f"assistant message {index} contains a thinking marker"
     if not assistants:

@@ -190,6 +190,17 @@ class RegenRun:
             why = None
             if not content.strip():
                 stats.empty += 1
+            thought = thought if isinstance(thought, str) else None
+            if self.spec.reasoning == "save" and (not content.strip() or not (thought or "").strip()):
+                # SpecForge's regenerate_train_data.py --reasoning save: such a row is an error, not skipped.
+                stats.status = "error"
+                return "error", output_row(row, "error", error="Reasoning generation requires non-empty assistant "
+                                           "content and reasoning_content", source_key=key), stats
+            if self.spec.reasoning == "save" and (has_think_marker(content) or has_think_marker(thought or "")):
+                why = "Reasoning response contains a residual thinking marker"
+            elif self.spec.reasoning == "disable" and (not content.strip() or has_think_marker(content)):
+                why = "Non-reasoning assistant response is empty or contains a thinking marker"
+            elif not content.strip():
                 why = "empty assistant answer"
             elif has_think_marker(content):
                 why = "assistant answer contains a thinking marker"
@@ -199,7 +210,7 @@ class RegenRun:
                 return "skipped", output_row(row, "skipped", error=why, source_key=key), stats
             new = {"role": "assistant", "content": content}
             if self.spec.reasoning == "save":
-                new["reasoning_content"] = thought if isinstance(thought, str) else None
+                new["reasoning_content"] = thought  # kept as the server split it (SpecForge's resp_msg)
             history.append(new)
         out = output_row(row, "success", conversations=history, source_key=key)
         problem = output_problem(out, self.spec.reasoning)
@@ -306,6 +317,9 @@ class RegenRun:
             self._progress("done", reason=None, finished_at=time.time(), eta_s=None)
             self.log(f"done: {counts['success']} success + {counts['error']} error + {counts['skipped']} skipped "
                      f"= {self.total} input rows")
+            from sessions.regeneration.handover import hand_over
+
+            hand_over(self.job_dir, self.log)  # a pipeline's first stage starts its extraction stage
             return 0
         except Exception as exc:  # noqa: BLE001 - the job's own failure: recorded for status, then exit 1
             self.log(traceback.format_exc())
