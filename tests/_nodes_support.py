@@ -132,3 +132,75 @@ def two_node_tp4(tmp_path: Path, model_dir: Path, extra: Sequence[str] = (),
     port = free_port_on(hosts)
     return [EmulatorNode(tmp_path / f"node{r}", model_dir, r, nnodes, 4, f"127.0.0.1:{rendezvous}", port, extra,
                          envs[r] if r < len(envs) else None, time_scale) for r in range(nnodes)]
+
+
+# -- nodes as separate homes on this machine (the SSH layer's stand-in) ----------------------------------
+
+
+class LocalLink:
+    """`sessions.server.nodes.HostLink` to a "host" that is this machine with its own ``EAGLE3_TUI_HOME`` (and
+    any env the host gets, like a hosts.toml ``env``): runs our CLI as real subprocesses."""
+
+    def __init__(self, home_dir: Path, env: dict[str, str] | None = None) -> None:
+        self.env = dict(os.environ) | {"EAGLE3_TUI_HOME": str(home_dir), "PYTHONPATH": str(REPO_ROOT)} | (env or {})
+        self.env.pop("EAGLE3_TUI_DEMO", None)
+
+    def run(self, argv: Sequence[str], timeout_s: float) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(list(argv), env=self.env, capture_output=True, text=True, timeout=timeout_s,
+                              check=False, stdin=subprocess.DEVNULL)
+
+    def popen(self, argv: Sequence[str]) -> subprocess.Popen[str]:
+        return subprocess.Popen(list(argv), env=self.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                text=True, stdin=subprocess.DEVNULL)
+
+    def close(self) -> None:
+        return None
+
+
+CLI_ARGV0 = (sys.executable, "-m", "app")
+
+
+def local_nodes(tmp_path: Path, count: int = 2, envs: Sequence[dict[str, str] | None] = ()) -> dict[str, Any]:
+    """Hosts ``node0``, ``node1``, ... at 127.0.0.1, 127.0.0.2, ..., each with its own home; returns the
+    resolver's table (name -> NodeEndpoint)."""
+    from sessions.server.nodes import NodeEndpoint
+
+    table = {}
+    for rank in range(count):
+        env = envs[rank] if rank < len(envs) else None
+        link = LocalLink(tmp_path / f"home-node{rank}", env)
+        table[f"node{rank}"] = NodeEndpoint(f"node{rank}", NODE_HOSTS[rank], CLI_ARGV0, link)
+    return table
+
+
+def write_nodes_profile(path: Path, model_dir: Path, port: int, *, fault: str = "none", time_scale: float = 0.003,
+                        stall_after_s: float = 300.0, **server: Any) -> Path:
+    import tomli_w
+
+    doc = {
+        "server": {"launcher": "emulator", "python": sys.executable, "model_path": str(model_dir), "tp_size": 4,
+                   "host": "127.0.0.1", "port": port, "nnodes": 2, "hosts": ["node0", "node1"]} | server,
+        "watch": {"stall_after_s": stall_after_s},
+        "emulator": {"time_scale": time_scale, "fault": fault},
+    }
+    path.write_text(tomli_w.dumps(doc))
+    return path
+
+
+def kill_node_sessions(table: dict[str, Any], record: Any) -> None:
+    """Teardown: SIGKILL every process of every node's session, by the pids its status names."""
+    for entry in record.nodes:
+        if entry.session_id is None:
+            continue
+        node = table[entry.host]
+        result = node.call(["status", entry.session_id, "--json", "--no-http"])
+        try:
+            data = json.loads(result.stdout)
+        except ValueError:
+            continue
+        status = data[0] if isinstance(data, list) else data
+        pids = [status.get("pid")] + [r.get("pid") for r in status.get("ranks") or []]
+        for pid in pids:
+            if isinstance(pid, int):
+                with contextlib.suppress(OSError):
+                    os.kill(pid, signal.SIGKILL)
