@@ -25,6 +25,8 @@ FAULT_IDS = (
     "crash-while-serving",
     "slow-weights",
     "scheduler-exception",
+    "node-never-joins",  # multi-node only: they hit the last node (sessions.emulator.faults)
+    "node-dies-loading",
 )
 SGLANG_MODULE = "sglang.launch_server"
 EMULATOR_MODULE = "sessions.emulator"

@@ -134,6 +134,8 @@ def summarize(record: MultiNodeRecord, views: tuple[NodeView, ...]) -> MultiNode
     if record.stopped_at is not None and not any(v.alive for v in views):
         return MultiNodeStatus(record, views, "stopped", "stopped", hints)
     if dead:
+        # The first failure first: a node that failed on a lost peer (ncclRemoteError) is a consequence.
+        dead.sort(key=lambda v: (_lost_a_peer(v.error), v.rank))
         names = "; ".join(f"node {v.rank} ({v.host}, {_tp_label(v.ranks)}) is {v.state}"
                           + (f": {v.error}" if v.error else "") for v in dead)
         return MultiNodeStatus(record, views, "crashed", f"dead node: {names}", hints)
@@ -157,6 +159,10 @@ def summarize(record: MultiNodeRecord, views: tuple[NodeView, ...]) -> MultiNode
             verdict = f"rendezvous: every rank arrived ({len(arrived)}), {who}"
         return MultiNodeStatus(record, views, node0.state, verdict, hints)
     return MultiNodeStatus(record, views, node0.state, f"{node0.state}: {node0.phase}", hints)
+
+
+def _lost_a_peer(error: str | None) -> bool:
+    return bool(error) and ("ncclRemoteError" in str(error) or "remote process exited" in str(error))
 
 
 def stop_nodes(record: MultiNodeRecord, resolver: NodeResolver, home: Any, grace_s: float = 30.0,
