@@ -41,24 +41,29 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def node_resolver(home):
-    """The links to the hosts of hosts.toml.  The SSH layer (`sessions.remote`) plugs in here."""
+    """The links to the hosts of hosts.toml: THE place where the SSH layer (`sessions.remote`) plugs in.
+    A node's address (for the default --dist-init-addr and a worker's bind) is the host part of its ``ssh``
+    target; an ~/.ssh/config alias is used as a name, so give ``dist_init_addr`` when it does not resolve."""
+    import importlib
+
     from app.cli import CliError
+    from sessions.server.nodes import NodeEndpoint
 
     try:
-        from sessions.remote.hosts import load_hosts  # type: ignore[import-not-found]
-        from sessions.remote.link import SshLink  # type: ignore[import-not-found]
+        hosts_module = importlib.import_module("sessions.remote.hosts")
+        link_module = importlib.import_module("sessions.remote.link")
     except ImportError:
         raise CliError("multi-node sessions need the SSH layer (sessions.remote, hosts.toml), which this "
                        "build lacks") from None
-    from sessions.server.nodes import NodeEndpoint
-
-    hosts = {h.name: h for h in load_hosts(home)}
+    hosts = hosts_module.load_hosts(home)
 
     def resolve(name: str) -> NodeEndpoint:
+        if name not in hosts:
+            raise KeyError(f"no host {name!r} in hosts.toml (known: {', '.join(sorted(hosts)) or 'none'})")
         host = hosts[name]
-        target = str(host.ssh).rpartition("@")[2]
-        address = target.rsplit(":", 1)[0] if target.count(":") == 1 else target
-        return NodeEndpoint(name, address, (str(host.eagle3_tui),), SshLink(host, home))
+        destination, _port = host.destination()
+        address = destination.rpartition("@")[2]
+        return NodeEndpoint(name, address, link_module.SshLink(host, home))
 
     return resolve
 

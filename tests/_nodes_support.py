@@ -137,6 +137,9 @@ def two_node_tp4(tmp_path: Path, model_dir: Path, extra: Sequence[str] = (),
 # -- nodes as separate homes on this machine (the SSH layer's stand-in) ----------------------------------
 
 
+CLI_ARGV0 = (sys.executable, "-m", "app")  # our CLI, as sessions.remote.link.LocalLink runs it
+
+
 class LocalLink:
     """`sessions.server.nodes.HostLink` to a "host" that is this machine with its own ``EAGLE3_TUI_HOME`` (and
     any env the host gets, like a hosts.toml ``env``): runs our CLI as real subprocesses."""
@@ -145,19 +148,16 @@ class LocalLink:
         self.env = dict(os.environ) | {"EAGLE3_TUI_HOME": str(home_dir), "PYTHONPATH": str(REPO_ROOT)} | (env or {})
         self.env.pop("EAGLE3_TUI_DEMO", None)
 
-    def run(self, argv: Sequence[str], timeout_s: float) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(list(argv), env=self.env, capture_output=True, text=True, timeout=timeout_s,
+    def run(self, argv: list[str], timeout_s: float) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([*CLI_ARGV0, *argv], env=self.env, capture_output=True, text=True, timeout=timeout_s,
                               check=False, stdin=subprocess.DEVNULL)
 
-    def popen(self, argv: Sequence[str]) -> subprocess.Popen[str]:
-        return subprocess.Popen(list(argv), env=self.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    def popen(self, argv: list[str]) -> subprocess.Popen[str]:
+        return subprocess.Popen([*CLI_ARGV0, *argv], env=self.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                 text=True, stdin=subprocess.DEVNULL)
 
     def close(self) -> None:
         return None
-
-
-CLI_ARGV0 = (sys.executable, "-m", "app")
 
 
 def local_nodes(tmp_path: Path, count: int = 2, envs: Sequence[dict[str, str] | None] = ()) -> dict[str, Any]:
@@ -169,7 +169,7 @@ def local_nodes(tmp_path: Path, count: int = 2, envs: Sequence[dict[str, str] | 
     for rank in range(count):
         env = envs[rank] if rank < len(envs) else None
         link = LocalLink(tmp_path / f"home-node{rank}", env)
-        table[f"node{rank}"] = NodeEndpoint(f"node{rank}", NODE_HOSTS[rank], CLI_ARGV0, link)
+        table[f"node{rank}"] = NodeEndpoint(f"node{rank}", NODE_HOSTS[rank], link)
     return table
 
 

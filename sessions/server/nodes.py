@@ -40,27 +40,24 @@ INIT_LINE_RE = re.compile(r"\[[\d\- :.]+ (?:DP\d+ )?TP(?P<rank>\d+)(?: EP\d+)?\]
 
 
 class HostLink(Protocol):
-    """What this module needs of a link to a host (`sessions.remote.link.HostLink` has this shape)."""
+    """What this module needs of a link to a host (`sessions.remote.link.HostLink` has this shape): ``argv``
+    is our CLI's arguments; the link runs them with that host's eagle3-tui."""
 
-    def run(self, argv: Sequence[str], timeout_s: float) -> subprocess.CompletedProcess[str]: ...
-
-    def popen(self, argv: Sequence[str]) -> subprocess.Popen[str]: ...
+    def run(self, argv: list[str], timeout_s: float) -> subprocess.CompletedProcess[str]: ...
 
     def close(self) -> None: ...
 
 
 @dataclass(frozen=True)
 class NodeEndpoint:
-    """A host as a node: its hosts.toml name, the address the other nodes reach it at, the argv that runs
-    eagle3-tui there, and the link."""
+    """A host as a node: its hosts.toml name, the address the other nodes reach it at, and the link."""
 
     name: str
     address: str
-    argv0: tuple[str, ...]
     link: HostLink
 
     def call(self, args: Sequence[str], timeout_s: float = CALL_TIMEOUT_S) -> subprocess.CompletedProcess[str]:
-        return self.link.run([*self.argv0, *args], timeout_s)
+        return self.link.run(list(args), timeout_s)
 
 
 NodeResolver = Callable[[str], NodeEndpoint]

@@ -30,8 +30,9 @@ def node_line(view: NodeView) -> str:
 
 def status_lines(status: MultiNodeStatus) -> list[str]:
     record = status.record
-    lines = [f"{record.node_id}  {record.profile}  {status.state}  TP{record.tp_size} over {len(record.nodes)} "
-             f"nodes, rendezvous {record.dist_init_addr}", f"  {status.verdict}"]
+    head = (f"{record.node_id}  {record.profile}  {status.state}  TP{record.tp_size} over {len(record.nodes)} "
+            f"nodes, rendezvous {record.dist_init_addr}")
+    lines = [head, f"  {status.verdict}"]
     lines += [f"  {node_line(v)}" for v in status.nodes]
     lines += [f"  hint: {h}" for h in status.hints]
     return lines

@@ -16,8 +16,8 @@ from sessions.server.nodes import (
     INIT_LINE_RE,
     MultiNodeRecord,
     NodeEndpoint,
-    NodesError,
     NodeResolver,
+    NodesError,
     ranks_of_node,
 )
 
