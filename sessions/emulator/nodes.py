@@ -43,7 +43,9 @@ from sessions.emulator.scheduler_client import Collectives, SchedulerClient
 
 if TYPE_CHECKING:
     from sessions.emulator.console import Console
-    from sessions.emulator.startup import Engine
+
+# The main process's Engine (sessions.emulator.startup), which imports this module: typed loosely here.
+Engine = Any
 
 # NCCL notices a closed peer socket on its next progress call; the emulator waits this long (scaled by the
 # time scale, never less than PEER_LOSS_MIN_S of wall time) before the waiting ranks raise.
