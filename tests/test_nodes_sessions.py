@@ -73,6 +73,8 @@ def test_a_node_that_never_joins_is_named_by_status_hints_and_diagnosis(cluster)
                       len(s.nodes[0].begun) == 2 and len(s.nodes[1].begun) == 2 and s, "both nodes at the rendezvous",
                       WAIT_S)
     assert not any(v.ended for v in status.nodes)
+    # Silent past the stall limit: the stall is the whole server's, and its verdict names the node.
+    status = wait_for(lambda: (s := status_of(record, table)).state == "stalled" and s, "stalled", WAIT_S)
     assert "node 1 (node1) cannot reach the rendezvous" in status.verdict
     assert any(h.startswith("rendezvous: node 1 (node1) cannot reach node 0's --dist-init-addr") for h in status.hints)
     report = diagnose_nodes(record, table.__getitem__)
