@@ -55,7 +55,7 @@ def test_two_node_tp4_launch_shows_per_node_arrival_ready_and_stops_node0_first(
     assert node0.ranks == (0, 1) and node1.ranks == (2, 3)  # node 1 holds TP2-3 of the TP4
     assert node0.begun == node0.ended == (0, 1)
     assert node1.begun == node1.ended == (2, 3)
-    assert node1.alive and node1.state != "ready"  # a worker is alive, never "ready" (its /health is a dummy)
+    assert node1.alive and node1.state == "serving"  # a worker is alive, never "ready" (its /health is a dummy)
     text = "\n".join(status_lines(status))
     assert "node 1 node1" in text and "TP2 begin+ends" in text and "TP3 begin+ends" in text
     reports = stop_nodes(record, table.__getitem__, home, grace_s=30)
@@ -81,6 +81,7 @@ def test_a_node_that_never_joins_is_named_by_status_hints_and_diagnosis(cluster)
     assert [n["node_rank"] for n in report["nodes"]] == [0, 1]
     assert all("report" in n for n in report["nodes"]), report["nodes"]
     assert "node 1 (node1) cannot reach" in report["text"]
+    assert "py-spy: " in report["text"] and "(TP2, TP3)" in report["text"]  # node 1's ranks, dumped there
     node1_hints = [h.get("id") for h in report["nodes"][1]["report"].get("hints", [])]
     assert "rendezvous-unreachable" in node1_hints  # the catalogue's cause, from node 1's own log
 

@@ -63,6 +63,8 @@ def diagnose_nodes(record: MultiNodeRecord, resolver: NodeResolver) -> dict[str,
         for hint in report.get("hints") or []:
             title = hint.get("title") if isinstance(hint, dict) else str(hint)
             text.append(f"  hint: {title}")
-        stacks = report.get("stacks") or report.get("ranks") or []
-        text.append(f"  stacks: {len(stacks)} process(es) dumped")
+        dumped = [p for p in report.get("processes") or [] if isinstance(p, dict) and p.get("stack")]
+        ranks = [f"TP{p['rank']}" for p in dumped if p.get("role") == "scheduler" and p.get("rank") is not None]
+        text.append(f"  py-spy: {len(dumped)} process(es) of this node dumped"
+                    + (f" ({', '.join(ranks)})" if ranks else ""))
     return {"status": status.to_json(), "nodes": per_node, "text": "\n".join(text)}

@@ -7,6 +7,7 @@ the next poll, whatever its peers' logs say: NCCL's watchdog may take minutes, o
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -142,6 +143,9 @@ def summarize(record: MultiNodeRecord, views: tuple[NodeView, ...]) -> MultiNode
         names = ", ".join(f"node {v.rank} ({v.host})" for v in unreachable)
         return MultiNodeStatus(record, views, node0.state, f"cannot reach {names}", hints)
     if node0.state == "ready":
+        # A worker's log goes quiet once its ranks are ready (it serves no API): its own session reads that
+        # as a stall, but with node 0 ready it is serving.
+        views = (node0, *(dataclasses.replace(v, state="serving") if v.alive else v for v in views[1:]))
         return MultiNodeStatus(record, views, "ready", f"ready: node 0 serves, {len(views) - 1} worker node(s) alive",
                                hints)
     stuck = [v for v in views if v.waiting or v.missing]
