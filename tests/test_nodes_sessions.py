@@ -150,3 +150,21 @@ def test_multi_node_profile_validation(tmp_path: Path, small_model_dir: Path, se
     except ProfileError as exc:
         problems = exc.problems
     assert any(p.field == field and text in p.message for p in problems), problems
+
+
+def test_a_node_needs_and_checks_only_its_share_of_the_gpus(tmp_path: Path, small_model_dir: Path) -> None:
+    from sessions.gpus import launch_gpu_ids
+    from sessions.server.nodes import node_profile
+
+    path = write_nodes_profile(tmp_path / "p.toml", small_model_dir, 30000, tp_size=16, launcher="sglang")
+    profile = load_profile(path)
+    for rank in (0, 1):
+        node = node_profile(profile, rank, "10.0.0.1:25000", f"10.0.0.{rank + 1}")
+        assert launch_gpu_ids(node) == list(range(8))  # TP8-15 run on GPUs 0-7 of node 1 (engine.py:931-940)
+        assert gpu_problems(node, 8) == []
+        assert ["TP 16 over 2 nodes needs 8 GPUs but only 4 are visible (NVML sees 4)"] == gpu_problems(node, 4)
+
+
+def gpu_problems(profile, gpus: int) -> list[str]:
+    return [p.message for p in validate_profile(profile, check_port=False, nvml_gpu_count=gpus)
+            if p.field == "server.tp_size" and "GPU" in p.message]

@@ -307,7 +307,7 @@ MAX_NODES = 64
 _DIST_INIT_RE = re.compile(r"^(?:\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9_.\-]+):(\d{1,5})$")
 
 
-def _flag_int(extra_args: tuple[str, ...] | list[str], names: tuple[str, ...]) -> int | None:
+def int_flag_of(extra_args: tuple[str, ...] | list[str], names: tuple[str, ...]) -> int | None:
     """The last ``--flag N`` / ``--flag=N`` of ``names`` in ``extra_args``; None when absent or not a number."""
     value = None
     for i, token in enumerate(extra_args):
@@ -349,7 +349,7 @@ def node_field_problems(profile: LaunchProfile, bad: set[str], line_of: Callable
         if isinstance(s.tp_size, int) and s.tp_size >= 1 and (s.tp_size * pp) % s.nnodes:
             problem("server.nnodes", f"tp_size x pp_size = {s.tp_size} x {pp} must be divisible by the "
                     f"{s.nnodes} nodes (SGLang: \"tp_size must be divisible by number of nodes\")")
-        dp = _flag_int(s.extra_args, ("--dp-size", "--data-parallel-size"))
+        dp = int_flag_of(s.extra_args, ("--dp-size", "--data-parallel-size"))
         if dp is not None and dp > 1:
             problem("server.extra_args", f"--dp-size {dp} across {s.nnodes} nodes: SGLang refuses multi-node "
                     "data-parallel replicas; use attention DP (--attn-dp-size) across nodes")
