@@ -176,3 +176,26 @@ def test_node_flags_are_checked_as_sglang_does(small_model_dir: Path, flags: lis
     ns, _options = parse_args(["--model-path", str(small_model_dir), *flags])
     with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
         resolve_server_args(ns, load_model_config(str(small_model_dir)))
+
+
+def test_gated_launch_holds_every_node_after_init_parallel_until_activated(
+        tmp_path: Path, small_model_dir: Path, nodes_to_kill) -> None:
+    from _nodes_support import free_port_on
+
+    gate = free_port_on(("127.0.0.1",))
+    node0, node1 = started(two_node_tp4(tmp_path, small_model_dir, ["--gated-launch-port", str(gate)]),
+                           nodes_to_kill)
+    node0.wait_log(f"Gated launch control server started on 127.0.0.1:{gate}")
+    assert node1.proc is not None
+    # Node 1's ranks are past the rendezvous and parked in the gate's collective, before their memory baseline.
+    wait_until_parked(node1.proc, {2: "_wait_for_peers", 3: "_wait_for_peers"})
+    for node in (node0, node1):
+        assert node.log().count("Gated launch waiting for activation. rank=") == 2
+        assert "Memory baseline taken" not in node.log()
+    assert http_status(f"http://127.0.0.1:{gate}/health") == 200
+    request = urllib.request.Request(f"http://127.0.0.1:{gate}/gate/activate", data=b"", method="POST")
+    with urllib.request.build_opener(urllib.request.ProxyHandler({})).open(request, timeout=10) as answer:
+        assert answer.status == 200
+    node0.wait_log("The server is fired up and ready to roll!")
+    for node in (node0, node1):
+        assert node.log().count("Gated launch activated. elapsed=") == 2

@@ -250,6 +250,7 @@ _SGLANG_FLAGS: list[tuple[tuple[str, ...], dict[str, Any]]] = [
     (("--node-rank",), {"type": int, "default": 0}),
     (("--dist-init-addr", "--nccl-init-addr"), {"type": str, "default": None}),
     (("--dist-timeout",), {"type": int, "default": None}),
+    (("--gated-launch-port",), {"type": int, "default": None}),
     (("--base-gpu-id",), {"type": int, "default": 0}),
     (("--gpu-id-step",), {"type": int, "default": 1}),
     (("--stream-interval",), {"type": int, "default": 1}),

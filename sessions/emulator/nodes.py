@@ -562,3 +562,65 @@ def serve_worker_node(engine: Engine) -> int:
             server.shutdown()
             server.server_close()
     return 0
+
+
+# -- --gated-launch-port (distributed/gated_launch.py) ------------------------------------------------------
+
+
+class _GateHandler(http.server.BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    server: GateServer
+
+    def do_GET(self) -> None:
+        self._answer(200 if self.path.split("?")[0] == "/health" else 404)
+
+    def do_POST(self) -> None:
+        if self.path.split("?")[0] != "/gate/activate":
+            self._answer(404)
+            return
+        self.server.activated.set()
+        self._answer(200)
+
+    def _answer(self, status: int) -> None:
+        body = b"OK" if status == 200 else b'{"detail":"Not Found"}'
+        self.send_response(status)
+        self.send_header("content-length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, format: str, *args: Any) -> None:
+        return  # uvicorn at log_level="warning"
+
+
+class GateServer(http.server.ThreadingHTTPServer):
+    """The first rank's gate control server: ``GET /health`` -> OK, ``POST /gate/activate`` opens the gate."""
+
+    daemon_threads = True
+
+    def __init__(self, host: str, port: int) -> None:
+        self.address_family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        self.activated = threading.Event()
+        super().__init__((host, port), _GateHandler)
+
+
+def wait_for_gated_launch(console: Console, args: Mapping[str, Any], tp_rank: int,
+                          all_reduce: Callable[[str], None]) -> None:
+    """``maybe_wait_for_gated_launch``: after ``Init parallel ends`` and before the memory baseline, every
+    rank waits until ``POST /gate/activate`` reaches ``--gated-launch-port`` on the first rank's host.  World
+    rank 0 serves the gate and logs the waits every 10 s; the others wait for it in a collective (SGLang
+    broadcasts rank 0's flag every second)."""
+    port = args.get("gated_launch_port")
+    if port is None:
+        return
+    console.log(f"Gated launch waiting for activation. rank={tp_rank}")
+    tic = time.monotonic()
+    if tp_rank == 0:
+        host = args.get("host") or "127.0.0.1"
+        server = GateServer(host, int(port))
+        threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
+        console.log(f"Gated launch control server started on {host}:{port}")
+        while not server.activated.wait(10.0):
+            console.log(f"Gated launch still waiting for activation. rank={tp_rank} "
+                        f"elapsed={time.monotonic() - tic:.0f} s")
+    all_reduce("gated_launch")
+    console.log(f"Gated launch activated. elapsed={time.monotonic() - tic:.2f} s")

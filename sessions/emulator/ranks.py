@@ -51,7 +51,7 @@ from sessions.emulator.faults import (
 )
 from sessions.emulator.gpu_memory import GIB, GpuMemoryHolder, MemoryPlan, kv_dtype_name, plan_memory
 from sessions.emulator.model_config import ModelConfig, load_model_config
-from sessions.emulator.nodes import check_interfaces, fail_for_lost_peer, node_layout
+from sessions.emulator.nodes import check_interfaces, fail_for_lost_peer, node_layout, wait_for_gated_launch
 from sessions.emulator.pacing import Pacing
 from sessions.emulator.spec_decode import SpecDecoding
 from sessions.emulator.speculative import (
@@ -439,6 +439,7 @@ class ModelRunner:
             self.console.log("sglang is using nccl==2.27.7")
         self.pacing.sleep(pacing.INIT_PARALLEL_S)
         self.console.log(f"Init parallel ends. elapsed={time.monotonic() - begin:.2f} s")
+        wait_for_gated_launch(self.console, self.args, self.tp_rank, self.tp_group.all_reduce)
         self.report_memory("dist", 1.0, 0.0)
         self.console.log(f"Memory baseline taken. mem usage={self.plan.baseline_gb:.2f} GB")
 
