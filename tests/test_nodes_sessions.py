@@ -45,7 +45,7 @@ def status_of(record, table):
     return multi_node_status(record, table.__getitem__)
 
 
-def test_two_node_tp4_launch_shows_per_node_arrival_ready_and_stops_node0_first(cluster, home) -> None:
+def test_two_node_tp4_launch_shows_per_node_arrival_ready_and_stops_node0_first(cluster, home, tmp_path: Path) -> None:
     record, table = cluster()
     assert [n.host for n in record.nodes] == ["node0", "node1"] and all(n.session_id for n in record.nodes)
     assert record.dist_init_addr.startswith("127.0.0.1:")  # default: node 0's address and a free port
@@ -58,7 +58,15 @@ def test_two_node_tp4_launch_shows_per_node_arrival_ready_and_stops_node0_first(
     assert node1.alive and node1.state == "serving"  # a worker is alive, never "ready" (its /health is a dummy)
     text = "\n".join(status_lines(status))
     assert "node 1 node1" in text and "TP2 begin+ends" in text and "TP3 begin+ends" in text
+    # The emulator's GPU accounting on each node (emulated_gpus.json in its session folder): held now.
+    boards = [tmp_path / f"home-node{n.rank}" / "state" / "sessions" / str(n.session_id) / "emulated_gpus.json"
+              for n in record.nodes]
+    for board in boards:
+        gpus = wait_for(lambda b=board: b.is_file() and [g for g in json.loads(b.read_text())["gpus"] if g["processes"]],
+                        f"{board} shows the node's ranks", WAIT_S)
+        assert [g["index"] for g in gpus] == [0, 1]  # each node's two ranks on its own GPUs 0 and 1
     reports = stop_nodes(record, table.__getitem__, home, grace_s=30)
+    assert not any(board.exists() for board in boards)  # GPUs freed on both nodes
     assert [r["node_rank"] for r in reports] == [0, 1]  # node 0 first
     assert all(r["stopped"] and not r["gpu_pids_left"] for r in reports)
     # Node 1's ranks ended on node 0's ShutdownReq (exit 0), not by their own node's SIGKILL.
