@@ -170,8 +170,9 @@ def _launch(args: argparse.Namespace) -> int:
         from sessions.server.nodes import node_profile
 
         if not (profile.server.nnodes > 1 and 0 <= args.node_rank < profile.server.nnodes and args.dist_init_addr):
-            raise CliError(f"--node-rank {args.node_rank} needs a profile with server.nnodes > {args.node_rank} "
-                           "and --dist-init-addr HOST:PORT", EXIT_BAD_INPUT)
+            raise CliError(f"--node-rank {args.node_rank}: profile {args.profile!r} has server.nnodes = "
+                           f"{profile.server.nnodes} (node ranks 0..{profile.server.nnodes - 1}), and "
+                           "--dist-init-addr HOST:PORT must be given", EXIT_BAD_INPUT)
         profile = node_profile(profile, args.node_rank, args.dist_init_addr, args.node_address)
     if args.replicas is not None:
         from sessions.profiles import ProfileError

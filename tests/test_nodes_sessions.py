@@ -176,3 +176,13 @@ def test_a_node_needs_and_checks_only_its_share_of_the_gpus(tmp_path: Path, smal
 def gpu_problems(profile, gpus: int) -> list[str]:
     return [p.message for p in validate_profile(profile, check_port=False, nvml_gpu_count=gpus)
             if p.field == "server.tp_size" and "GPU" in p.message]
+
+
+def test_launch_of_a_node_rank_outside_the_profile_is_refused(tmp_path: Path, small_model_dir: Path) -> None:
+    from _nodes_support import LocalLink
+
+    path = write_nodes_profile(tmp_path / "p.toml", small_model_dir, 30000)
+    result = LocalLink(tmp_path / "home").run(["launch", str(path), "--node-rank", "3", "--dist-init-addr",
+                                               "127.0.0.1:29500"], 120)
+    assert result.returncode == 2
+    assert "--node-rank 3: profile" in result.stderr and "server.nnodes = 2 (node ranks 0..1)" in result.stderr
