@@ -21,6 +21,7 @@ EXIT_BAD_INPUT = 2
 _AREAS = (
     "app.cli_profile",  # profile command|validate|list
     "app.cli_server",  # launch, status, stop, restart, logs
+    "app.cli_nodes",  # nodes status|stop|diagnose, node-check (one server across nodes)
     "app.cli_logs",  # inspect-log
     "app.cli_diagnose",  # diagnose
     "app.cli_capture",  # capture check, demo-model

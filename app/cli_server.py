@@ -51,6 +51,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="start N servers of the profile as one group on disjoint GPUs (--base-gpu-id i*tp*pp) and "
         "ports (port+i); prints one session id a line (default: the profile's server.replicas)",
     )
+    p.add_argument("--node-rank", type=int, default=None, metavar="R",
+                   help="run node R of a profile with server.nnodes > 1 (set by the multi-node launch)")
+    p.add_argument("--dist-init-addr", default=None, metavar="HOST:PORT", help="with --node-rank: the rendezvous")
+    p.add_argument("--node-address", default="127.0.0.1", metavar="ADDR",
+                   help="with --node-rank: this node's address (a worker binds its dummy health app there)")
     p.set_defaults(func=_launch)
 
     p = subparsers.add_parser(
@@ -157,6 +162,18 @@ def _launch(args: argparse.Namespace) -> int:
     if args.timeout is not None and not args.timeout >= 0:
         raise CliError(f"--timeout must be 0 or more seconds, got {args.timeout:g}", EXIT_BAD_INPUT)
     lock_timeout = {} if args.lock_timeout is None else {"lock_timeout_s": args.lock_timeout}
+    if profile.server.nnodes > 1 and args.node_rank is None:
+        from app.cli_nodes import launch_across_nodes
+
+        return launch_across_nodes(args.profile, profile)  # one server across nodes (sessions.server.nodes)
+    if args.node_rank is not None:
+        from sessions.server.nodes import node_profile
+
+        if not (profile.server.nnodes > 1 and 0 <= args.node_rank < profile.server.nnodes and args.dist_init_addr):
+            raise CliError(f"--node-rank {args.node_rank}: profile {args.profile!r} has server.nnodes = "
+                           f"{profile.server.nnodes} (node ranks 0..{profile.server.nnodes - 1}), and "
+                           "--dist-init-addr HOST:PORT must be given", EXIT_BAD_INPUT)
+        profile = node_profile(profile, args.node_rank, args.dist_init_addr, args.node_address)
     if args.replicas is not None:
         from sessions.profiles import ProfileError
         from sessions.profiles.fields import MAX_REPLICAS

@@ -496,6 +496,11 @@ def launch_gpu_ids(profile: LaunchProfile) -> list[int]:
         dp = 1  # attention-DP splits the TP group's GPUs, it adds none
     base = _int_flag(args, 0, "--base-gpu-id")
     step = max(1, _int_flag(args, 1, "--gpu-id-step"))
+    # One node of a multi-node server holds its share (engine.py _calculate_rank_ranges): pp_per_node PP
+    # stages of tp_per_node TP ranks each.
+    nnodes = max(1, _int_flag(args, 1, "--nnodes"), int(getattr(server, "nnodes", 1) or 1))
+    nodes_per_pp_rank = max(nnodes // pp, 1)
+    pp, tp = max(pp // nnodes, 1), max(1, tp // nodes_per_pp_rank)
     ids = []
     for d in range(dp):
         for p in range(pp):

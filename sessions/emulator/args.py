@@ -32,6 +32,7 @@ from sessions.emulator.cost_model import (
 )
 from sessions.emulator.faults import FAULT_IDS, Fault
 from sessions.emulator.model_config import ModelConfig
+from sessions.emulator.nodes import check_node_args
 from sessions.emulator.speculative import resolve_speculative
 
 SGLANG_VERSION = "0.5.23"
@@ -249,6 +250,7 @@ _SGLANG_FLAGS: list[tuple[tuple[str, ...], dict[str, Any]]] = [
     (("--node-rank",), {"type": int, "default": 0}),
     (("--dist-init-addr", "--nccl-init-addr"), {"type": str, "default": None}),
     (("--dist-timeout",), {"type": int, "default": None}),
+    (("--gated-launch-port",), {"type": int, "default": None}),
     (("--base-gpu-id",), {"type": int, "default": 0}),
     (("--gpu-id-step",), {"type": int, "default": 1}),
     (("--stream-interval",), {"type": int, "default": 1}),
@@ -464,7 +466,8 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, Emula
     if options.spec_draft_cost is not None and options.spec_draft_cost > 1:
         build_parser().error(f"--emulate-spec-draft-cost must be at most 1 (a fraction of a decode step), "
                              f"not {options.spec_draft_cost}")
-    last_gpu = ns.base_gpu_id + (ns.tp_size - 1) * ns.gpu_id_step
+    tp_per_node = max(1, ns.tp_size // ns.nnodes) if ns.nnodes >= 1 else ns.tp_size  # the GPUs of this node
+    last_gpu = ns.base_gpu_id + (tp_per_node - 1) * ns.gpu_id_step
     if ns.base_gpu_id < 0 or last_gpu >= options.gpus:
         # SGLang's scheduler dies at torch.cuda.set_device ("invalid device ordinal"); the emulator says so
         # up front instead of wrapping onto GPUs another replica holds.
@@ -579,16 +582,15 @@ def _check_parallel(args: dict[str, Any]) -> None:
     for key in ("ep_size", "attn_dp_size", "dp_size", "pp_size"):
         if args[key] < 1:
             raise ValueError(f"--{key.replace('_', '-')} must be >= 1, not {args[key]}")
+    check_node_args(args)  # SGLang's node checks come first: they are what a user meets on a real server
     if tp % args["ep_size"]:
         raise ValueError(f"tp_size={tp} must be divisible by ep_size={args['ep_size']}")
     if tp % args["attn_dp_size"]:
         raise ValueError(f"tp_size={tp} must be divisible by attn_dp_size={args['attn_dp_size']}")
     if args["dp_size"] != 1 and args["attn_dp_size"] == 1:
         raise ValueError("the emulator runs one replica: --dp-size > 1 without attention DP is not emulated")
-    if args["pp_size"] != 1 or args["nnodes"] != 1:
-        raise ValueError(
-            "the emulator runs a single node without pipeline parallelism (--pp-size 1, --nnodes 1)"
-        )
+    if args["pp_size"] != 1:
+        raise ValueError("the emulator runs without pipeline parallelism (--pp-size 1)")
 
 
 def _resolve_aux_capture(args: dict[str, Any], model: ModelConfig) -> None:
@@ -656,5 +658,6 @@ def log_prefix(args: dict[str, Any], tp_rank: int) -> str:
 
 
 def gpu_id(args: dict[str, Any], tp_rank: int) -> int:
-    """engine.py:935-939 on one node: base_gpu_id + tp_rank * gpu_id_step."""
-    return args["base_gpu_id"] + tp_rank * args["gpu_id_step"]
+    """engine.py:931-940 (pp = 1): base_gpu_id + (tp_rank % tp_per_node) * gpu_id_step."""
+    tp_per_node = max(1, args["tp_size"] // max(1, args.get("nnodes") or 1))
+    return args["base_gpu_id"] + (tp_rank % tp_per_node) * args["gpu_id_step"]

@@ -19,6 +19,11 @@ fixtures/hang-catalog.md), because the log reader and the hang diagnosis are bui
   (or after ``CRASH_AFTER_READY_S`` scaled); the main process takes SGLang's running-phase SIGQUIT path.
 * ``slow-weights``: weights load 5x slower but the bar keeps moving.
 * ``scheduler-exception``: the last rank raises while loading a shard (a truncated safetensors header).
+* ``node-never-joins`` (``--nnodes`` > 1): the last node never reaches node 0's rendezvous (its packets are
+  dropped): its c10d client warns ``failed to connect ... Connection timed out`` and every rank of every
+  node stays at ``Init parallel begin.`` (`sessions.emulator.nodes`).
+* ``node-dies-loading`` (``--nnodes`` > 1): the last node dies (SIGKILL of its whole tree) while its ranks
+  load weights; the other nodes' ranks fail in their next collective with NCCL's ``ncclRemoteError``.
 """
 
 from __future__ import annotations
@@ -38,6 +43,8 @@ class Fault(str, Enum):
     CRASH_WHILE_SERVING = "crash-while-serving"
     SLOW_WEIGHTS = "slow-weights"
     SCHEDULER_EXCEPTION = "scheduler-exception"
+    NODE_NEVER_JOINS = "node-never-joins"
+    NODE_DIES_LOADING = "node-dies-loading"
 
     def __str__(self) -> str:
         return self.value

@@ -51,6 +51,7 @@ from sessions.emulator.faults import (
 )
 from sessions.emulator.gpu_memory import GIB, GpuMemoryHolder, MemoryPlan, kv_dtype_name, plan_memory
 from sessions.emulator.model_config import ModelConfig, load_model_config
+from sessions.emulator.nodes import check_interfaces, fail_for_lost_peer, node_layout, wait_for_gated_launch
 from sessions.emulator.pacing import Pacing
 from sessions.emulator.spec_decode import SpecDecoding
 from sessions.emulator.speculative import (
@@ -117,9 +118,13 @@ class GroupCoordinator:
         self.conn = conn
         self.rank = rank
         self.pending: collections.deque[tuple[Any, ...]] = collections.deque()
+        self.lost_peer: str | None = None  # another node went away (--nnodes > 1)
+        self.time_scale = 0.0
 
     def all_reduce(self, name: str) -> None:
         """Block until every rank of the group reached collective ``name`` (like an NCCL all-reduce)."""
+        if self.lost_peer is not None:
+            self.fail_for_lost_peer()
         self.conn.send(("barrier", self.rank, name))
         self._wait_for_peers(name)
 
@@ -130,7 +135,13 @@ class GroupCoordinator:
                 return
             if message[0] == "shutdown":
                 raise ShutdownRequested()
-            self.pending.append(message)  # a request that arrived while we waited: handled afterwards
+            if message[0] == "peer_lost":
+                self.lost_peer = str(message[2])
+                self.fail_for_lost_peer()
+            self.pending.append(message)
+
+    def fail_for_lost_peer(self) -> NoReturn:
+        fail_for_lost_peer(self.lost_peer or "<unknown>", self.time_scale)  # a request that arrived while we waited: handled afterwards
 
     def send(self, *message: Any) -> None:
         self.conn.send(message)
@@ -169,6 +180,7 @@ class Scheduler:
         self.console = console
         self.pacing = Pacing.for_rank(spec.options.time_scale, spec.tp_rank)
         self.tp_group = GroupCoordinator(conn, spec.tp_rank)
+        self.tp_group.time_scale = spec.options.time_scale
         self.started = time.monotonic()
         self.crash_rank = (
             failing_rank(spec.options.fault, self.tp_size)
@@ -265,6 +277,11 @@ class Scheduler:
             self.tp_group.send("reply", message[1], self.tp_rank, self.get_internal_state())
         elif kind == "flush_cache":
             self.tp_group.send("reply", message[1], self.tp_rank, self.flush_cache())
+        elif kind == "peer_lost":
+            self.tp_group.lost_peer = str(message[2])
+            if message[1] == 0:
+                # The other nodes' ranks wait for TP0's request broadcast: that receive fails at once.
+                self.tp_group.fail_for_lost_peer()
 
     def recv_requests(self, block: bool = True) -> tuple[Any, ...] | None:
         """The next message; None at once when ``block`` is False and nothing is waiting."""
@@ -411,6 +428,7 @@ class ModelRunner:
         self.pacing.sleep(pacing.SCHEDULER_BOOT_S)  # interpreter start and imports
         begin = time.monotonic()
         self.console.log("Init parallel begin.")
+        check_interfaces(os.environ)  # Gloo and NCCL look up their interface first
         peers = self.tp_size - 1
         self.console.raw(
             f"[Gloo] Rank {self.tp_rank} is connected to {peers} peer ranks. "
@@ -421,6 +439,7 @@ class ModelRunner:
             self.console.log("sglang is using nccl==2.27.7")
         self.pacing.sleep(pacing.INIT_PARALLEL_S)
         self.console.log(f"Init parallel ends. elapsed={time.monotonic() - begin:.2f} s")
+        wait_for_gated_launch(self.console, self.args, self.tp_rank, self.tp_group.all_reduce)
         self.report_memory("dist", 1.0, 0.0)
         self.console.log(f"Memory baseline taken. mem usage={self.plan.baseline_gb:.2f} GB")
 
@@ -598,6 +617,9 @@ class DefaultModelLoader:
             seconds *= pacing.SLOW_WEIGHTS_FACTOR
         self.seconds_per_shard = seconds / self.shards
         failing = failing_rank(runner.fault, runner.tp_size)
+        if runner.fault is Fault.NODE_DIES_LOADING:
+            layout = node_layout(runner.args)  # the last node's first rank takes its node down
+            failing = layout.ranks_of(layout.nnodes - 1)[0] if layout.is_multi_node else None
         self.fail_at_shard = int(self.shards * FAILING_SHARD_FRACTION) if failing == runner.tp_rank else None
 
     def load_model(self) -> None:
@@ -624,6 +646,10 @@ class DefaultModelLoader:
             yield self._read_shard(index, name)
 
     def _read_shard(self, index: int, name: str) -> str:
+        if index == self.fail_at_shard and self.runner.fault is Fault.NODE_DIES_LOADING:
+            # The node goes down: its main process and, by PDEATHSIG, every rank on it.
+            os.kill(self.runner.scheduler.spec.parent_pid, signal.SIGKILL)
+            block_forever()
         if index == self.fail_at_shard:
             if self.runner.fault is Fault.RANK_MISSING:
                 block_forever()  # a read that never returns: this rank never logs "Load weight end"

@@ -52,6 +52,15 @@ from sessions.emulator.console import Console
 from sessions.emulator.faults import Fault, never_released_barriers
 from sessions.emulator.gpu_memory import EmulatedGpuBoard
 from sessions.emulator.model_config import load_model_config
+from sessions.emulator.nodes import (
+    NodeCollectives,
+    NodeLink,
+    NodeSchedulerClient,
+    node_layout,
+    rendezvous_address,
+    serve_worker_node,
+    wire_link,
+)
 from sessions.emulator.pacing import Pacing
 from sessions.emulator.ranks import RankSpec, run_detokenizer_process, run_scheduler_process
 from sessions.emulator.scheduler_client import Collectives, SchedulerClient
@@ -111,6 +120,7 @@ class Engine:
         self._wake = threading.Event()
         self._sigterm_received = False
         self._crashing = False
+        self.link: NodeLink | None = None  # --nnodes > 1: the rendezvous with the other nodes
 
     # -- the launch -----------------------------------------------------------------------------------
 
@@ -139,6 +149,8 @@ class Engine:
         if args["soft_watchdog_timeout"]:
             self.console.log("Watchdog TokenizerManager initialized.")
         ready = self._wait_for_ready(conns)
+        if args["node_rank"] >= 1:
+            return serve_worker_node(self)  # engine.py:1234-1284: no tokenizer, no API, a dummy health app
         self._log_startup_timings(ready, max(tokenizer_ready_s, 0.0))
         assert self.client is not None
         self.client.start_readers()
@@ -150,7 +162,20 @@ class Engine:
         cwd = Path.cwd()
         self.board = EmulatedGpuBoard(cwd, self.pid, self.options.gpus)
         conns: dict[int, multiprocessing.connection.Connection] = {}
-        for rank in range(args["tp_size"]):
+        layout = node_layout(args)
+        never = never_released_barriers(self.options.fault)
+        if layout.is_multi_node:
+            last_node = layout.node_rank == layout.nnodes - 1
+            self.link = NodeLink(
+                layout, rendezvous_address(args), self.console, never,
+                connect=not (last_node and self.options.fault is Fault.NODE_NEVER_JOINS),
+                source_host=str(args["host"] or ""),
+            )
+            if layout.node_rank == 0:
+                self.link.listen()
+            else:
+                self.link.start_client()
+        for rank in layout.local_ranks:
             parent_end, child_end = ctx.Pipe(duplex=True)
             spec = RankSpec(args, rank, gpu_id(args, rank), self.pid, self.options)
             process = ctx.Process(
@@ -162,8 +187,8 @@ class Engine:
             self.rank_processes[rank] = process
             self.processes[f"scheduler_{rank}"] = process
             self.board.set_rank(rank, process.pid, gpu_id(args, rank))
-        titles = ["sglang::detokenizer"]
-        if args["attn_dp_size"] > 1:
+        titles = ["sglang::detokenizer"] if layout.node_rank == 0 else []  # other nodes run no detokenizer
+        if args["attn_dp_size"] > 1 and layout.node_rank == 0:
             titles.append("sglang::data_parallel_controller")
         for title in titles:
             parent_end, child_end = ctx.Pipe(duplex=True)
@@ -177,8 +202,14 @@ class Engine:
             self.aux_conns.append(parent_end)
             self.processes[title.split("::")[1]] = process
         self.board.start()
-        never = never_released_barriers(self.options.fault)
-        self.client = SchedulerClient(conns, Collectives(conns, never), self._on_rank_report)
+        if self.link is not None:
+            client = NodeSchedulerClient(
+                conns, NodeCollectives(layout.local_ranks, never, self.link), self._on_rank_report
+            )
+            wire_link(self, client, self.link)
+            self.client = client
+        else:
+            self.client = SchedulerClient(conns, Collectives(conns, never), self._on_rank_report)
         return conns
 
     def _on_rank_report(self, message: tuple[Any, ...]) -> None:
@@ -528,6 +559,8 @@ class Engine:
             os.kill(self.pid, signal.SIGKILL)
 
     def close(self) -> None:
+        if self.link is not None:
+            self.link.close()
         if self.board is not None:
             self.board.stop(remove=True)
         if self.server is not None:

@@ -123,6 +123,7 @@ def field_problems(profile: LaunchProfile) -> list[Problem]:
             "server.extra_args", f"--base-gpu-id conflicts with server.replicas = {s.replicas}: each replica "
             "gets its own --base-gpu-id (replica i starts at GPU i x tp x pp); remove it from extra_args",
             _line_of(lines, "server.extra_args")))
+    problems += node_field_problems(profile, bad, lambda dotted: _line_of(lines, dotted))
     check("server.host", lambda: bool(str(s.host).strip()) and str(s.host).isascii()
           and str(s.host).isprintable() and not any(ch.isspace() for ch in str(s.host)),
           f"must be a host name or address, not {s.host!r}")
@@ -300,3 +301,68 @@ def _not_seen(layer: Any, seen: set[int]) -> bool:
 
 def _positive(value: Any) -> bool:
     return isinstance(value, (int, float)) and math.isfinite(value) and value > 0
+
+
+MAX_NODES = 64
+_DIST_INIT_RE = re.compile(r"^(?:\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9_.\-]+):(\d{1,5})$")
+
+
+def int_flag_of(extra_args: tuple[str, ...] | list[str], names: tuple[str, ...]) -> int | None:
+    """The last ``--flag N`` / ``--flag=N`` of ``names`` in ``extra_args``; None when absent or not a number."""
+    value = None
+    for i, token in enumerate(extra_args):
+        name, eq, inline = str(token).partition("=")
+        if name in names:
+            text = inline if eq else (extra_args[i + 1] if i + 1 < len(extra_args) else "")
+            try:
+                value = int(text)
+            except ValueError:
+                value = None
+    return value
+
+
+def node_field_problems(profile: LaunchProfile, bad: set[str], line_of: Callable[[str], int | None]) -> list[Problem]:
+    """``nnodes``/``hosts``/``dist_init_addr``, checked as SGLang checks ``--nnodes`` (validation_hook.py
+    check_server_args; docs/sglang-facts.md §10) before anything starts on any node."""
+    s = profile.server
+    if "server.nnodes" in bad or "server.hosts" in bad:
+        return []
+    problems: list[Problem] = []
+
+    def problem(dotted: str, message: str) -> None:
+        problems.append(Problem(dotted, message, line_of(dotted)))
+
+    if not 1 <= s.nnodes <= MAX_NODES:
+        problem("server.nnodes", f"must be between 1 and {MAX_NODES} nodes, not {s.nnodes}")
+        return problems
+    if s.nnodes == 1:
+        if s.hosts and len(s.hosts) != 1:
+            problem("server.hosts", f"names {len(s.hosts)} hosts but server.nnodes is 1")
+        return problems
+    if len(s.hosts) != s.nnodes:
+        problem("server.hosts", f"must name {s.nnodes} hosts (node 0 first) for server.nnodes = {s.nnodes}, "
+                f"not {len(s.hosts)}")
+    elif len(set(s.hosts)) != len(s.hosts):
+        problem("server.hosts", f"names a host twice: {list(s.hosts)} (one node per host)")
+    if "server.extra_args" not in bad:
+        pp = pp_size_of(s.extra_args)
+        if isinstance(s.tp_size, int) and s.tp_size >= 1 and (s.tp_size * pp) % s.nnodes:
+            problem("server.nnodes", f"tp_size x pp_size = {s.tp_size} x {pp} must be divisible by the "
+                    f"{s.nnodes} nodes (SGLang: \"tp_size must be divisible by number of nodes\")")
+        dp = int_flag_of(s.extra_args, ("--dp-size", "--data-parallel-size"))
+        if dp is not None and dp > 1:
+            problem("server.extra_args", f"--dp-size {dp} across {s.nnodes} nodes: SGLang refuses multi-node "
+                    "data-parallel replicas; use attention DP (--attn-dp-size) across nodes")
+        if profile.capture.enabled and pp != 1:
+            problem("capture.enabled", f"capture needs pp_size = 1 (SGLang's capture mode), not --pp-size {pp}")
+        for flag in ("--nnodes", "--node-rank", "--dist-init-addr", "--nccl-init-addr"):
+            if any(str(a) == flag or str(a).startswith(flag + "=") for a in s.extra_args):
+                problem("server.extra_args", f"{flag} is set per node by server.nnodes/hosts/dist_init_addr; "
+                        "remove it from extra_args")
+    if s.replicas > 1:
+        problem("server.replicas", f"replicas = {s.replicas} cannot be combined with server.nnodes = {s.nnodes}")
+    if s.dist_init_addr is not None and "server.dist_init_addr" not in bad:
+        match = _DIST_INIT_RE.match(str(s.dist_init_addr))
+        if not match or not 1 <= int(match.group(1)) <= 65535:
+            problem("server.dist_init_addr", f"must be HOST:PORT (e.g. 192.168.0.2:25000), not {s.dist_init_addr!r}")
+    return problems

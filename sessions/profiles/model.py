@@ -25,6 +25,8 @@ FAULT_IDS = (
     "crash-while-serving",
     "slow-weights",
     "scheduler-exception",
+    "node-never-joins",  # multi-node only: they hit the last node (sessions.emulator.faults)
+    "node-dies-loading",
 )
 SGLANG_MODULE = "sglang.launch_server"
 EMULATOR_MODULE = "sessions.emulator"
@@ -130,6 +132,11 @@ class ServerSection:
     # N servers of this profile side by side on one host: member i on GPUs from i*tp*pp, port + i
     # (sessions.server.group); 1 = a plain single server.
     replicas: int = 1
+    # One server across nodes (sessions.server.nodes): nnodes = N, hosts = the hosts.toml names of its nodes,
+    # node 0 first; dist_init_addr = HOST:PORT of the rendezvous (default: node 0's address and a free port).
+    nnodes: int = 1
+    hosts: tuple[str, ...] = ()
+    dist_init_addr: str | None = None
 
 
 @dataclass(frozen=True)
@@ -184,6 +191,9 @@ _KINDS: dict[str, dict[str, str]] = {
         "extra_args": "list[str]",
         "env": "table[str]",
         "replicas": "int",
+        "nnodes": "int",
+        "hosts": "list[str]",
+        "dist_init_addr": "str",
     },
     "capture": {"enabled": "bool", "layers": "list[int]", "dir": "str", "rid_prefix": "str"},
     "watch": {"stall_after_s": "float"},

@@ -1,0 +1,143 @@
+"""One server across nodes: ``nodes status|stop|diagnose ID`` here, ``node-check`` on each node.
+
+``eagle3-tui launch PROFILE`` of a profile with ``nnodes > 1`` coordinates the nodes (`launch_across_nodes`);
+each node then runs ``eagle3-tui launch PROFILE --node-rank R --dist-init-addr A`` (`sessions.server.nodes`).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser(
+        "node-check",
+        help="this host as node R of a multi-node profile: versions, checks, rendezvous port (JSON)",
+        description="Run on each node before a multi-node launch: load PROFILE, build node R's command, "
+        "validate it on this machine (model path, GPUs, port), report SGLang/torch/NCCL versions and whether "
+        "the rendezvous port is free (node 0) or reachable (other nodes).  Exit 2 when a check fails.  "
+        "--free-port ADDR only prints a free TCP port on ADDR.",
+    )
+    p.add_argument("profile", nargs="?", metavar="PROFILE")
+    p.add_argument("--node-rank", type=int, default=0, metavar="R")
+    p.add_argument("--dist-init-addr", default=None, metavar="HOST:PORT")
+    p.add_argument("--node-address", default="127.0.0.1", metavar="ADDR", help="this node's address")
+    p.add_argument("--free-port", default=None, metavar="ADDR", help="print a free port on ADDR and exit")
+    p.add_argument("--json", action="store_true", help="print the report as JSON (the default is text)")
+    p.set_defaults(func=_node_check)
+
+    p = subparsers.add_parser(
+        "nodes",
+        help="a server across nodes: status (per-node rank arrival), stop (node 0 first), diagnose",
+        description="ID is a multi-node session id (or unique prefix) printed by 'launch' of a profile with "
+        "server.nnodes > 1; its record is <state>/nodes/ID.json.",
+    )
+    p.add_argument("action", choices=("status", "stop", "diagnose"))
+    p.add_argument("id", metavar="ID")
+    p.add_argument("--json", action="store_true", help="print JSON on stdout")
+    p.add_argument("--grace", type=float, default=30.0, metavar="S", help="stop: seconds per node after SIGTERM")
+    p.set_defaults(func=_nodes)
+
+
+def node_resolver(home):
+    """The links to the hosts of hosts.toml: THE place where the SSH layer (`sessions.remote`) plugs in.
+    A node's address (for the default --dist-init-addr and a worker's bind) is the host part of its ``ssh``
+    target; an ~/.ssh/config alias is used as a name, so give ``dist_init_addr`` when it does not resolve."""
+    import importlib
+
+    from app.cli import CliError
+    from sessions.server.nodes import NodeEndpoint
+
+    try:
+        hosts_module = importlib.import_module("sessions.remote.hosts")
+        link_module = importlib.import_module("sessions.remote.link")
+    except ImportError:
+        raise CliError("multi-node sessions need the SSH layer (sessions.remote, hosts.toml), which this "
+                       "build lacks") from None
+    hosts = hosts_module.load_hosts(home)
+
+    def resolve(name: str) -> NodeEndpoint:
+        if name not in hosts:
+            raise KeyError(f"no host {name!r} in hosts.toml (known: {', '.join(sorted(hosts)) or 'none'})")
+        host = hosts[name]
+        destination, _port = host.destination()
+        address = destination.rpartition("@")[2]
+        return NodeEndpoint(name, address, link_module.SshLink(host, home))
+
+    return resolve
+
+
+def launch_across_nodes(profile_ref: str, profile, home=None, resolver=None) -> int:
+    """``launch`` of a profile with nnodes > 1: preflight every node, launch node 0 then the others."""
+    from app.cli import EXIT_BAD_INPUT, CliError
+    from sessions.home import resolve_home
+    from sessions.server.nodes import NodesError, launch_nodes
+
+    home = home or resolve_home().ensure()
+    resolver = resolver or node_resolver(home)
+    try:
+        record = launch_nodes(home, profile_ref, profile, resolver,
+                              progress=lambda text: print(text, file=sys.stderr, flush=True))
+    except NodesError as exc:
+        raise CliError(str(exc), EXIT_BAD_INPUT if "refused before" in str(exc) else 1) from None
+    print(record.node_id, flush=True)
+    print(f"launched {record.node_id}: {len(record.nodes)} nodes, rendezvous {record.dist_init_addr}",
+          file=sys.stderr)
+    return 0
+
+
+def _node_check(args: argparse.Namespace) -> int:
+    from app.cli import EXIT_BAD_INPUT, CliError
+    from sessions.profiles import ProfileError, load_profile
+    from sessions.server.nodes import free_port, node_check_report
+
+    if args.free_port:
+        print(free_port(args.free_port))
+        return 0
+    if not args.profile or not args.dist_init_addr:
+        raise CliError("node-check needs PROFILE and --dist-init-addr HOST:PORT", EXIT_BAD_INPUT)
+    try:
+        profile = load_profile(args.profile)
+    except ProfileError as exc:
+        raise CliError(str(exc), EXIT_BAD_INPUT) from None
+    report = node_check_report(profile, args.node_rank, args.dist_init_addr, args.node_address)
+    if args.json:
+        print(json.dumps(report))
+    else:
+        print("\n".join([f"node {report['node_rank']}: rendezvous {report['rendezvous']}",
+                         *(f"{k}: {v}" for k, v in report["versions"].items()), *report["problems"]]))
+    return EXIT_BAD_INPUT if report["problems"] else 0
+
+
+def _nodes(args: argparse.Namespace, resolver=None) -> int:
+    from app.cli import CliError
+    from sessions.home import resolve_home
+    from sessions.server.nodes import NodesError, load_record
+    from sessions.server.nodes_status import multi_node_status, stop_nodes
+
+    home = resolve_home().ensure()
+    try:
+        record = load_record(home, args.id)
+        resolver = resolver or node_resolver(home)
+        if args.action == "stop":
+            reports = stop_nodes(record, resolver, home, args.grace,
+                                 progress=lambda text: print(text, file=sys.stderr, flush=True))
+            print(json.dumps(reports) if args.json else f"stopped {record.node_id}: every node's GPUs free")
+            return 0
+        if args.action == "diagnose":
+            from sessions.server.nodes_report import diagnose_nodes
+
+            report = diagnose_nodes(record, resolver)
+            print(json.dumps(report) if args.json else report["text"])
+            return 0
+        status = multi_node_status(record, resolver)
+    except NodesError as exc:
+        raise CliError(str(exc)) from None
+    if args.json:
+        print(json.dumps(status.to_json()))
+        return 0
+    from sessions.server.nodes_report import status_lines
+
+    print("\n".join(status_lines(status)))
+    return 0
