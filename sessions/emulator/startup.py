@@ -43,6 +43,7 @@ from sessions.emulator import pacing
 from sessions.emulator.args import (
     EmulatorOptions,
     deprecation_warnings,
+    dp_replicas,
     gpu_id,
     log_level_number,
     parse_args,
@@ -74,7 +75,12 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     _warn_entrypoint()
     ns, options = parse_args(argv)  # bad flags: argparse exits 2
-    engine = Engine(ns, options, argv)
+    engine_class = Engine
+    if dp_replicas(ns) > 1:  # a DP controller runs the replicas (imported here: dp builds on this module)
+        from sessions.emulator.dp import DataParallelEngine
+
+        engine_class = DataParallelEngine
+    engine = engine_class(ns, options, argv)
     try:
         return engine.launch_server()
     except KeyboardInterrupt:
@@ -415,16 +421,15 @@ class Engine:
             return
         self.console.log("Sleeping 5 seconds before crash diagnostics to let GPU activity settle.")
         self.pacing.sleep(pacing.CRASH_SETTLE_S)
-        live = [p for p in self.rank_processes.values() if p.exitcode is None]
+        live = self.live_scheduler_pids()
         if not live:
             self.console.log(
                 "No live scheduler processes found; skipping py-spy and CUDA coredump.", logging.ERROR
             )
             return
         if pyspy:
-            for process in live:
-                if process.pid is not None:  # always set: the ranks were started
-                    self._pyspy_dump(process.pid)
+            for pid in live:
+                self._pyspy_dump(pid)
         if coredump:
             if os.environ.get("CUDA_ENABLE_USER_TRIGGERED_COREDUMP") != "1":
                 self.console.log(
@@ -436,6 +441,10 @@ class Engine:
             if wait_s > 0:
                 self.console.log(f"Waiting {wait_s:.1f} seconds for CUDA coredumps before exiting.")
                 self.pacing.sleep(wait_s)
+
+    def live_scheduler_pids(self) -> list[int]:
+        """The schedulers still running (the crash dump py-spies each)."""
+        return [p.pid for p in self.rank_processes.values() if p.exitcode is None and p.pid is not None]
 
     def _pyspy_dump(self, pid: int) -> None:
         exe = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
