@@ -41,7 +41,7 @@ def test_a_job_against_a_dp2_server_collects_every_sample_from_both_replicas(
     session = launched.launch(profile)
     wait_for(lambda: session.status().state == "ready", "server ready", 180)
     log_path = Path(session.status().log_path)
-    capture_lines = re.findall(r"^\[[^\]]* (DP\d)\] eagle3-capture active: ", log_path.read_text(), re.M)
+    capture_lines = re.findall(r"^\[[^\]]* (DP\d)\] eagle3-capture active: ", log_path.read_text(), re.MULTILINE)
     assert sorted(capture_lines) == ["DP0", "DP1"]  # each replica's TP0 is a writing rank
 
     tokenizer = AutoTokenizer.from_pretrained(demo_model, local_files_only=True)
@@ -79,6 +79,6 @@ def test_a_job_against_a_dp2_server_collects_every_sample_from_both_replicas(
 
 def _prefills(log_path: Path) -> dict[str, int]:
     counts: dict[str, int] = {}
-    for dp in re.findall(r"^\[[^\]]* (DP\d)\] Prefill batch", log_path.read_text(), re.M):
+    for dp in re.findall(r"^\[[^\]]* (DP\d)\] Prefill batch", log_path.read_text(), re.MULTILINE):
         counts[dp] = counts.get(dp, 0) + 1
     return counts

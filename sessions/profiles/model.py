@@ -130,6 +130,9 @@ class ServerSection:
     # N servers of this profile side by side on one host: member i on GPUs from i*tp*pp, port + i
     # (sessions.server.group); 1 = a plain single server.
     replicas: int = 1
+    # SGLang's own data parallelism: --dp-size N (a DP controller, N TP groups behind one URL, replica k on
+    # GPUs from k*tp*pp); 1 = none.  `--dp-size` in extra_args works too (not both).
+    dp_size: int = 1
 
 
 @dataclass(frozen=True)
@@ -184,6 +187,7 @@ _KINDS: dict[str, dict[str, str]] = {
         "extra_args": "list[str]",
         "env": "table[str]",
         "replicas": "int",
+        "dp_size": "int",
     },
     "capture": {"enabled": "bool", "layers": "list[int]", "dir": "str", "rid_prefix": "str"},
     "watch": {"stall_after_s": "float"},
