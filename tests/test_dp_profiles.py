@@ -62,7 +62,7 @@ def test_dp_layouts_that_cannot_run_are_refused_at_their_field(make_emulator_pro
 def test_a_dp_size_of_the_wrong_type_is_named(make_emulator_profile):
     with pytest.raises(ProfileError) as refused:
         make_emulator_profile("typed", tp=1, dp_size="2")
-    assert "server.dp_size" in str(refused.value)
+    assert "server.dp_size: must be an integer, not a string" in str(refused.value)
 
 
 def test_the_gpu_busy_check_covers_every_replica_of_a_dp_server(make_emulator_profile, launched, home):
