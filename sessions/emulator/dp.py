@@ -35,7 +35,7 @@ from collections.abc import Callable, Iterable
 from typing import Any, cast
 
 from sessions.emulator import pacing
-from sessions.emulator.args import gpu_id, log_level_number
+from sessions.emulator.args import dp_replicas, gpu_id, log_level_number
 from sessions.emulator.backend import RequestError
 from sessions.emulator.console import Console
 from sessions.emulator.faults import never_released_barriers
@@ -394,3 +394,8 @@ class DataParallelEngine(Engine):
                 continue
         return alive
 
+
+
+def engine_for(ns: Any) -> type[Engine]:
+    """The main process for these flags: the DP controller's for ``--dp-size N`` (no attention DP)."""
+    return DataParallelEngine if dp_replicas(ns) > 1 else Engine

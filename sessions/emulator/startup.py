@@ -36,6 +36,7 @@ import traceback
 import urllib.request
 import uuid
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, cast
 
@@ -43,7 +44,6 @@ from sessions.emulator import pacing
 from sessions.emulator.args import (
     EmulatorOptions,
     deprecation_warnings,
-    dp_replicas,
     gpu_id,
     log_level_number,
     parse_args,
@@ -71,16 +71,13 @@ def _warn_entrypoint() -> None:
     )
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, engine_for: Callable[[Any], type[Engine]] | None = None) -> int:
+    """``engine_for(ns)``: the Engine class for the parsed flags (``dp.engine_for`` picks the DP controller's
+    for ``--dp-size N``; it builds on this module, so it is passed in rather than imported here)."""
     argv = list(sys.argv[1:] if argv is None else argv)
     _warn_entrypoint()
     ns, options = parse_args(argv)  # bad flags: argparse exits 2
-    engine_class = Engine
-    if dp_replicas(ns) > 1:  # a DP controller runs the replicas (imported here: dp builds on this module)
-        from sessions.emulator.dp import DataParallelEngine
-
-        engine_class = DataParallelEngine
-    engine = engine_class(ns, options, argv)
+    engine = (engine_for(ns) if engine_for is not None else Engine)(ns, options, argv)
     try:
         return engine.launch_server()
     except KeyboardInterrupt:
