@@ -32,6 +32,7 @@ import signal
 import threading
 import time
 from collections.abc import Callable, Iterable
+from pathlib import Path
 from typing import Any, cast
 
 from sessions.emulator import pacing
@@ -93,8 +94,8 @@ def run_data_parallel_controller_process(
                 break
     except (EOFError, OSError):
         pass
-    for process in children:
-        process.join(10)
+    for child in children:
+        child.join(10)
 
 
 # -- dispatch -----------------------------------------------------------------------------------------
@@ -272,7 +273,7 @@ class DataParallelEngine(Engine):
     def _start_children(self, args: dict[str, Any]) -> dict[int, multiprocessing.connection.Connection]:
         ctx = multiprocessing.get_context("spawn")
         tp_size, dp_size = args["tp_size"], args["dp_size"]
-        self.board = EmulatedGpuBoard(os.getcwd(), self.pid, self.options.gpus)
+        self.board = EmulatedGpuBoard(Path.cwd(), self.pid, self.options.gpus)
         never = never_released_barriers(self.options.fault)
         specs: list[RankSpec] = []
         child_ends: list[multiprocessing.connection.Connection] = []

@@ -194,7 +194,7 @@ def field_problems(profile: LaunchProfile) -> list[Problem]:
     return problems
 
 
-def _dp_problems(s: Any, bad: set[str], lines: list[str]) -> list[Problem]:
+def _dp_problems(s: Any, bad: set[str], lines: Mapping[str, int]) -> list[Problem]:
     """SGLang's own refusals of a DP layout (parallel_hook.py:287-292, validation_hook.py:199-202), named at
     the profile's field instead of at the server's traceback."""
     if "server.dp_size" in bad or "server.extra_args" in bad:
