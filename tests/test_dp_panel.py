@@ -74,3 +74,11 @@ def test_status_gpu_panel_and_timeline_name_dp_ranks(make_emulator_profile, laun
             assert "DP1 TP0" in screen_text(app)
 
     run(scenario)
+
+    # The diagnosis names the replicas' schedulers the same way (its report and its JSON).
+    from sessions.diagnosis.collect import diagnose
+
+    report = diagnose(session, with_stacks=False)
+    labels = [p.label for p in report.processes if p.role == "scheduler"]
+    assert sorted(labels) == ["DP0 TP0", "DP0 TP1", "DP1 TP0", "DP1 TP1"]
+    assert {p.to_json()["dp_rank"] for p in report.processes if p.role == "scheduler"} == {0, 1}
