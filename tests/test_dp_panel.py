@@ -67,6 +67,9 @@ def test_status_gpu_panel_and_timeline_name_dp_ranks(make_emulator_profile, laun
             assert pid_of[(1, 0)] in {p.pid for p in gpu2.processes}  # replica 1 starts at GPU 2
             await wait_until(pilot, lambda: "DP1 TP0" in "\n".join(t.plain for t in panel._lines(120)),
                              "the GPU panel naming DP1 TP0")
+            # At 80 columns the GPUs are cells three to a row: the owner still fits, the utilisation gives way.
+            compact = "\n".join(t.plain for t in panel._lines(78))
+            assert "DP1 TP0" in compact and "DP0 TP1" in compact, compact
             timeline = app.dashboard.query_one(PhaseTimeline)
             text = await wait_until(pilot, lambda: (t := "\n".join(x.plain for x in timeline._lines(190)))
                                     and "waiting for DP0 TP1, DP1 TP1" in t and t, "the timeline's missing ranks")
