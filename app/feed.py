@@ -20,6 +20,7 @@ from sessions.capture.toggle import CaptureStatus, capture_status
 from sessions.gpus import GpuSnapshot, GpuSource
 from sessions.logs import LogFile, LogFilter, LogLine, shown
 from sessions.profiles import ProfileError, list_profiles, load_profile
+from sessions.profiles.fields import dp_replicas_of
 from sessions.redaction import Redactor
 from sessions.server import FINAL_STATES, ServerSession, SessionStatus, list_sessions
 from sessions.snapshots import LogChunk, ProfileEntry, SessionEntry
@@ -314,6 +315,7 @@ class DashboardFeed:
                     entry.error,
                     live_session=live_status.session_id if live_status else None,
                     live_state=live_status.state if live_status else None,
+                    dp_size=entry.dp_size,
                 )
             )
         return tuple(entries)
@@ -335,7 +337,8 @@ def _profile_entry(name: str, home: Home) -> ProfileEntry:
     except Exception as exc:  # noqa: BLE001 - a loader bug on a strange file: listed, polls go on
         return ProfileEntry(name, error=str(exc))
     server = profile.server
-    return ProfileEntry(name, "", server.launcher, server.tp_size, server.port, profile.capture.enabled)
+    return ProfileEntry(name, "", server.launcher, server.tp_size, server.port, profile.capture.enabled,
+                        dp_size=dp_replicas_of(server))
 
 
 def _demo_first(names: list[str], home: Home) -> list[str]:

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import psutil
 
 from sessions import safe_files
+from sessions.profiles.fields import dp_replicas_of
 
 if TYPE_CHECKING:
     from sessions.home import Home
@@ -491,9 +492,7 @@ def launch_gpu_ids(profile: LaunchProfile) -> list[int]:
     args = tuple(server.extra_args)
     tp = max(1, int(server.tp_size))
     pp = max(1, _int_flag(args, 1, "--pp-size", "--pipeline-parallel-size"))
-    dp = max(1, _int_flag(args, 1, "--dp-size", "--data-parallel-size"))
-    if "--enable-dp-attention" in args:
-        dp = 1  # attention-DP splits the TP group's GPUs, it adds none
+    dp = dp_replicas_of(server)  # attention-DP splits the TP group's GPUs, it adds none
     base = _int_flag(args, 0, "--base-gpu-id")
     step = max(1, _int_flag(args, 1, "--gpu-id-step"))
     # One node of a multi-node server holds its share (engine.py _calculate_rank_ranges): pp_per_node PP

@@ -23,6 +23,7 @@ class ProfileEntry:
     error: str | None = None
     live_session: str | None = None  # a live session runs this profile
     live_state: str | None = None
+    dp_size: int = 1  # SGLang's --dp-size replicas behind the one URL (1: none)
 
 
 @dataclass(frozen=True)

@@ -213,6 +213,9 @@ class GpuPanel(TextLines):
         if sample.oversubscribed:
             memory += "!"  # the wide row spells it out; the pane title says it too
         tail = f" {memory:>8} {util:>4} {owner}"
+        if owner and 2 + 3 + len(tail) > width:
+            # A narrow cell keeps whose GPU it is ("DP1 TP0", "r2 TP1") before the utilisation figure.
+            tail = f" {memory:>8} {owner}"
         bar_width = max(3, width - 2 - len(tail))
         text = Text()
         text.append(f"{sample.index}", style="bold")

@@ -113,7 +113,7 @@ class ProfileList(_KeyedList):
             return text
         details = []
         if entry.tp_size:
-            details.append(f"TP{entry.tp_size}")
+            details.append(f"TP{entry.tp_size}" + (f" DP{entry.dp_size}" if entry.dp_size > 1 else ""))
         if entry.launcher == "emulator":
             details.append("emu")
         if entry.port:

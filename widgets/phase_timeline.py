@@ -201,7 +201,7 @@ class PhaseTimeline(TextLines):
                 label = f"capture was active until {status.state}:"  # the past: nothing captures now
             text.append(f"{label} {len(set(ranks))}/{expected}")
             if missing:
-                names = ", ".join(f"TP{r}" for r in missing[:4]) + (", …" if len(missing) > 4 else "")
+                names = ", ".join(summary.rank_name(r) for r in missing[:4]) + (", …" if len(missing) > 4 else "")
                 if status.state == "starting":  # still on its way: not a verdict yet
                     text.append(f" (waiting for {names})")
                 else:

@@ -68,9 +68,11 @@ def state_glyph(state: str) -> tuple[str, str]:
 
 
 def rank_label(rank: Any) -> str:
-    """ "TP3" for a scheduler, "detok" for the detokenizer, "dp" for the DP controller."""
+    """ "TP3" for a scheduler ("DP1 TP0" under a DP controller), "detok" for the detokenizer, "dp" for the
+    DP controller."""
     if getattr(rank, "rank", None) is not None:
-        return f"TP{rank.rank}"
+        dp = getattr(rank, "dp_rank", None)
+        return f"TP{rank.rank}" if dp is None else f"DP{dp} TP{rank.rank}"
     role = getattr(rank, "role", "")
     title = getattr(rank, "title", "") or ""
     if role == "detokenizer" or "detokenizer" in title:

@@ -434,7 +434,9 @@ class DashboardScreen(Targeting, TargetActions, LaunchActions, Screen):
         field.value = current.text if current else ""
         rank_select = self.query_one("#filter-rank", Select)
         expected = self._ranks_expected()
-        options = [("main process", str(MAIN_RANK))] + [(f"TP{r}", str(r)) for r in range(expected)]
+        status = self.selected_status()
+        name = status.summary.rank_name if status is not None else (lambda r: f"TP{r}")
+        options = [("main process", str(MAIN_RANK))] + [(name(r), str(r)) for r in range(expected)]
         rank_select.set_options(options)
         if current is not None and current.rank is not None:
             rank_select.value = str(current.rank)

@@ -24,7 +24,7 @@ from sessions.safe_files import SpecialFileError, read_regular_text
 
 
 def _stack_file_name(p: ProcessReport) -> str:
-    return f"stacks/{p.label}-{p.pid}.txt"
+    return f"stacks/{p.label.replace(' ', '_')}-{p.pid}.txt"  # "DP1 TP0" -> DP1_TP0: no spaces in names
 
 
 def write_bundle(diagnosis: Diagnosis, session: Any, path: str | Path) -> Path:

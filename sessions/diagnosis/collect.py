@@ -230,6 +230,7 @@ def _process_reports(
             num_threads=p.num_threads,
             children=tuple(p.children),
             stack=_redact_dump(dumps.get(p.pid), redactor),
+            dp_rank=p.dp_rank if p.role == "scheduler" else None,
         )
         for p in tree
     )

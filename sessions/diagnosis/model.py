@@ -54,11 +54,12 @@ class ProcessReport:
     num_threads: int | None
     children: tuple[str, ...]
     stack: stacks.StackDump | None
+    dp_rank: int | None = None  # the replica under SGLang's DP controller (title sglang::scheduler_DP1_TP0)
 
     @property
     def label(self) -> str:
         if self.role == "scheduler" and self.rank is not None:
-            return f"TP{self.rank}"
+            return f"TP{self.rank}" if self.dp_rank is None else f"DP{self.dp_rank} TP{self.rank}"
         return self.role
 
     def to_json(self) -> dict:
@@ -67,6 +68,7 @@ class ProcessReport:
             "title": self.title,
             "role": self.role,
             "rank": self.rank,
+            "dp_rank": self.dp_rank,
             "status": self.status,
             "cpu_percent": self.cpu_percent,
             "rss_bytes": self.rss_bytes,

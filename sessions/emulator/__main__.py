@@ -2,8 +2,9 @@
 
 import sys
 
+from sessions.emulator.dp import engine_for
 from sessions.emulator.startup import main
 
 # Spawned ranks do not re-run a package's __main__ (multiprocessing skips "*.__main__"), but guard anyway.
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(engine_for=engine_for))

@@ -200,6 +200,9 @@ def _positive_int(text: str) -> int:
 
 
 # (flag names, add_argument keywords); a bool default False becomes store_true.  Order = server_args order.
+# --load-balance-method's choices (arg_groups/fields/parallel.py:91-103)
+LOAD_BALANCE_METHODS = ("auto", "round_robin", "follow_bootstrap_room", "total_requests", "total_tokens")
+
 _SGLANG_FLAGS: list[tuple[tuple[str, ...], dict[str, Any]]] = [
     (
         ("--model-path", "--model"),
@@ -245,6 +248,8 @@ _SGLANG_FLAGS: list[tuple[tuple[str, ...], dict[str, Any]]] = [
     (("--dp-size", "--data-parallel-size"), {"type": int, "default": 1}),
     (("--attn-dp-size", "--attention-data-parallel-size"), {"type": int, "default": 1}),
     (("--enable-dp-attention",), {"default": False, "help": "Deprecated: use --attn-dp-size <dp-size>."}),
+    # arg_groups/fields/parallel.py:91-103; "auto" resolves to round_robin outside PD disaggregation
+    (("--load-balance-method",), {"type": str, "default": "auto", "choices": LOAD_BALANCE_METHODS}),
     (("--ep-size", "--expert-parallel-size", "--ep"), {"type": int, "default": 1}),
     (("--nnodes",), {"type": int, "default": 1}),
     (("--node-rank",), {"type": int, "default": 0}),
@@ -449,7 +454,7 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, Emula
         time_scale=ns.time_scale,
         fault=Fault(ns.emulate_fault),
         gpu_memory_gb=ns.emulate_gpu_memory_gb,
-        gpus=ns.emulate_gpus or max(8, ns.tp_size),
+        gpus=ns.emulate_gpus or max(8, ns.tp_size * dp_replicas(ns)),
         cost=DecodeCostModel(
             decode_tokens_per_s=ns.emulate_decode_tokens_per_s,
             prefill_tokens_per_s=ns.emulate_prefill_tokens_per_s,
@@ -466,13 +471,14 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, Emula
     if options.spec_draft_cost is not None and options.spec_draft_cost > 1:
         build_parser().error(f"--emulate-spec-draft-cost must be at most 1 (a fraction of a decode step), "
                              f"not {options.spec_draft_cost}")
-    tp_per_node = max(1, ns.tp_size // ns.nnodes) if ns.nnodes >= 1 else ns.tp_size  # the GPUs of this node
-    last_gpu = ns.base_gpu_id + (tp_per_node - 1) * ns.gpu_id_step
+    # the last GPU this node's ranks use: a multi-node server puts tp/nnodes ranks on each node
+    last_gpu = gpu_id(vars(ns), ns.tp_size // max(1, ns.nnodes) - 1, dp_replicas(ns) - 1)
     if ns.base_gpu_id < 0 or last_gpu >= options.gpus:
         # SGLang's scheduler dies at torch.cuda.set_device ("invalid device ordinal"); the emulator says so
         # up front instead of wrapping onto GPUs another replica holds.
-        build_parser().error(f"--base-gpu-id {ns.base_gpu_id} with --tp-size {ns.tp_size} would use GPU {last_gpu}, "
-                             f"but there are {options.gpus} GPUs (0..{options.gpus - 1}; --emulate-gpus)")
+        dp_text = f" --dp-size {ns.dp_size}" if dp_replicas(ns) > 1 else ""
+        build_parser().error(f"--base-gpu-id {ns.base_gpu_id} with --tp-size {ns.tp_size}{dp_text} would use GPU "
+                             f"{last_gpu}, but there are {options.gpus} GPUs (0..{options.gpus - 1}; --emulate-gpus)")
     for dest in _EMULATOR_DESTS:
         delattr(ns, dest)
     return ns, options
@@ -519,6 +525,8 @@ def resolve_server_args(
     if args["enable_dp_attention"] and args["attn_dp_size"] == 1:
         args["attn_dp_size"] = args["dp_size"]
     _check_parallel(args)
+    if args["load_balance_method"] == "auto":  # serving_hook.py handle_load_balance_method, non-PD
+        args["load_balance_method"] = "round_robin"
     log_level_number(args["log_level"])
     if args["log_level_http"] is not None:
         log_level_number(args["log_level_http"])
@@ -587,8 +595,17 @@ def _check_parallel(args: dict[str, Any]) -> None:
         raise ValueError(f"tp_size={tp} must be divisible by ep_size={args['ep_size']}")
     if tp % args["attn_dp_size"]:
         raise ValueError(f"tp_size={tp} must be divisible by attn_dp_size={args['attn_dp_size']}")
-    if args["dp_size"] != 1 and args["attn_dp_size"] == 1:
-        raise ValueError("the emulator runs one replica: --dp-size > 1 without attention DP is not emulated")
+    if args["dp_size"] > 1 and args["attn_dp_size"] > 1 and not args["enable_dp_attention"]:
+        # parallel_hook.py:287-292
+        raise ValueError(
+            f"--dp-size {args['dp_size']} with --attn-dp-size {args['attn_dp_size']}: data-parallel replicas "
+            "combined with attention data parallelism are not supported."
+        )
+    if args["dp_size"] > 1 and args["nnodes"] != 1:
+        # validation_hook.py:199-202
+        raise ValueError(
+            "multi-node data-parallel replicas are not supported; use attention DP (--attn-dp-size) across nodes"
+        )
     if args["pp_size"] != 1:
         raise ValueError("the emulator runs without pipeline parallelism (--pp-size 1)")
 
@@ -634,11 +651,25 @@ def context_len(args: dict[str, Any], model: ModelConfig) -> int:
     return args["context_length"] or model.context_len
 
 
-def rank_suffixes(args: dict[str, Any], tp_rank: int) -> list[str]:
-    """The rank parts of a scheduler's title and log prefix (scheduler.py:6257-6300): DP, TP, EP."""
+def dp_replicas(ns: argparse.Namespace | dict[str, Any]) -> int:
+    """How many TP groups the server runs: ``--dp-size`` replicas under a DP controller (plain DP), else 1
+    (attention DP splits one TP group's GPUs, it adds none)."""
+    values = vars(ns) if isinstance(ns, argparse.Namespace) else ns
+    if values["enable_dp_attention"] or values["attn_dp_size"] > 1:
+        return 1
+    return max(1, int(values["dp_size"]))
+
+
+def rank_suffixes(args: dict[str, Any], tp_rank: int, dp_rank: int | None = None) -> list[str]:
+    """The rank parts of a scheduler's title and log prefix (scheduler.py:6257-6300): DP, TP, EP.
+
+    ``dp_rank`` is the replica of a plain-DP server (the DP controller's ``DPn``, with ``TPm`` local to
+    the replica); under attention DP the DP rank is derived from the TP rank instead."""
     tp_size, attn_dp = args["tp_size"], args["attn_dp_size"]
     parts = []
-    if attn_dp > 1:
+    if dp_rank is not None:
+        parts.append(f"DP{dp_rank}")
+    elif attn_dp > 1:
         parts.append(f"DP{tp_rank // (tp_size // attn_dp)}")
     if tp_size > 1:
         parts.append(f"TP{tp_rank}")
@@ -647,17 +678,20 @@ def rank_suffixes(args: dict[str, Any], tp_rank: int) -> list[str]:
     return parts
 
 
-def scheduler_title(args: dict[str, Any], tp_rank: int) -> str:
-    """``sglang::scheduler_TP3`` (``sglang::scheduler`` at TP1, ``..._TP0_EP0`` with EP)."""
-    suffix = "".join(f"_{part}" for part in rank_suffixes(args, tp_rank))
+def scheduler_title(args: dict[str, Any], tp_rank: int, dp_rank: int | None = None) -> str:
+    """``sglang::scheduler_TP3`` (``sglang::scheduler`` at TP1, ``..._TP0_EP0`` with EP, ``_DP1_TP0``)."""
+    suffix = "".join(f"_{part}" for part in rank_suffixes(args, tp_rank, dp_rank))
     return f"sglang::scheduler{suffix}"
 
 
-def log_prefix(args: dict[str, Any], tp_rank: int) -> str:
-    return "".join(f" {part}" for part in rank_suffixes(args, tp_rank))
+def log_prefix(args: dict[str, Any], tp_rank: int, dp_rank: int | None = None) -> str:
+    return "".join(f" {part}" for part in rank_suffixes(args, tp_rank, dp_rank))
 
 
-def gpu_id(args: dict[str, Any], tp_rank: int) -> int:
-    """engine.py:931-940 (pp = 1): base_gpu_id + (tp_rank % tp_per_node) * gpu_id_step."""
+def gpu_id(args: dict[str, Any], tp_rank: int, dp_rank: int = 0) -> int:
+    """engine.py:931-940: base_gpu_id + (tp_rank % tp_per_node) * gpu_id_step, where a multi-node server puts
+    tp_size / nnodes ranks on each node (pp = 1); replica ``dp_rank`` of a plain-DP server (one node) starts
+    ``dp_rank * tp_size * pp_size * gpu_id_step`` further (data_parallel_controller.py:420-467)."""
     tp_per_node = max(1, args["tp_size"] // max(1, args.get("nnodes") or 1))
-    return args["base_gpu_id"] + (tp_rank % tp_per_node) * args["gpu_id_step"]
+    replica_offset = dp_rank * args["tp_size"] * args["pp_size"] * args["gpu_id_step"]
+    return args["base_gpu_id"] + replica_offset + (tp_rank % tp_per_node) * args["gpu_id_step"]

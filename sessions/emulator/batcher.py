@@ -121,6 +121,7 @@ class Batcher:
     ) -> None:
         self.backend = backend
         self.args = args
+        self.dp_rank: int | None = None  # get_parallel().dp_rank: set by a scheduler under a DP controller
         self.cost = cost
         self.console = console
         self.kv_capacity = max(1, kv_capacity)
@@ -376,7 +377,7 @@ class Batcher:
         meta = {key: values[key] for key in _META_ORDER}
         if finished and "hidden_states" in final_meta:
             meta["hidden_states"] = final_meta["hidden_states"]
-        meta["dp_rank"] = None
+        meta["dp_rank"] = self.dp_rank
         if finished:
             text = final.get("text")
         else:

@@ -105,6 +105,7 @@ class RankSpec:
     gpu_id: int
     parent_pid: int
     options: EmulatorOptions
+    dp_rank: int | None = None  # the replica under a DP controller (plain --dp-size); None without one
 
 
 class ShutdownRequested(Exception):
@@ -150,8 +151,10 @@ class GroupCoordinator:
 def run_scheduler_process(spec: RankSpec, conn: Connection) -> None:
     """The scheduler child's entry point (scheduler.py:run_scheduler_process)."""
     args = spec.server_args
-    console = Console(prefix=log_prefix(args, spec.tp_rank), level=log_level_number(args["log_level"]))
-    _prepare_child(spec.parent_pid, scheduler_title(args, spec.tp_rank), console)
+    console = Console(
+        prefix=log_prefix(args, spec.tp_rank, spec.dp_rank), level=log_level_number(args["log_level"])
+    )
+    _prepare_child(spec.parent_pid, scheduler_title(args, spec.tp_rank, spec.dp_rank), console)
     scheduler: Scheduler | None = None
     try:
         scheduler = Scheduler(spec, conn, console)
@@ -207,6 +210,7 @@ class Scheduler:
                 self.tp_rank,
                 spec_model,
             )
+            self.batcher.dp_rank = spec.dp_rank  # meta_info["dp_rank"] (output_streamer.py:718-728)
         self.report_ready()
 
     # -- startup --------------------------------------------------------------------------------------

@@ -79,6 +79,9 @@ class StreamCall:
 class SchedulerClient:
     """Pipes to the ranks, plus what to do with their reports (memory, GPU mode)."""
 
+    # The ranks whose internal state /server_info lists: TP0 of each DP rank (one here; dp.py has more).
+    leader_ranks: tuple[int, ...] = (0,)
+
     def __init__(
         self,
         conns: dict[int, Connection],

@@ -36,6 +36,7 @@ import traceback
 import urllib.request
 import uuid
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, cast
 
@@ -79,11 +80,13 @@ def _warn_entrypoint() -> None:
     )
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, engine_for: Callable[[Any], type[Engine]] | None = None) -> int:
+    """``engine_for(ns)``: the Engine class for the parsed flags (``dp.engine_for`` picks the DP controller's
+    for ``--dp-size N``; it builds on this module, so it is passed in rather than imported here)."""
     argv = list(sys.argv[1:] if argv is None else argv)
     _warn_entrypoint()
     ns, options = parse_args(argv)  # bad flags: argparse exits 2
-    engine = Engine(ns, options, argv)
+    engine = (engine_for(ns) if engine_for is not None else Engine)(ns, options, argv)
     try:
         return engine.launch_server()
     except KeyboardInterrupt:
@@ -446,16 +449,15 @@ class Engine:
             return
         self.console.log("Sleeping 5 seconds before crash diagnostics to let GPU activity settle.")
         self.pacing.sleep(pacing.CRASH_SETTLE_S)
-        live = [p for p in self.rank_processes.values() if p.exitcode is None]
+        live = self.live_scheduler_pids()
         if not live:
             self.console.log(
                 "No live scheduler processes found; skipping py-spy and CUDA coredump.", logging.ERROR
             )
             return
         if pyspy:
-            for process in live:
-                if process.pid is not None:  # always set: the ranks were started
-                    self._pyspy_dump(process.pid)
+            for pid in live:
+                self._pyspy_dump(pid)
         if coredump:
             if os.environ.get("CUDA_ENABLE_USER_TRIGGERED_COREDUMP") != "1":
                 self.console.log(
@@ -467,6 +469,10 @@ class Engine:
             if wait_s > 0:
                 self.console.log(f"Waiting {wait_s:.1f} seconds for CUDA coredumps before exiting.")
                 self.pacing.sleep(wait_s)
+
+    def live_scheduler_pids(self) -> list[int]:
+        """The schedulers still running (the crash dump py-spies each)."""
+        return [p.pid for p in self.rank_processes.values() if p.exitcode is None and p.pid is not None]
 
     def _pyspy_dump(self, pid: int) -> None:
         exe = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))

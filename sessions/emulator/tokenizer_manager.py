@@ -376,7 +376,8 @@ class TokenizerManager:
                 "startup_time": self.started_at,
                 "hicache_object_layout": None,
                 "kv_events": None,
-                "internal_states": [replies[r] for r in sorted(replies) if r == 0] or list(replies.values()),
+                "internal_states": [replies[r] for r in sorted(replies) if r in self.client.leader_ranks]
+                or list(replies.values()),
                 "version": SGLANG_VERSION,
                 "frontend": "python",
             }

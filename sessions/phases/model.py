@@ -9,6 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from enum import Enum
 
+from sessions.phases.topology import rank_name
+
 
 class StartupPhase(str, Enum):
     """Ordered startup phases. A phase may be skipped; the phase of a log is the furthest any rank reached."""
@@ -109,6 +111,10 @@ class StartupSummary:
     capture_dir: str | None = None
     errors_dropped: int = 0  # errors beyond the kept ones (a runtime log can hold thousands)
 
+    def rank_name(self, rank: int) -> str:
+        """``DP1 TP0`` for a plain-DP server's global rank, else ``TP5`` (`topology.rank_name`)."""
+        return rank_name(rank, self.server_args)
+
 
 def error_headline(summary: StartupSummary) -> str | None:
     """The crash in one line for people (card, diagnosis, history, notification): the exception, the rank
@@ -116,7 +122,7 @@ def error_headline(summary: StartupSummary) -> str | None:
     or ``TP0: RuntimeError: boom (root cause: KeyError: 'x')``."""
     if summary.error is None:
         return None
-    who = f"TP{summary.error_rank}: " if summary.error_rank is not None else ""
+    who = f"{summary.rank_name(summary.error_rank)}: " if summary.error_rank is not None else ""
     cause = f" (root cause: {summary.error_cause})" if summary.error_cause else ""
     return f"{who}{summary.error}{cause}"
 

@@ -107,6 +107,10 @@ class Topology:
         )
         return not attention_dp
 
+    def rank_name(self, rank: int) -> str:
+        """How SGLang's prefix names global rank ``rank`` (see `rank_name`)."""
+        return rank_name(rank, self.args)
+
     def ranks_expected(self) -> int | None:
         """How many ranks the layout has (None before a server_args line with ``tp_size``)."""
         tp = self.args.get("tp_size")
@@ -118,3 +122,20 @@ class Topology:
         if isinstance(dp, int) and self.plain_dp():
             expected *= dp
         return expected
+
+
+def rank_name(rank: int, server_args: dict[str, object]) -> str:
+    """A global rank as people read it: ``DP1 TP0`` for replica 1's first rank under plain DP (its TP rank
+    local to the replica, PP between them as SGLang orders the prefix: ``DP1 PP0 TP3``), else ``TP5``.
+
+    ``server_args``: the layout keys of the ``server_args`` line (`SERVER_ARGS_KEYS`)."""
+    layout = Topology()
+    layout.args = dict(server_args)
+    tp = server_args.get("tp_size")
+    if not layout.plain_dp() or not isinstance(tp, int) or tp <= 0:
+        return f"TP{rank}"
+    pp = server_args.get("pp_size")
+    pp = pp if isinstance(pp, int) and pp > 0 else 1
+    dp, inside = divmod(rank, tp * pp)
+    pp_rank, tp_rank = divmod(inside, tp)
+    return f"DP{dp}" + (f" PP{pp_rank}" if pp > 1 else "") + f" TP{tp_rank}"

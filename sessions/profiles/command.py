@@ -69,6 +69,8 @@ def build_command(profile: LaunchProfile, *, sglang: Any = LOOKUP) -> LaunchComm
         "--port",
         str(s.port),
     ]
+    if s.dp_size > 1:
+        argv += ["--dp-size", str(s.dp_size)]
     if s.attention_backend:
         argv += ["--attention-backend", s.attention_backend]
     if not s.cuda_graph:

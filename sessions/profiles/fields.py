@@ -124,6 +124,7 @@ def field_problems(profile: LaunchProfile) -> list[Problem]:
             "gets its own --base-gpu-id (replica i starts at GPU i x tp x pp); remove it from extra_args",
             _line_of(lines, "server.extra_args")))
     problems += node_field_problems(profile, bad, lambda dotted: _line_of(lines, dotted))
+    problems += _dp_problems(s, bad, lines)
     check("server.host", lambda: bool(str(s.host).strip()) and str(s.host).isascii()
           and str(s.host).isprintable() and not any(ch.isspace() for ch in str(s.host)),
           f"must be a host name or address, not {s.host!r}")
@@ -183,11 +184,41 @@ def field_problems(profile: LaunchProfile) -> list[Problem]:
     if s.launcher == "emulator" and "emulator.gpus" not in bad and "server.tp_size" not in bad:
         check("server.tp_size", lambda: s.tp_size <= e.gpus,
               f"TP {s.tp_size} needs {_gpus(s.tp_size)} but the emulator has {e.gpus} (emulator.gpus)")
-        if replicas_ok and "server.extra_args" not in bad and s.replicas > 1:
-            need = s.replicas * s.tp_size * pp_size_of(s.extra_args)
-            check("server.replicas", lambda: need <= e.gpus,
-                  f"{s.replicas} replicas x TP {s.tp_size} x PP {pp_size_of(s.extra_args)} need {_gpus(need)} "
-                  f"but the emulator has {e.gpus} (emulator.gpus)")
+        if replicas_ok and "server.extra_args" not in bad and "server.dp_size" not in bad and (
+                s.replicas > 1 or dp_replicas_of(s) > 1):
+            need = max(1, s.replicas) * gpus_per_server(s)
+            what = (f"{s.replicas} replicas x " if s.replicas > 1 else "") + f"TP {s.tp_size} x PP {pp_size_of(s.extra_args)}"
+            if dp_replicas_of(s) > 1:
+                what += f" x DP {dp_replicas_of(s)}"
+            check("server.replicas" if s.replicas > 1 else "server.dp_size", lambda: need <= e.gpus,
+                  f"{what} need {_gpus(need)} but the emulator has {e.gpus} (emulator.gpus)")
+    return problems
+
+
+def _dp_problems(s: Any, bad: set[str], lines: Mapping[str, int]) -> list[Problem]:
+    """SGLang's own refusals of a DP layout (parallel_hook.py:287-292, validation_hook.py:199-202), named at
+    the profile's field instead of at the server's traceback."""
+    if "server.dp_size" in bad or "server.extra_args" in bad:
+        return []
+    problems = []
+    where = _line_of(lines, "server.dp_size")
+    if not isinstance(s.dp_size, int) or s.dp_size < 1:
+        return [Problem("server.dp_size", f"must be at least 1, not {s.dp_size}", where)]
+    args = tuple(str(a) for a in s.extra_args)
+    flag = _size_flag(args, DP_FLAGS)
+    if s.dp_size > 1 and any(a.partition("=")[0] in DP_FLAGS for a in args):
+        problems.append(Problem("server.extra_args", f"--dp-size conflicts with server.dp_size = {s.dp_size}: "
+                                "give the DP size once (remove it from extra_args)", _line_of(lines, "server.extra_args")))
+    dp = s.dp_size if s.dp_size > 1 else (flag or 1)
+    attn_dp = _size_flag(args, ("--attn-dp-size", "--attention-data-parallel-size")) or 1
+    if dp > 1 and attn_dp > 1:
+        problems.append(Problem("server.dp_size" if s.dp_size > 1 else "server.extra_args",
+                                f"--dp-size {dp} with --attn-dp-size {attn_dp}: data-parallel replicas combined "
+                                "with attention data parallelism are not supported (SGLang refuses it)", where))
+    if dp > 1 and (_size_flag(args, ("--nnodes",)) or 1) > 1:
+        problems.append(Problem("server.dp_size" if s.dp_size > 1 else "server.extra_args",
+                                "multi-node data-parallel replicas are not supported; use attention DP "
+                                "(--attn-dp-size) across nodes (SGLang refuses --dp-size with --nnodes > 1)", where))
     return problems
 
 
@@ -196,16 +227,49 @@ MAX_REPLICAS = 64
 
 def pp_size_of(extra_args: tuple[str, ...] | list[str]) -> int:
     """The ``--pp-size`` in ``extra_args`` (the last one, as argparse keeps it), 1 when absent or bad."""
-    value = 1
+    return _size_flag(extra_args, ("--pp-size", "--pipeline-parallel-size")) or 1
+
+
+DP_FLAGS = ("--dp-size", "--data-parallel-size")
+ATTENTION_DP_FLAGS = ("--enable-dp-attention",)
+
+
+def _size_flag(extra_args: tuple[str, ...] | list[str], names: tuple[str, ...]) -> int | None:
+    """The last of ``names`` in ``extra_args`` as an int >= 1 (argparse keeps the last); None when absent
+    or bad."""
+    value = None
     for i, token in enumerate(extra_args):
         name, eq, inline = str(token).partition("=")
-        if name in ("--pp-size", "--pipeline-parallel-size"):
+        if name in names:
             text = inline if eq else (extra_args[i + 1] if i + 1 < len(extra_args) else "")
             try:
                 value = max(1, int(text))
             except (TypeError, ValueError):
-                value = 1
+                value = None
     return value
+
+
+def dp_replicas_of(server: Any) -> int:
+    """How many TP groups one server of this profile runs: SGLang's ``--dp-size`` (``server.dp_size`` or the
+    flag in extra_args) under its DP controller; 1 under attention DP (``--enable-dp-attention`` or
+    ``--attn-dp-size``), which splits the TP group's GPUs and adds none."""
+    args = tuple(str(a) for a in server.extra_args)
+    if any(a in ATTENTION_DP_FLAGS for a in args) or (_size_flag(args, ("--attn-dp-size",)) or 1) > 1:
+        return 1
+    dp = server.dp_size if isinstance(server.dp_size, int) and server.dp_size > 1 else None
+    return max(1, dp or _size_flag(args, DP_FLAGS) or 1)
+
+
+def nnodes_of(server: Any) -> int:
+    """The nodes one server spans: ``[server] nnodes`` or ``--nnodes`` in extra_args (1: one host)."""
+    return max(1, int(server.nnodes), int_flag_of(server.extra_args, ("--nnodes",)) or 1)
+
+
+def gpus_per_server(server: Any) -> int:
+    """GPUs one server takes on each of its hosts: tp x pp x dp (the DP controller's replicas sit side by
+    side), shared out over its nodes when it spans several (SGLang refuses DP across nodes)."""
+    total = max(1, int(server.tp_size)) * pp_size_of(server.extra_args) * dp_replicas_of(server)
+    return max(1, total // nnodes_of(server))
 
 
 def _num_draft_tokens(extra_args: tuple[str, ...] | list[str]) -> int | None:

@@ -132,6 +132,9 @@ class ServerSection:
     # N servers of this profile side by side on one host: member i on GPUs from i*tp*pp, port + i
     # (sessions.server.group); 1 = a plain single server.
     replicas: int = 1
+    # SGLang's own data parallelism: --dp-size N (a DP controller, N TP groups behind one URL, replica k on
+    # GPUs from k*tp*pp); 1 = none.  `--dp-size` in extra_args works too (not both).
+    dp_size: int = 1
     # One server across nodes (sessions.server.nodes): nnodes = N, hosts = the hosts.toml names of its nodes,
     # node 0 first; dist_init_addr = HOST:PORT of the rendezvous (default: node 0's address and a free port).
     nnodes: int = 1
@@ -191,6 +194,7 @@ _KINDS: dict[str, dict[str, str]] = {
         "extra_args": "list[str]",
         "env": "table[str]",
         "replicas": "int",
+        "dp_size": "int",
         "nnodes": "int",
         "hosts": "list[str]",
         "dist_init_addr": "str",

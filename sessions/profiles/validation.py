@@ -11,7 +11,14 @@ from pathlib import Path
 from typing import Any
 
 from sessions.profiles.command import _number, _server_env
-from sessions.profiles.fields import _gpus, field_problems, int_flag_of, pp_size_of
+from sessions.profiles.fields import (
+    _gpus,
+    dp_replicas_of,
+    field_problems,
+    gpus_per_server,
+    nnodes_of,
+    pp_size_of,
+)
 from sessions.profiles.model import _EMULATOR_FLAGS, _FIELD_FLAGS, _NEGATIVE_NUMBER, LaunchProfile, Problem
 from sessions.profiles.model_config import ModelConfigError, read_model_config
 from sessions.profiles.toml_lines import _did_you_mean
@@ -243,8 +250,8 @@ def _gpu_problems(profile: LaunchProfile, nvml_gpu_count: int | None) -> list[Pr
     visible = visible_gpu_count(cvd, count)
     tp = profile.server.tp_size
     replicas, pp = profile.server.replicas, pp_size_of(profile.server.extra_args)
-    nnodes = max(1, profile.server.nnodes, int_flag_of(profile.server.extra_args, ("--nnodes",)) or 1)
-    need = max(1, tp * pp // nnodes) * max(1, replicas)  # a node of a multi-node server holds its share
+    dp, nnodes = dp_replicas_of(profile.server), nnodes_of(profile.server)
+    need = gpus_per_server(profile.server) * max(1, replicas)  # a node of a multi-node server holds its share
     if need <= visible:
         return []
     source = ""
@@ -252,8 +259,10 @@ def _gpu_problems(profile: LaunchProfile, nvml_gpu_count: int | None) -> list[Pr
         where = "server.env" if "CUDA_VISIBLE_DEVICES" in profile.server.env else "the environment"
         source = f", CUDA_VISIBLE_DEVICES={cvd!r} from {where}"
     what, field = f"TP {tp}" + (f" over {nnodes} nodes" if nnodes > 1 else ""), "server.tp_size"
+    if dp > 1:  # the DP controller's replicas sit side by side too
+        what, field = f"TP {tp} x PP {pp} x DP {dp}", "server.dp_size"
     if replicas > 1:  # the replicas sit side by side: all of them must fit at once
-        what, field = f"{replicas} replicas x TP {tp} x PP {pp}", "server.replicas"
+        what, field = f"{replicas} replicas x {what if dp > 1 else f'TP {tp} x PP {pp}'}", "server.replicas"
     return [Problem(field,
                     f"{what} needs {_gpus(need)} but only {visible} {'is' if visible == 1 else 'are'} visible "
                     f"(NVML sees {count}{source})")]

@@ -17,7 +17,7 @@ from typing import Any
 
 from sessions import probes
 from sessions.profiles import LaunchProfile, Problem
-from sessions.profiles.fields import pp_size_of
+from sessions.profiles.fields import gpus_per_server
 
 GROUP_KEY = "group"  # in state.json: {"id", "index", "size", "gpus"}
 GROUP_ID_PREFIX = "g-"
@@ -51,7 +51,7 @@ class GroupInfo:
 
 
 def gpus_per_replica(profile: LaunchProfile) -> int:
-    return max(1, int(profile.server.tp_size)) * pp_size_of(profile.server.extra_args)
+    return gpus_per_server(profile.server)  # tp x pp x dp: a DP server's replicas move together
 
 
 def member_profile(profile: LaunchProfile, index: int) -> LaunchProfile:

@@ -111,7 +111,8 @@ class GpuBusy(LaunchError):
 
 @dataclass(frozen=True)
 class RankStatus:
-    """One SGLang child process: a scheduler (``rank`` = its TP rank), the detokenizer or DP controller."""
+    """One SGLang child process: a scheduler (``rank`` = its TP rank, ``dp_rank`` its replica under a DP
+    controller, from the title ``sglang::scheduler_DP1_TP0``), the detokenizer or DP controller."""
 
     pid: int
     title: str
@@ -123,12 +124,14 @@ class RankStatus:
     role: str = "scheduler"
     create_time: float = 0.0
     num_threads: int | None = None
+    dp_rank: int | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {
             "pid": self.pid,
             "title": self.title,
             "rank": self.rank,
+            "dp_rank": self.dp_rank,
             "status": self.status,
             "role": self.role,
             "cpu_percent": self.cpu_percent,

@@ -619,7 +619,8 @@ def _event_wall_time(log_time: str | None, started_at: float, now: float) -> flo
 
 def _rank_sort_key(rank: RankStatus) -> tuple:
     order = {"dp_controller": 0, "scheduler": 1, "detokenizer": 2}
-    return (order.get(rank.role, 3), rank.rank if rank.rank is not None else -1, rank.pid)
+    dp = rank.dp_rank if rank.dp_rank is not None else -1
+    return (order.get(rank.role, 3), dp, rank.rank if rank.rank is not None else -1, rank.pid)
 
 
 def _url_host(host: str) -> str:
@@ -650,6 +651,7 @@ def _rank_rows(tree: list[probes.ProcInfo], gpu_of: dict[int, int]) -> tuple[Ran
             role=p.role,
             create_time=p.create_time,
             num_threads=p.num_threads,
+            dp_rank=p.dp_rank,
         )
         for p in tree
         if p.role in ("scheduler", "detokenizer", "dp_controller")
