@@ -71,11 +71,11 @@ def snapshot_to_json(snapshot: GpuSnapshot) -> dict[str, Any]:
 def snapshot_from_json(data: Any) -> GpuSnapshot:
     """A `GpuSnapshot` from `snapshot_to_json`'s object; `ValueError` naming what is wrong otherwise."""
     if not isinstance(data, dict) or not isinstance(data.get("samples"), list):
-        raise ValueError("not a GPU snapshot object (no 'samples' array)")
+        raise ValueError("not a GPU snapshot object (no 'samples' array)")  # noqa: TRY004 - bad input, one kind
     samples = []
     for i, raw in enumerate(data["samples"]):
         if not isinstance(raw, dict) or not isinstance(raw.get("index"), int):
-            raise ValueError(f"samples[{i}] is not a GPU reading")
+            raise ValueError(f"samples[{i}] is not a GPU reading")  # noqa: TRY004 - bad input, one kind
         known = {f.name for f in dataclasses.fields(GpuSample)}
         values = {k: v for k, v in raw.items() if k in known}
         values["processes"] = tuple(

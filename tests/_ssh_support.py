@@ -69,6 +69,8 @@ class SshServer:
         ]))
 
     def start(self) -> SshServer:
+        if not os.access(SSHD, os.X_OK):
+            raise RuntimeError(f"{SSHD} is missing: install Debian's openssh-server (.ci/run does)")
         if os.geteuid() == 0:  # sshd run by root wants its privilege-separation folder (systemd makes it)
             os.makedirs("/run/sshd", mode=0o755, exist_ok=True)
         self.write_config()

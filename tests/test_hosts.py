@@ -23,7 +23,7 @@ PY = sys.executable
 
 def cli(args: list[str], env: dict[str, str], input: str | None = None, timeout: float = 180):
     return subprocess.run([PY, "-m", "app", *args], capture_output=True, text=True, env=env, timeout=timeout,
-                          input=input, stdin=None if input is not None else subprocess.DEVNULL)
+                          check=False, input=input, stdin=None if input is not None else subprocess.DEVNULL)
 
 
 def emulator_profile(name: str, model_dir: Path, port: int, fault: str = "none", host: str | None = None) -> str:

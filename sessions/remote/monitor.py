@@ -131,13 +131,16 @@ class HostMonitor:
         for poller in self._pollers.values():
             poller.wake.set()
 
-    def close(self) -> None:
+    def close(self, wait_s: float = 1.0) -> None:
+        """Stop the threads and end the shared connections (``ssh -O exit``: a call in flight ends with
+        it); wait at most ``wait_s`` in all for the threads (daemons: a stuck one does not hold the exit)."""
         self._stop.set()
         self.poll_now()
-        for thread in self._threads:
-            thread.join(timeout=2.0)  # a thread inside an ssh call ends with its timeout; it is a daemon
         for poller in self._pollers.values():
             poller.client.link.close()
+        deadline = time.monotonic() + wait_s
+        for thread in self._threads:
+            thread.join(timeout=max(0.0, deadline - time.monotonic()))
 
     # -- one host's thread --------------------------------------------------------------------------------
 
