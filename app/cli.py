@@ -87,9 +87,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             ensure_demo_home(resolve_home(demo=True), progress=say_on_stderr)
         host = getattr(args, "host", None)
         if host is not None and host != "local":  # the same command, run by our CLI on that host
-            from app.cli_hosts import forward, without_host_option
-
-            return forward(host, without_host_option(words))
+            return int(args.forward_to_host(host, words))
         if args.command is None:
             from app.tui import run_tui
 

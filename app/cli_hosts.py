@@ -19,10 +19,18 @@ HOSTS_TIMEOUT_S = 15.0
 
 
 def add_host_option(parser: argparse.ArgumentParser) -> None:
+    """``--host NAME``; `app.cli.main` hands such a command to ``args.forward_to_host`` (as it calls
+    ``args.func``), so the dispatcher needs no import of this module."""
     parser.add_argument(
         "--host", default=None, metavar="NAME",
         help="run this command on host NAME of <config>/hosts.toml, over SSH ('local': this machine)",
     )
+    parser.set_defaults(forward_to_host=forward_words)
+
+
+def forward_words(name: str, words: Sequence[str]) -> int:
+    """This command line (less ``--host NAME``) run on host NAME."""
+    return forward(name, without_host_option(words))
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:

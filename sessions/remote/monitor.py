@@ -73,7 +73,8 @@ class HostView:
 
 def session_entry(row: dict[str, Any]) -> SessionEntry:
     """A `status --json` row as the lists show sessions."""
-    group = row.get("group") if isinstance(row.get("group"), dict) else {}
+    raw_group = row.get("group")
+    group: dict[str, Any] = raw_group if isinstance(raw_group, dict) else {}
     port = row.get("port")
     started = row.get("started_at")
     return SessionEntry(
