@@ -9,6 +9,7 @@ machine checks (model path, GPUs, port) run there.  Only argparse is imported at
 from __future__ import annotations
 
 import argparse
+import subprocess
 import sys
 import threading
 from collections.abc import Sequence
@@ -193,6 +194,8 @@ def forward(name: str, argv: list[str], input: str | None = None) -> int:
     from app.cli import EXIT_FAILED, CliError
     from sessions.remote.client import SSH_FAILED, ssh_reason
 
+    import signal
+
     client = connected_client(name)
     proc = client.link.popen(argv, input=input)
     tail: list[str] = []
@@ -200,17 +203,30 @@ def forward(name: str, argv: list[str], input: str | None = None) -> int:
               threading.Thread(target=_relay, args=(proc.stderr, sys.stderr, tail), daemon=True)]
     for relay in relays:
         relay.start()
+    # ssh runs in its own session (no terminal of ours reaches it): whatever ends this command ends it too,
+    # so the command there sees its channel close; SIGTERM and SIGHUP become KeyboardInterrupt here.
+    previous = {sig: signal.signal(sig, _interrupt) for sig in (signal.SIGTERM, signal.SIGHUP)}
     try:
         code = proc.wait()
-    except KeyboardInterrupt:
-        proc.terminate()  # ssh ends; the command there gets SIGHUP with its session (`logs -f` stops)
-        proc.wait()
-        raise
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        if proc.poll() is None:
+            proc.terminate()
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
     for relay in relays:
         relay.join(timeout=5)
     if code == SSH_FAILED:
         raise CliError(f"host {name}: {ssh_reason(''.join(tail))}", EXIT_FAILED)
     return code
+
+
+def _interrupt(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt
 
 
 def _relay(source: IO[str] | None, target: IO[str], keep: list[str] | None) -> None:

@@ -673,6 +673,8 @@ def _print_log(source: _LogSource, last_n: int | None, follow: bool, log_filter,
                 shown_partial = result.partial
             # One more poll after the server is gone drains what it wrote last.
             ended = not source.is_alive()
+            if not ended and not tty and _reader_gone(out):
+                break  # nobody reads any more (`logs -f --host` ended: sshd closed our stdout): don't linger
             if not ended:
                 time.sleep(0.2)
         partial = log.partial_line() if log_filter is None else None
@@ -680,6 +682,21 @@ def _print_log(source: _LogSource, last_n: int | None, follow: bool, log_filter,
             emit(("\r" if shown_partial else "") + partial)
             printed = True
     return printed
+
+
+def _reader_gone(out) -> bool:
+    """The other end of ``out`` (a pipe or a socket) was closed: poll reports POLLERR/POLLHUP on it.  A
+    follower on another host would otherwise wait on an idle log for ever after its ssh went away, since
+    it learns of the closed pipe only at its next write."""
+    import select
+
+    try:
+        fd = out.fileno()
+    except (AttributeError, OSError, ValueError):
+        return False
+    poller = select.poll()
+    poller.register(fd, select.POLLERR | select.POLLHUP)
+    return any(events & (select.POLLERR | select.POLLHUP | select.POLLNVAL) for _, events in poller.poll(0))
 
 
 def _profile_error_text(name: str, exc: Exception) -> str:

@@ -242,3 +242,48 @@ def test_lost_host_is_unreachable_then_reconnects_and_its_server_never_noticed(
     finally:
         monitor.close()
         remote.cleanup()
+
+
+def test_logs_follow_over_ssh_streams_and_ends_there_when_we_stop(ssh_hosts, home, cli_env, emulator_model_dir,
+                                                                  free_port) -> None:
+    """`logs -f --host`: lines come as written, and ending it here ends the follower there (an idle log's
+    follower would otherwise wait on the host for ever: it learns of the closed pipe only when it writes)."""
+    import psutil
+
+    from tests.conftest import LaunchedSessions
+
+    remote_home = ssh_hosts.homes["h2"]
+    (remote_home.profiles_dir / "emu.toml").write_text(emulator_profile("emu", emulator_model_dir, free_port))
+    remote = LaunchedSessions(remote_home)
+    follower = None
+    try:
+        launched = cli(["launch", "emu", "--host", "h2", "--wait-ready", "--timeout", "120"], cli_env)
+        assert launched.returncode == 0, launched.stderr
+        session_id = launched.stdout.split()[0]
+        remote.track(session_id)
+        follower = subprocess.Popen([PY, "-m", "app", "logs", session_id, "-f", "--host", "h2"], env=cli_env,
+                                    stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        assert follower.stdout is not None
+        seen = []
+        for line in follower.stdout:
+            seen.append(line)
+            if "fired up and ready to roll" in line:
+                break
+        assert any("fired up" in line for line in seen)
+
+        def followers_there() -> list[psutil.Process]:
+            found = []
+            for proc in psutil.process_iter(["cmdline", "pid"]):
+                cmd = proc.info["cmdline"] or []
+                if "logs" in cmd and session_id in cmd and "-f" in cmd and "--host" not in cmd:
+                    found.append(proc)
+            return found
+
+        assert followers_there(), "the follower runs on the host (through sshd)"
+        follower.terminate()  # Ctrl-C / the TUI closing: our ssh ends
+        follower.wait(timeout=30)
+        wait_for(lambda: not followers_there(), "the follower on h2 ended", 60)
+    finally:
+        if follower is not None and follower.poll() is None:
+            follower.kill()
+        remote.cleanup()
