@@ -191,10 +191,10 @@ def connected_client(name: str) -> Any:
 
 def forward(name: str, argv: list[str], input: str | None = None) -> int:
     """Run ``eagle3-tui ARGV`` on host NAME, relaying its output as it comes; its exit status."""
+    import signal
+
     from app.cli import EXIT_FAILED, CliError
     from sessions.remote.client import SSH_FAILED, ssh_reason
-
-    import signal
 
     client = connected_client(name)
     proc = client.link.popen(argv, input=input)

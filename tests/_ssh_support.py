@@ -90,6 +90,21 @@ class SshServer:
                 raise RuntimeError(f"sshd did not listen on {self.address}:{self.port}: {self.log.read_text()[-2000:]}")
             time.sleep(0.05)
 
+    def _processes(self) -> list[psutil.Process]:
+        """The listener and the per-connection sshd processes under it."""
+        assert self.proc is not None
+        parent = psutil.Process(self.proc.pid)
+        return [parent, *(p for p in parent.children(recursive=True) if _is_sshd(p))]
+
+    def pause(self) -> None:
+        """SIGSTOP every sshd of this server: the host hangs (connections stay open, nothing answers)."""
+        for p in self._processes():
+            p.suspend()
+
+    def resume(self) -> None:
+        for p in self._processes():
+            p.resume()
+
     def stop(self) -> None:
         """SIGKILL the listener and every sshd under it (the connections), by pid; reap the child."""
         if self.proc is None:
