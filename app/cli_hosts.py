@@ -242,17 +242,14 @@ def _relay(source: IO[str] | None, target: IO[str], keep: list[str] | None) -> N
 
 def launch_on_host(profile: Any, args: argparse.Namespace) -> int:
     """Launch a profile whose ``host`` names another host: its TOML (without ``host``) goes on stdin."""
-    import dataclasses
+    from sessions.remote.client import launch_argv, profile_text_for_host
 
-    remote_profile = dataclasses.replace(profile, host=None)
-    argv = ["launch", "-", "--name", profile.name]
+    argv = launch_argv(profile.name, force=args.force)
     if args.wait_ready:
         argv.append("--wait-ready")
     for flag, value in (("--timeout", args.timeout), ("--lock-timeout", args.lock_timeout),
                         ("--replicas", args.replicas)):
         if value is not None:
             argv += [flag, str(value)]
-    if args.force:
-        argv.append("--force")
     print(f"launching {profile.name} on host {profile.host}", file=sys.stderr)
-    return forward(profile.host, argv, input=remote_profile.to_toml())
+    return forward(profile.host, argv, input=profile_text_for_host(profile))

@@ -336,3 +336,22 @@ def test_slow_host_and_hung_host(ssh_hosts, home, cli_env, tmp_path) -> None:
         wait_state(monitor, "h2", ("connected", "slow"), 120)
     finally:
         monitor.close()
+
+
+def test_profile_host_key_round_trips_and_is_checked(home) -> None:
+    """``host`` is a top-level key: read, type-checked, kept by a save that edits the file in place."""
+    from sessions.profiles import ProfileError, load_profile, save_profile
+
+    path = home.profiles_dir / "far.toml"
+    path.write_text('# my far profile\nhost = "gpu2"  # the lab box\n[server]\nlauncher = "emulator"\n'
+                    'model_path = "/m"\n')
+    profile = load_profile(path)
+    assert profile.host == "gpu2"
+    save_profile(profile.with_changes(server={"port": 31000}))
+    text = path.read_text()
+    assert "# my far profile" in text and 'host = "gpu2"  # the lab box' in text and "port = 31000" in text
+    save_profile(load_profile(path).with_changes(host=None))
+    assert "host" not in load_profile(path).to_doc() and load_profile(path).host is None
+    path.write_text('host = 3\n[server]\nmodel_path = "/m"\n')
+    with pytest.raises(ProfileError, match=r"host: must be a host name of hosts.toml, not an integer \(line 1\)"):
+        load_profile(path)

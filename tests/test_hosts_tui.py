@@ -10,6 +10,7 @@ import psutil
 from app.tui import Eagle3App
 from sessions.gpus import EmulatedSource
 from tests._tui_support import first_poll, screen_text, wait_until
+from tests.conftest import get_free_port
 from tests.test_hosts import cli, emulator_profile
 
 
@@ -20,6 +21,9 @@ def test_lost_host_shown_unreachable_without_blocking_then_back(ssh_hosts, home,
     remote_home = ssh_hosts.homes["h2"]
     (remote_home.profiles_dir / "emu.toml").write_text(emulator_profile("emu", emulator_model_dir, free_port))
     remote = LaunchedSessions(remote_home)
+    far_home = ssh_hosts.homes["h3"]
+    far = LaunchedSessions(far_home)
+    (home.profiles_dir / "far.toml").write_text(emulator_profile("far", emulator_model_dir, get_free_port(), host="h3"))
     try:
         launched = cli(["launch", "emu", "--host", "h2", "--wait-ready", "--timeout", "120"], cli_env)
         assert launched.returncode == 0, launched.stderr
@@ -42,11 +46,19 @@ def test_lost_host_shown_unreachable_without_blocking_then_back(ssh_hosts, home,
                 assert "ready" in hosts_pane(app)
                 text = screen_text(app)
                 assert "Other hosts · 2" in text and session_id in text
+
+                # l on a profile whose host is h3 launches it there, and h3's block shows it
+                await pilot.press("1")
+                await pilot.press("l")
+                await wait_until(pilot, lambda: (list(far_home.sessions_dir.iterdir())
+                                                 and " far far-" in hosts_pane(app)), "far launched on h3 and shown")
+                far.track(next(far_home.sessions_dir.iterdir()).name)
+                assert not list(home.sessions_dir.iterdir())  # nothing of it here
                 (tmp_path / "hosts-connected.txt").write_text(text)
 
                 ssh_hosts.servers["h2"].stop()
                 await wait_until(pilot, lambda: "h2 unreachable: " in hosts_pane(app), "h2 shown unreachable")
-                assert "Connection refused" in hosts_pane(app)
+                assert "unreachable: Connection refused" in hosts_pane(app)
                 assert answering(app, "h3")
                 assert f"{session_id}" in hosts_pane(app) and "sessions as of" in hosts_pane(app)
                 # the UI thread is free: polls go on and keys are answered while h2 does not answer
@@ -68,4 +80,5 @@ def test_lost_host_shown_unreachable_without_blocking_then_back(ssh_hosts, home,
         asyncio.run(scenario())
         assert psutil.Process(pid).create_time() == create_time  # the server there never noticed
     finally:
+        far.cleanup()
         remote.cleanup()

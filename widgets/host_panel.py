@@ -7,6 +7,7 @@ marked with how old they are.  Hidden while hosts.toml names no host.
 """
 from __future__ import annotations
 
+import re
 import time
 
 from rich.text import Text
@@ -21,6 +22,8 @@ _HOST_STYLE = {"connected": "green", "slow": "yellow", "connecting": "dim", "rec
 _SESSION_STYLE = {"ready": "green", "starting": "yellow", "stalled": "bold yellow", "crashed": "bold red",
                   "exited": "dim", "stopped": "dim"}
 _MAX_SESSIONS = 4  # per host; the rest is counted
+# ssh's "ssh: connect to host 10.0.0.2 port 22: Connection refused": the host is on the line already
+_SSH_PREFIX = re.compile(r"ssh: connect to host \S+ port \d+: ")
 
 
 def gpu_summary(view: HostView) -> str:
@@ -46,7 +49,7 @@ def hosts_text(views: tuple[HostView, ...], now: float | None = None, wall: floa
         if i:
             text.append("\n")
         text.append(view.name, style="bold")
-        text.append(f" {view.state_text(now)}", style=_HOST_STYLE.get(view.state, "bold"))
+        text.append(f" {_SSH_PREFIX.sub('', view.state_text(now))}", style=_HOST_STYLE.get(view.state, "bold"))
         if view.state == "unreachable" and view.retry_at is not None:
             text.append(f" (retry in {view.retry_in_s(now):.0f}s)", style="dim")
         details = [d for d in (view.version and f"v{view.version}", gpu_summary(view)) if d]
@@ -70,7 +73,7 @@ def hosts_text(views: tuple[HostView, ...], now: float | None = None, wall: floa
 
 
 class HostPanel(Static):
-    DEFAULT_CSS = "HostPanel { height: auto; }"
+    DEFAULT_CSS = "HostPanel { height: auto; text-wrap: nowrap; text-overflow: ellipsis; }"
 
     def __init__(self, *, id: str | None = None) -> None:
         super().__init__(id=id)

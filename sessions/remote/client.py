@@ -44,6 +44,18 @@ class VersionMismatch(HostError):
                          f"(install eagle3-tui {local} there, or point hosts.toml's eagle3_tui at it)")
 
 
+def launch_argv(name: str, force: bool = False) -> list[str]:
+    """The host's ``launch`` for a profile sent on stdin."""
+    return ["launch", "-", "--name", name, *(["--force"] if force else [])]
+
+
+def profile_text_for_host(profile: Any) -> str:
+    """The profile's TOML as its host launches it: without ``host`` (there it is that host's own)."""
+    import dataclasses
+
+    return str(dataclasses.replace(profile, host=None).to_toml())
+
+
 def ssh_reason(stderr: str) -> str:
     """ssh's last words (``ssh: connect to host ... port 22: Connection refused``), without the warnings
     it prints on the way (known hosts added)."""
@@ -105,6 +117,16 @@ class RemoteClient:
         if not isinstance(rows, list):
             raise HostError(f"{self.host.name}: status --json printed no array")
         return [r for r in rows if isinstance(r, dict)]
+
+    def launch_profile(self, profile: Any, force: bool = False, timeout_s: float = 180.0) -> list[str]:
+        """Launch ``profile`` there (its TOML, less ``host``, on the stdin of ``launch - --name NAME``);
+        the new session ids.  `HostError` with what the host's CLI said when it refused."""
+        argv = launch_argv(profile.name, force=force)
+        result = self.call(argv, timeout_s, input=profile_text_for_host(profile))
+        if result.returncode != 0:
+            said = "\n".join(result.stderr.strip().splitlines()[-12:]) or f"exit {result.returncode}"
+            raise HostError(f"launch of {profile.name} on {self.host.name} refused (exit {result.returncode}):\n{said}")
+        return result.stdout.split()
 
     def gpus(self) -> GpuSnapshot:
         try:
