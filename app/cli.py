@@ -59,7 +59,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _version() -> str:
-    from sessions.remote.client import local_version
+    from sessions.remote import local_version
 
     return local_version()
 

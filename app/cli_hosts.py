@@ -66,7 +66,7 @@ def _hosts(args: argparse.Namespace) -> int:
 
     from app.cli import EXIT_BAD_INPUT, CliError
     from sessions.home import resolve_home
-    from sessions.remote.client import local_version
+    from sessions.remote import local_version
     from sessions.remote.hosts import HostsError, hosts_path, load_hosts
 
     home = resolve_home()

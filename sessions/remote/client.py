@@ -12,21 +12,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from sessions.gpus import GpuSnapshot, snapshot_from_json
+from sessions.remote import local_version
 from sessions.remote.hosts import Host
 from sessions.remote.link import HostLink
 
 SSH_FAILED = 255  # ssh's exit status when it could not connect or lost the connection
 DEFAULT_TIMEOUT_S = 20.0
-
-
-def local_version() -> str:
-    """This installation's version (the package metadata; pyproject's ``version``)."""
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        return version("eagle3-tui")
-    except PackageNotFoundError:
-        return "unknown"
 
 
 class HostError(Exception):
