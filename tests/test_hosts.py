@@ -355,3 +355,17 @@ def test_profile_host_key_round_trips_and_is_checked(home) -> None:
     path.write_text('host = 3\n[server]\nmodel_path = "/m"\n')
     with pytest.raises(ProfileError, match=r"host: must be a host name of hosts.toml, not an integer \(line 1\)"):
         load_profile(path)
+
+
+def test_engine_never_starts_another_hosts_profile_here(home, emulator_model_dir, free_port) -> None:
+    """ServerSession.launch of a profile with ``host`` (bench compare, restart, any engine caller) refuses:
+    its machine checks are that host's, so starting it here would run it unchecked on the wrong machine."""
+    from sessions.profiles import load_profile
+    from sessions.server import LaunchError, ServerSession
+
+    path = home.profiles_dir / "far.toml"
+    path.write_text(emulator_profile("far", emulator_model_dir, free_port, host="gpu2"))
+    with pytest.raises(LaunchError, match="runs on host gpu2") as info:
+        ServerSession.launch_group(load_profile(path), home)
+    assert info.value.code == 2
+    assert list(home.sessions_dir.iterdir()) == []
