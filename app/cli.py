@@ -28,6 +28,7 @@ _AREAS = (
     "app.cli_regenerate",  # regenerate run/status/pause/resume/cancel
     "app.cli_extract",  # extract run/status/resume/cancel/verify
     "app.cli_bench",  # bench SESSION, bench history
+    "app.cli_hosts",  # hosts, gpus (and --host NAME on the session commands)
 )
 
 
@@ -50,15 +51,24 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="use the demo home (emulated SGLang, no GPU needed); goes before any subcommand",
     )
+    parser.add_argument("--version", action="version", version=f"eagle3-tui {_version()}",
+                        help="print 'eagle3-tui VERSION' and exit (other hosts are checked against it)")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in _AREAS:  # every area is part of the product: a missing one is an ImportError, not a gap
         importlib.import_module(name).register(sub)
     return parser
 
 
+def _version() -> str:
+    from sessions.remote import local_version
+
+    return local_version()
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
-    args, extra = parser.parse_known_args(argv)
+    words = list(sys.argv[1:] if argv is None else argv)
+    args, extra = parser.parse_known_args(words)
     # argparse gives a trailing ``nargs="*"`` positional only the words before the first option, so
     # `bench history --compare PROFILE` would leave PROFILE over: such words go where they belong.
     rest = getattr(args, "rest", None)
@@ -76,6 +86,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             from sessions.home import resolve_home
 
             ensure_demo_home(resolve_home(demo=True), progress=say_on_stderr)
+        host = getattr(args, "host", None)
+        if host is not None and host != "local":  # the same command, run by our CLI on that host
+            return int(args.forward_to_host(host, words))
         if args.command is None:
             from app.tui import run_tui
 

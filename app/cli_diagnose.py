@@ -9,6 +9,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+from app.cli_hosts import add_host_option
+
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
@@ -31,6 +33,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--stack-timeout", type=float, default=10.0, metavar="S", help="seconds per py-spy dump (10)"
     )
+    add_host_option(p)
     p.set_defaults(func=_diagnose)
 
 

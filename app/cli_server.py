@@ -9,6 +9,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+from app.cli_hosts import add_host_option
+
 # `wait` and `launch --wait-ready`: one exit code per outcome (sessions.server.waiting), so a script can
 # tell a hang from a crash without parsing text.  0-2 keep the CLI's meanings (ok, failed, bad input).
 WAIT_EXIT_CODES = {"ready": 0, "stalled": 3, "crashed": 4, "stopped": 5, "timeout": 6}
@@ -28,7 +30,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "the new session id on stdout.  With --wait-ready, wait until it is ready, stalled, crashed or "
         "stopped.  " + _WAIT_CODES_HELP,
     )
-    p.add_argument("profile", metavar="PROFILE", help="a profile name (<config>/profiles/NAME.toml) or a path")
+    p.add_argument("profile", metavar="PROFILE",
+                   help="a profile name (<config>/profiles/NAME.toml), a path, or - (its TOML on stdin, with --name)")
+    p.add_argument("--name", default=None, metavar="NAME",
+                   help="with PROFILE -: the profile's name (its copy is kept in <state>/received-profiles)")
+    add_host_option(p)
     p.add_argument(
         "--wait-ready", action="store_true",
         help="wait until the server is ready (0), stalled (3), crashed (4) or stopped (5)",
@@ -92,6 +98,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--json", action="store_true", help="print one JSON array of session objects")
     p.add_argument("--live", action="store_true", help="only sessions whose server is still running")
     p.add_argument("--no-http", action="store_true", help="do not probe /ready and /model_info")
+    add_host_option(p)
     p.set_defaults(func=_status)
 
     p = subparsers.add_parser(
@@ -104,6 +111,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("session", metavar="SESSION")
     p.add_argument("--grace", type=float, default=30.0, metavar="S", help="seconds to wait after SIGTERM (30)")
     p.add_argument("--json", action="store_true", help="print the stop report as JSON on stdout")
+    add_host_option(p)
     p.set_defaults(func=_stop)
 
     p = subparsers.add_parser(
@@ -132,6 +140,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("-n", "--lines", type=int, default=None, metavar="N", help="only the last N (matching) lines")
     p.add_argument("--grep", default=None, metavar="TEXT|/REGEX/", help="only lines with TEXT, or matching REGEX")
     p.add_argument("--rank", default=None, metavar="N", help="only the lines of TP rank N ('main': no rank)")
+    add_host_option(p)
     p.set_defaults(func=_logs)
 
 
@@ -154,9 +163,13 @@ def _launch(args: argparse.Namespace) -> int:
     from sessions.server import LaunchError, ServerSession
 
     try:
-        profile = load_profile(args.profile)
+        profile = _received_profile(args.name) if args.profile == "-" else load_profile(args.profile)
     except ProfileError as exc:
         raise CliError(_profile_error_text(args.profile, exc), EXIT_BAD_INPUT) from None
+    if profile.host is not None and profile.host != "local":
+        from app.cli_hosts import launch_on_host
+
+        return launch_on_host(profile, args)
     if args.lock_timeout is not None and not args.lock_timeout >= 0:
         raise CliError(f"--lock-timeout must be 0 or more seconds, got {args.lock_timeout:g}", EXIT_BAD_INPUT)
     if args.timeout is not None and not args.timeout >= 0:
@@ -204,6 +217,27 @@ def _launch(args: argparse.Namespace) -> int:
         codes = [_wait_ready(session, args.timeout) for session in sessions]
         return max(codes)
     return 0
+
+
+def _received_profile(name: str | None):
+    """``launch -``: the profile TOML on stdin (another host's panel sends it) as ``NAME``; kept as
+    ``<state>/received-profiles/NAME.toml`` so that the session's profile path (restart) is a real file."""
+    from app.cli import EXIT_BAD_INPUT, CliError
+    from sessions.home import atomic_write_text, ensure_private_dir, resolve_home
+    from sessions.profiles import load_profile, parse_profile
+    from sessions.profiles.model import is_profile_name
+
+    if name is None or not is_profile_name(name):
+        raise CliError("launch -: --name NAME must give the profile a usable name "
+                       f"(letters, digits, '.', '_', '-'), got {name!r}", EXIT_BAD_INPUT)
+    text = sys.stdin.read(1024 * 1024 + 1)
+    if len(text) > 1024 * 1024:
+        raise CliError("launch -: the profile on stdin is over 1 MiB", EXIT_BAD_INPUT)
+    parse_profile(text, name=name)  # refuse a bad profile before anything is written
+    folder = ensure_private_dir(resolve_home().state_root / "received-profiles")
+    path = folder / f"{name}.toml"
+    atomic_write_text(path, text)
+    return load_profile(path)
 
 
 def _gpu_list(gpus) -> str:
@@ -656,6 +690,8 @@ def _print_log(source: _LogSource, last_n: int | None, follow: bool, log_filter,
                 shown_partial = result.partial
             # One more poll after the server is gone drains what it wrote last.
             ended = not source.is_alive()
+            if not ended and not tty and _reader_gone(out):
+                break  # nobody reads any more (`logs -f --host` ended: sshd closed our stdout): don't linger
             if not ended:
                 time.sleep(0.2)
         partial = log.partial_line() if log_filter is None else None
@@ -663,6 +699,21 @@ def _print_log(source: _LogSource, last_n: int | None, follow: bool, log_filter,
             emit(("\r" if shown_partial else "") + partial)
             printed = True
     return printed
+
+
+def _reader_gone(out) -> bool:
+    """The other end of ``out`` (a pipe or a socket) was closed: poll reports POLLERR/POLLHUP on it.  A
+    follower on another host would otherwise wait on an idle log for ever after its ssh went away, since
+    it learns of the closed pipe only at its next write."""
+    import select
+
+    try:
+        fd = out.fileno()
+    except (AttributeError, OSError, ValueError):
+        return False
+    poller = select.poll()
+    poller.register(fd, select.POLLERR | select.POLLHUP)
+    return any(events & (select.POLLERR | select.POLLHUP | select.POLLNVAL) for _, events in poller.poll(0))
 
 
 def _profile_error_text(name: str, exc: Exception) -> str:

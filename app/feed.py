@@ -22,6 +22,7 @@ from sessions.logs import LogFile, LogFilter, LogLine, shown
 from sessions.profiles import ProfileError, list_profiles, load_profile
 from sessions.profiles.fields import dp_replicas_of
 from sessions.redaction import Redactor
+from sessions.remote.monitor import HostMonitor, HostView
 from sessions.server import FINAL_STATES, ServerSession, SessionStatus, list_sessions
 from sessions.snapshots import LogChunk, ProfileEntry, SessionEntry
 from widgets.state_line import rank_label
@@ -66,6 +67,7 @@ class DashboardSnapshot:
     capture: CaptureStatus | None = None  # of the selected profile when its capture is on
     capture_profile: str | None = None
     group: tuple[SessionEntry, ...] = ()  # the selected session's group of replicas, one entry a member
+    hosts: tuple[HostView, ...] = ()  # the other hosts of hosts.toml (their monitor's latest views)
 
 
 def _entry(s: SessionStatus) -> SessionEntry:
@@ -103,9 +105,10 @@ def _group_of(status: SessionStatus | None, statuses: dict[str, SessionStatus]) 
 class DashboardFeed:
     """Holds the engine objects between polls (a `ServerSession` reads its log incrementally)."""
 
-    def __init__(self, home: Home, gpu_source: GpuSource) -> None:
+    def __init__(self, home: Home, gpu_source: GpuSource, hosts: HostMonitor | None = None) -> None:
         self.home = home
         self.gpu_source = gpu_source
+        self.hosts = hosts  # never waited on: its threads talk to the hosts, `views()` returns at once
         self._sessions: dict[str, ServerSession] = {}
         self._final: dict[str, tuple[int, SessionStatus]] = {}  # id -> (state.json mtime, status) of ended
         self._profiles: dict[str, tuple[int, ProfileEntry]] = {}
@@ -159,6 +162,7 @@ class DashboardFeed:
             capture,
             request.selected_profile if capture else None,
             group,
+            self.hosts.views() if self.hosts is not None else (),
         )
 
     def _capture_status(

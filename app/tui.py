@@ -127,6 +127,7 @@ class Eagle3App(TypeAheadApp[int]):
         self.refresh_s = refresh_s
         self._watch_tty = watch_tty
         self.dashboard: DashboardScreen | None = None
+        self.host_monitor: Any = None  # sessions.remote.monitor.HostMonitor while hosts.toml names hosts
         self.keymap_problems: list[str] = []
         self.user_keymap: dict[str, str] = {}
         self.hangup_received = False
@@ -164,7 +165,7 @@ class Eagle3App(TypeAheadApp[int]):
         from app.selection import load_selection
 
         self.dashboard = DashboardScreen(
-            DashboardFeed(self.home, self._gpu_source),
+            DashboardFeed(self.home, self._gpu_source, self._host_monitor()),
             demo=self.demo,
             refresh_s=self.refresh_s,
             initial_profile=initial,
@@ -182,6 +183,22 @@ class Eagle3App(TypeAheadApp[int]):
         if self._should_watch_tty():
             self._install_hangup_handlers()
 
+    def _host_monitor(self) -> Any:
+        """The other hosts' monitor (its threads start now), or None while hosts.toml names none; a bad
+        hosts.toml is said once and the dashboard runs without them."""
+        from sessions.remote.hosts import HostsError, load_hosts
+        from sessions.remote.monitor import HostMonitor
+
+        try:
+            hosts = load_hosts(self.home)
+        except HostsError as exc:
+            self.notify(str(exc), title="hosts.toml", severity="error", timeout=20)
+            return None
+        if not hosts:
+            return None
+        self.host_monitor = HostMonitor(hosts, self.home).start()
+        return self.host_monitor
+
     def _handle_exception(self, error: Exception) -> None:
         """Something escaped anyway: keep its traceback in a crash file in the state dir, then let Textual
         end the app as it always does.  `run_tui` tells the user the path; servers and jobs run on."""
@@ -194,6 +211,8 @@ class Eagle3App(TypeAheadApp[int]):
             bench.end_compare()         # what they launched (the process waits for those worker threads)
         if self._gpu_source is not None:
             self._gpu_source.close()
+        if self.host_monitor is not None:
+            self.host_monitor.close()  # its shared ssh connections end; the servers there run on
 
     def _compares(self) -> list[Any]:
         """The bench screens on the stack whose compare still runs (it may have launched servers)."""

@@ -12,6 +12,7 @@ back marked `stale`, and the caller (the TUI's poll worker) carries on with the 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import threading
 import time
@@ -61,6 +62,33 @@ class GpuSnapshot:
     message: str | None  # e.g. "NVML not available: driver library not found"
     taken_at: float  # time.time()
     stale: bool = False
+
+
+def snapshot_to_json(snapshot: GpuSnapshot) -> dict[str, Any]:
+    """`gpus --json`: the snapshot as plain JSON (another host's panel reads it back with `snapshot_from_json`)."""
+    return dataclasses.asdict(snapshot)
+
+
+def snapshot_from_json(data: Any) -> GpuSnapshot:
+    """A `GpuSnapshot` from `snapshot_to_json`'s object; `ValueError` naming what is wrong otherwise."""
+    if not isinstance(data, dict) or not isinstance(data.get("samples"), list):
+        raise ValueError("not a GPU snapshot object (no 'samples' array)")  # noqa: TRY004 - bad input, one kind
+    samples = []
+    for i, raw in enumerate(data["samples"]):
+        if not isinstance(raw, dict) or not isinstance(raw.get("index"), int):
+            raise ValueError(f"samples[{i}] is not a GPU reading")  # noqa: TRY004 - bad input, one kind
+        known = {f.name for f in dataclasses.fields(GpuSample)}
+        values = {k: v for k, v in raw.items() if k in known}
+        values["processes"] = tuple(
+            GpuProcess(int(p["pid"]), p.get("used_bytes")) for p in raw.get("processes") or ()
+            if isinstance(p, dict) and isinstance(p.get("pid"), int)
+        )
+        samples.append(GpuSample(**values))
+    return GpuSnapshot(
+        tuple(samples), str(data.get("source", "none")), bool(data.get("available")),
+        data.get("message") if isinstance(data.get("message"), str) else None,
+        float(data.get("taken_at") or 0.0), bool(data.get("stale")),
+    )
 
 
 # --- GpuSource, NvmlSource, EmulatedSource: owned by the TUI work (issue 4) -----------------------------

@@ -15,7 +15,8 @@ import tomlkit
 from tomlkit.exceptions import TOMLKitError
 
 
-def updated_toml(original: str, doc: Mapping[str, Mapping[str, Any]], sections: tuple[str, ...]) -> str | None:
+def updated_toml(original: str, doc: Mapping[str, Any], sections: tuple[str, ...],
+                 top_keys: tuple[str, ...] = ()) -> str | None:
     """``original`` with the values of ``doc`` (section -> key -> value) applied; keys of ``sections`` that
     ``doc`` no longer has are removed.  None when ``original`` is not TOML tomlkit can edit (the caller
     writes the file anew)."""
@@ -23,6 +24,12 @@ def updated_toml(original: str, doc: Mapping[str, Mapping[str, Any]], sections: 
         document = tomlkit.parse(original)
     except (TOMLKitError, ValueError):
         return None
+    for key in top_keys:  # plain keys before the first table (``host = "gpu2"``)
+        if key in doc:
+            if key not in document or _plain(document[key]) != doc[key]:
+                document[key] = doc[key]
+        elif key in document:
+            del document[key]
     for section in sections:
         values = doc.get(section)
         table = document.get(section)

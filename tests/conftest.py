@@ -223,3 +223,15 @@ def cli_env(home) -> dict[str, str]:
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), env.get("PYTHONPATH", "")]))
     return env
+
+
+@pytest.fixture
+def ssh_hosts(tmp_path: Path, home):
+    """Two real sshd "hosts" (h2, h3) of this test's home, each with its own home (tests/_ssh_support.py)."""
+    from tests._ssh_support import SshHosts
+
+    hosts = SshHosts(tmp_path / "ssh", home)
+    try:
+        yield hosts.start()
+    finally:
+        hosts.stop()

@@ -48,6 +48,7 @@ from sessions.phases import error_headline
 from widgets.action_line import ActionLine
 from widgets.gpu_panel import GpuPanel
 from widgets.group_card import GroupCard
+from widgets.host_panel import HostPanel
 from widgets.inputs import InOrderInput
 from widgets.lists import PageSafeSelect, ProfileList, SessionList
 from widgets.log_view import LogPane, LogView
@@ -117,6 +118,7 @@ class DashboardScreen(Targeting, TargetActions, LaunchActions, Screen):
     DashboardScreen #status-pane { height: auto; }
     DashboardScreen #capture-slot { height: auto; display: none; border-top: dashed $panel-lighten-2; }
     DashboardScreen #gpu-pane { height: auto; max-height: 12; }
+    DashboardScreen #hosts-pane { height: auto; max-height: 10; display: none; }
     DashboardScreen #log-pane { height: 1fr; min-height: 5; }
     DashboardScreen #filter-bar { height: auto; display: none; }
     DashboardScreen #filter-bar.-open { display: block; }
@@ -135,6 +137,7 @@ class DashboardScreen(Targeting, TargetActions, LaunchActions, Screen):
     DashboardScreen.-narrow .pane { border: none; border-top: solid $panel-lighten-2; padding: 0; }
     DashboardScreen.-narrow .pane:focus-within { border: none; border-top: heavy $accent; }
     DashboardScreen.-narrow #gpu-pane { max-height: 5; }
+    DashboardScreen.-narrow #hosts-pane { max-height: 4; }
 
     DashboardScreen.-short #capture-slot { max-height: 3; overflow-y: auto; }
     DashboardScreen.-short #log-pane { min-height: 6; }
@@ -189,6 +192,8 @@ class DashboardScreen(Targeting, TargetActions, LaunchActions, Screen):
                 yield Container(id="capture-slot")
         with VerticalScroll(id="gpu-pane", classes="pane"):
             yield GpuPanel(id="gpus")
+        with VerticalScroll(id="hosts-pane", classes="pane"):  # shown while hosts.toml names hosts
+            yield HostPanel(id="hosts")
         with LogPane(id="log-pane", classes="pane"):
             yield LogView(id="log")
             with Horizontal(id="filter-bar"):
@@ -203,6 +208,7 @@ class DashboardScreen(Targeting, TargetActions, LaunchActions, Screen):
         self.query_one("#sessions-pane").border_title = "2 Sessions"
         self.query_one("#status-pane").border_title = "Session"
         self.query_one("#gpu-pane").border_title = "3 GPUs"
+        self.query_one("#hosts-pane").border_title = "Other hosts"
         self._update_log_title()
         self.query_one("#gpu-pane").can_focus = True
         self.query_one(ProfileList).focus()
@@ -321,7 +327,8 @@ class DashboardScreen(Targeting, TargetActions, LaunchActions, Screen):
         self._render_capture(snapshot)
         gpus = self.query_one(GpuPanel)
         gpus.update_snapshot(snapshot.gpu, snapshot.owners)
-        self._set_title(self.query_one("#gpu-pane"), f"3 {gpus.title()}")
+        self._set_title(self.query_one("#gpu-pane"), f"3 {gpus.title()}" + (" · this host" if snapshot.hosts else ""))
+        self._render_hosts(snapshot)
         log_view = self.query_one(LogView)
         if status is None:
             log_view.show_file(None, "No session yet: select a profile (pane 1) and press l to launch it.")
@@ -336,6 +343,15 @@ class DashboardScreen(Targeting, TargetActions, LaunchActions, Screen):
         for problem in snapshot.problems:
             self._notify_problem(problem)
         self._notify_transitions(snapshot)
+
+    def _render_hosts(self, snapshot: DashboardSnapshot) -> None:
+        """The other hosts' sessions and GPUs, as their monitor last heard them (it never blocks a poll)."""
+        pane = self.query_one("#hosts-pane")
+        pane.display = bool(snapshot.hosts)
+        if snapshot.hosts:
+            self.query_one(HostPanel).update_hosts(snapshot.hosts)
+            lost = sum(1 for h in snapshot.hosts if h.state in ("reconnecting", "unreachable", "refused"))
+            self._set_title(pane, f"Other hosts · {len(snapshot.hosts)}" + (f" · {lost} not answering" if lost else ""))
 
     def _notify_transitions(self, snapshot: DashboardSnapshot) -> None:
         """A toast when a session becomes ready, stalls or crashes (the user may be looking elsewhere)."""

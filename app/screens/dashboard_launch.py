@@ -72,6 +72,13 @@ class LaunchActions:
                 if not report.stopped:
                     raise RuntimeError(f"{session_id} did not stop, so {name} was not launched: {report.message}")
             profile = load_profile(name, self.feed.home)
+            if profile.host is not None and profile.host != "local":
+                line.step(f"launching on host {profile.host} over ssh")
+                session_ids = self._launch_on_host(profile, force)
+                line.finish()
+                if not worker.is_cancelled:
+                    self.app.call_from_thread(self._launched_on_host, session_ids, name, profile.host)
+                return
             # A profile with replicas starts its whole group (one check of every member's GPUs first).
             members = ServerSession.launch_group(
                 profile, self.feed.home, force=force, cancelled=lambda: worker.is_cancelled, progress=line.step
@@ -94,6 +101,27 @@ class LaunchActions:
             self.feed.adopt(session)
         if not worker.is_cancelled:
             self.app.call_from_thread(self._launched, members[0].session_id, name)
+
+    def _launch_on_host(self, profile: Any, force: bool) -> list[str]:
+        """``launch -`` on the profile's host (sessions.remote): the servers run there, detached."""
+        from sessions.remote.client import RemoteClient
+        from sessions.remote.hosts import hosts_path, load_hosts
+        from sessions.remote.link import SshLink
+
+        home = self.feed.home
+        host = load_hosts(home).get(profile.host)
+        if host is None:
+            raise ValueError(f"host: no host {profile.host!r} in {hosts_path(home)}")
+        client = RemoteClient(host, SshLink(host, home))
+        client.connect()
+        session_ids = client.launch_profile(profile, force=force)
+        if self.feed.hosts is not None:
+            self.feed.hosts.poll_now()  # the other hosts' pane shows it at once
+        return session_ids
+
+    def _launched_on_host(self, session_ids: list[str], name: str, host: str) -> None:
+        self.notify(f"Launched {name} on host {host} as {', '.join(session_ids)}: the Other hosts pane follows it.",
+                    title="launched", timeout=6)
 
     def _launched(self, session_id: str, name: str) -> None:
         self.notify(

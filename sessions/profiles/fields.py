@@ -83,6 +83,22 @@ def _type_problems(dotted: str, value: Any, kind: str, lines: Mapping[str, int])
     return []
 
 
+_HOST_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")  # as sessions.remote.hosts names them
+
+
+def _host_key_problems(profile: LaunchProfile) -> list[Problem]:
+    """The top-level ``host``: a string naming a host (that hosts.toml has it is `validate_profile`'s)."""
+    host = profile.host
+    if host is None:
+        return []
+    line = _line_of(profile.key_lines, "host")
+    if not isinstance(host, str):
+        return [Problem("host", f"must be a host name of hosts.toml, not {_toml_type(host)}", line)]
+    if not _HOST_NAME.match(host):
+        return [Problem("host", f"{host!r} is not a host name (letters, digits, '.', '_', '-')", line)]
+    return []
+
+
 def field_problems(profile: LaunchProfile) -> list[Problem]:
     """Types and ranges of every value: what a profile must satisfy on any machine."""
     lines = profile.key_lines
@@ -108,6 +124,7 @@ def field_problems(profile: LaunchProfile) -> list[Problem]:
             problems.append(Problem(dotted, message, _line_of(lines, dotted), severity))
 
     problems += _text_problems(profile, bad)
+    problems += _host_key_problems(profile)
 
     s, c, w, e = profile.server, profile.capture, profile.watch, profile.emulator
     check("server.launcher", lambda: s.launcher in LAUNCHERS,

@@ -66,6 +66,13 @@ _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 # stay under the 255 a file name may have (a longer name failed with ENAMETOOLONG deep in a command).
 PROFILE_NAME_MAX = 200
 _PROFILE_NAME = re.compile(rf"^[A-Za-z0-9][A-Za-z0-9._-]{{0,{PROFILE_NAME_MAX - 1}}}$")
+# Top-level keys (outside the sections): ``host = "gpu2"`` launches the profile on that host of hosts.toml.
+TOP_KEYS = ("host",)
+
+
+def is_profile_name(name: str) -> bool:
+    """A name usable as ``<name>.toml`` and in session folder names."""
+    return bool(_PROFILE_NAME.match(name))
 
 
 # --- problems --------------------------------------------------------------------------------------------
@@ -225,6 +232,8 @@ class LaunchProfile:
 
     name: str
     server: ServerSection = field(default_factory=ServerSection)
+    # A host of <config>/hosts.toml (sessions.remote): launching runs `launch` there; None: this machine.
+    host: str | None = None
     capture: CaptureSection = field(default_factory=CaptureSection)
     watch: WatchSection = field(default_factory=WatchSection)
     emulator: EmulatorSection = field(default_factory=EmulatorSection)
@@ -248,7 +257,7 @@ class LaunchProfile:
 
     def to_doc(self) -> dict[str, Any]:
         """The profile as TOML tables: section -> key -> value, only what the file needs to hold."""
-        doc: dict[str, Any] = {}
+        doc: dict[str, Any] = {"host": self.host} if self.host is not None else {}
         for section in SECTIONS:
             if section == "emulator" and self.server.launcher != "emulator" and not self._touched(section):
                 continue
@@ -298,7 +307,7 @@ class LaunchProfile:
         explicit = set(self.explicit_keys)
         problems: list[Problem] = []
         for key, update in section_updates.items():
-            if key in ("name", "path"):
+            if key in ("name", "path", "host"):
                 replacements[key] = Path(update) if key == "path" and update is not None else update
                 continue
             if key not in _SECTION_TYPES:

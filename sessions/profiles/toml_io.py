@@ -16,6 +16,7 @@ from sessions.profiles.model import (
     _PROFILE_NAME,
     _SECTION_TYPES,
     SECTIONS,
+    TOP_KEYS,
     LaunchProfile,
     Problem,
     ProfileError,
@@ -82,7 +83,7 @@ def parse_profile(text: str, name: str = "profile", path: Path | None = None) ->
     explicit: set[str] = set()
     sections: dict[str, Any] = {}
     for key, value in data.items():
-        if key not in _SECTION_TYPES:
+        if key not in _SECTION_TYPES and key not in TOP_KEYS:
             kind = "table" if isinstance(value, dict) else "key"
             problems.append(
                 Problem(key, f"unknown {kind}" + _did_you_mean(key, SECTIONS), _line_of(lines, key))
@@ -106,6 +107,7 @@ def parse_profile(text: str, name: str = "profile", path: Path | None = None) ->
     profile = LaunchProfile(
         name=name,
         path=path,
+        host=data.get("host"),
         explicit_keys=frozenset(explicit),
         key_lines=lines,
         **sections,
@@ -145,7 +147,7 @@ def _profile_text(profile: LaunchProfile, target: Path) -> str:
         original = safe_files.read_text(target, safe_files.PROFILE)
     except OSError:
         return profile.to_toml()
-    edited = updated_toml(original, profile.to_doc(), tuple(SECTIONS))
+    edited = updated_toml(original, profile.to_doc(), tuple(SECTIONS), TOP_KEYS)
     if edited is None:
         return profile.to_toml()
     try:  # the edit must describe exactly this profile; otherwise write it anew

@@ -35,6 +35,11 @@ def validate_profile(
     """
     problems = list(field_problems(profile))
     bad_fields = {p.field for p in problems if p.is_error}
+    if profile.host is not None and profile.host != "local" and "host" not in bad_fields:
+        # Another host's profile: the machine checks (python, model, GPUs, port) are that host's, and its
+        # own CLI runs them when it launches; here only the host must be known.
+        problems += _remote_host_problems(profile)
+        return [_with_line(p, profile) for p in problems]
 
     def usable(*prefixes: str) -> bool:  # machine checks only look at well-formed values
         return not any(f == pre or f.startswith((pre + ".", pre + "[")) for f in bad_fields for pre in prefixes)
@@ -64,6 +69,22 @@ def validate_profile(
     if usable("capture", "server.launcher"):
         machine("capture", lambda: _capture_problems(profile))
     return [_with_line(p, profile) for p in problems]
+
+
+def _remote_host_problems(profile: LaunchProfile) -> list[Problem]:
+    from sessions.home import resolve_home
+    from sessions.remote.hosts import HostsError, hosts_path, load_hosts
+
+    home = resolve_home()
+    try:
+        hosts = load_hosts(home)
+    except HostsError as exc:
+        return [Problem("host", f"cannot be checked: {exc}", profile.line_of("host"))]
+    if profile.host in hosts:
+        return []
+    known = ", ".join(sorted(hosts)) or "none"
+    return [Problem("host", f"no host {profile.host!r} in {hosts_path(home)} (hosts there: {known})",
+                    profile.line_of("host"))]
 
 
 def _with_line(problem: Problem, profile: LaunchProfile) -> Problem:

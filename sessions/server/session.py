@@ -162,6 +162,12 @@ class ServerSession(SessionReader):
         running_ok: frozenset[str] = frozenset(),
         member_of: GroupInfo | None = None,
     ) -> list[ServerSession]:
+        if profile.host is not None and profile.host != "local":
+            # Its machine checks were skipped here (validate_profile leaves them to that host): starting it
+            # on this machine would skip them for real.  `eagle3-tui launch` and the TUI send it over ssh.
+            raise LaunchError(f"profile '{profile.name}' runs on host {profile.host} (host = \"{profile.host}\"): "
+                              f"it launches there over ssh (eagle3-tui launch {profile.name}), never on this machine",
+                              code=2)
         home = (home or resolve_home()).ensure()
         tell = progress or (lambda _text: None)
         lock_path = home.state_root / LAUNCH_LOCK_FILE
