@@ -99,7 +99,7 @@ class ReconcileReport:
 # sample (16 % of the job process's CPU in a py-spy profile), so the writer takes the record's crc from its
 # descriptor and joins it to the running file crc with ``crc32_combine``: the result is, bit for bit, crc32
 # of the file's bytes.  Where the stream is not what this expects (a torch that writes differently), the
-# skipped bytes are read back from the file instead (``_CrcWriter.needs_reread``), never guessed.
+# skipped bytes are read back from the file instead (``ChecksumWriter.needs_reread``), never guessed.
 _LARGE_WRITE = 1 << 16  # writes at least this big are record data whose crc comes from their descriptor
 _DESCRIPTOR = b"PK\x07\x08"
 _CRC_POLY = 0xEDB88320  # crc32's polynomial, bit-reflected
@@ -134,7 +134,7 @@ def crc32_combine(crc1: int, crc2: int, len2: int) -> int:
     return _multmodp(p, crc1) ^ crc2
 
 
-class _CrcWriter:
+class ChecksumWriter:
     """A write-only file wrapper that computes crc32 of what passes through (no second read of the file).
 
     Large writes (a record's tensor bytes) are not hashed here: their crc32 arrives in the data descriptor
@@ -398,7 +398,7 @@ class OutputDir:
         tmp = final.with_name(f".{final.name}.{os.getpid()}.tmp")
         try:
             with open(tmp, "wb") as fh:
-                writer = _CrcWriter(fh)
+                writer = ChecksumWriter(fh)
                 # With torch's own record crc32 turned off its descriptors hold 0: hash every byte here.
                 writer.needs_reread = not getattr(torch.serialization, "get_crc32_options", lambda: True)()
                 # torch.save uses only write() and flush(); its annotation asks for a whole IO[bytes].
