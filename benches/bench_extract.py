@@ -5,7 +5,7 @@ Prints (targets in brackets; it never asserts):
                       FixedBackend on a config-only model dir (no model, near no-op)      [>= 2000]
   collector_gbps      output GB/s of the collector (map dumps, check, torch.save, rename, delete dumps,
                       group commit alongside) vs `cp -r` of the same dump bytes           [>= 0.90 of cp]
-                      (and until durable, vs `cp -r` + `sync`)
+                      (and until durable, vs `cp -r` + `sync`); collector_cpu_ms: CPU a sample on that path
   extraction          rounds of (plain prefill, extraction job, capture-only) on one emulator server with a
                       real model behind it; medians.  ``--shape llama8b`` (H=4096, 16 layers, ~1,000 tokens a
                       sample) and ``--shape kimi`` (H=7168, 8 layers, ~522 tokens, 30 MB a sample) set the
@@ -194,7 +194,7 @@ def bench_collector(home, args) -> None:
 
     subprocess.run(["sync"], check=True)
     commit_thread = threading.Thread(target=committer)
-    started = time.perf_counter()
+    started, cpu_started = time.perf_counter(), time.process_time()
     commit_thread.start()
     with ThreadPoolExecutor(max_workers=args.collector_workers) as pool:
         total = sum(pool.map(collect_one, range(count)))
@@ -202,6 +202,7 @@ def bench_collector(home, args) -> None:
     all_written.set()
     commit_thread.join()
     durable_s = time.perf_counter() - started
+    cpu_s = time.process_time() - cpu_started
     recorded = len(out.read_manifest()[0])
     out.release()
     shutil.rmtree(work)
@@ -216,6 +217,8 @@ def bench_collector(home, args) -> None:
     print(f"collector_durable_gbps {durable_gbps:9.2f}  GB/s until the last group commit (syncfs) recorded all "
           f"{recorded} samples in the manifest")
     print(f"cp_sync_gbps           {cp_sync_gbps:9.2f}  GB/s (cp -r + sync)")
+    print(f"collector_cpu_ms       {1e3 * cpu_s / count:9.1f}  ms of CPU a sample (read, check, save, checksum, "
+          "commit), steadier than GB/s on a shared machine")
     print(f"durable_vs_cp_sync     {durable_gbps / cp_sync_gbps:9.2f}")
 
 
@@ -411,8 +414,8 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=64)
     parser.add_argument("--requests", type=int, default=5000)
     parser.add_argument("--collector-samples", type=int, default=40)
-    parser.add_argument("--collector-tokens", type=int, default=1024)
-    parser.add_argument("--collector-hidden", type=int, default=4096)
+    parser.add_argument("--collector-tokens", type=int, default=None, help="default 1024, or the shape's")
+    parser.add_argument("--collector-hidden", type=int, default=None, help="default 4096, or the shape's")
     parser.add_argument("--collector-workers", type=int, default=8,
                         help="collector threads (a job uses min(8, concurrency))")
     parser.add_argument("--samples", type=int, default=300)
@@ -437,6 +440,8 @@ def main() -> None:
     if not args.tokens and args.answer_words is None:
         args.tokens = shape[2]  # 0 without a shape: the answer length below
     args.answer_words = args.answer_words or 12
+    args.collector_hidden = args.collector_hidden or (shape[0] if args.shape else 4096)
+    args.collector_tokens = args.collector_tokens or (shape[2] if args.shape else 1024)
     if args.device == "cuda":
         import torch
 
