@@ -96,7 +96,7 @@ class ReconcileReport:
 # (``PK\x07\x08``, then crc32, compressed and uncompressed size) holding the crc32 that torch computed
 # over the record's bytes.  A sample's bytes are almost all in its two hidden-state records (26 and 8 MB
 # at H=4096, 1,000 tokens).  Computing crc32 of those again in Python was a whole extra pass over the
-# sample (16 % of the job process's CPU in a py-spy profile), so the writer takes the record's crc from its
+# sample (14 % of the job process's samples in a py-spy profile), so the writer takes the record's crc from its
 # descriptor and joins it to the running file crc with ``crc32_combine``: the result is, bit for bit, crc32
 # of the file's bytes.  Where the stream is not what this expects (a torch that writes differently), the
 # skipped bytes are read back from the file instead (``ChecksumWriter.needs_reread``), never guessed.
