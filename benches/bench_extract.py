@@ -5,13 +5,31 @@ Prints (targets in brackets; it never asserts):
                       FixedBackend on a config-only model dir (no model, near no-op)      [>= 2000]
   collector_gbps      output GB/s of the collector (map dumps, check, torch.save, rename, delete dumps,
                       group commit alongside) vs `cp -r` of the same dump bytes           [>= 0.90 of cp]
-                      (and until durable, vs `cp -r` + `sync`)
-  extraction_ratio    samples/s of a real extraction job vs plain prefill-only /generate requests with
-                      the same token ids on the same emulator server (demo model, capture on)  [>= 0.95]
+                      (and until durable, vs `cp -r` + `sync`); collector_cpu_ms: CPU a sample on that path
+  extraction          rounds of (plain prefill, extraction job, capture-only) on one emulator server with a
+                      real model behind it; medians.  ``--shape llama8b`` (H=4096, 16 layers, ~1,000 tokens a
+                      sample) and ``--shape kimi`` (H=7168, 8 layers, ~522 tokens, 30 MB a sample) set the
+                      width, depth and sample length of issue 24 item 5.  Printed:
+                        plain_prefill_sps, capture_only_sps, extraction_sps
+                        collect_overhead_ratio  extraction vs capture-only              [target >= 0.97]
+                        disk_durable_mbps / disk_durable_sps  `dd ... conv=fsync` into the output filesystem
+                        vs_limit  extraction vs min(capture-only, disk durable sps)      [target >= 0.95]
+                        job_cpu_ms_per_sample  the job process's own CPU time per sample (steadier than the
+                                      rates on a shared machine)
 
-Usage: ``python benches/bench_extract.py [--device cpu|cuda] [--only dispatch,collector,extraction]``.
-``--device cuda`` puts the emulator's model on the GPU (the lead runs it on the H200); size the model with
-``--hidden-size``/``--layers`` and the load with ``--samples``/``--answer-words``.
+Usage: ``python benches/bench_extract.py [--device cpu|cuda] [--only dispatch,collector,extraction]
+[--shape llama8b|kimi]``.  ``--device cuda`` puts the emulator's model on the GPU (the lead runs it on the
+H200); size the model with ``--hidden-size``/``--layers`` and the load with ``--samples``/``--answer-words``
+(or ``--tokens``), which override the shape's.  On the H200 (a full-width demo model, its rank holding
+GPU memory):
+
+    python3 benches/bench_extract.py --device cuda --only extraction --shape llama8b --samples 600
+    python3 benches/bench_extract.py --device cuda --only extraction --shape kimi --samples 600
+
+On a CPU-only machine the model is ``--thin`` by default (the real hidden size, so the dumps have the
+real width, but 2 attention heads and a 64-wide MLP, so a forward takes a second, not a minute):
+
+    python benches/bench_extract.py --only extraction --shape llama8b --samples 12
 """
 from __future__ import annotations
 
@@ -176,7 +194,7 @@ def bench_collector(home, args) -> None:
 
     subprocess.run(["sync"], check=True)
     commit_thread = threading.Thread(target=committer)
-    started = time.perf_counter()
+    started, cpu_started = time.perf_counter(), time.process_time()
     commit_thread.start()
     with ThreadPoolExecutor(max_workers=args.collector_workers) as pool:
         total = sum(pool.map(collect_one, range(count)))
@@ -184,6 +202,7 @@ def bench_collector(home, args) -> None:
     all_written.set()
     commit_thread.join()
     durable_s = time.perf_counter() - started
+    cpu_s = time.process_time() - cpu_started
     recorded = len(out.read_manifest()[0])
     out.release()
     shutil.rmtree(work)
@@ -198,7 +217,86 @@ def bench_collector(home, args) -> None:
     print(f"collector_durable_gbps {durable_gbps:9.2f}  GB/s until the last group commit (syncfs) recorded all "
           f"{recorded} samples in the manifest")
     print(f"cp_sync_gbps           {cp_sync_gbps:9.2f}  GB/s (cp -r + sync)")
+    print(f"collector_cpu_ms       {1e3 * cpu_s / count:9.1f}  ms of CPU a sample (read, check, save, checksum, "
+          "commit), steadier than GB/s on a shared machine")
     print(f"durable_vs_cp_sync     {durable_gbps / cp_sync_gbps:9.2f}")
+
+
+SHAPES = {  # issue 24 item 5: (hidden size, layers, tokens a sample)
+    "llama8b": (4096, 16, 1000),
+    "kimi": (7168, 8, 522),
+    "toy": (256, 8, 93),
+}
+
+
+def disk_durable_rate(where: str, megabytes: int) -> float:
+    """MB/s that ``dd if=/dev/zero bs=4M conv=fsync`` writes durably into ``where`` (the output filesystem)."""
+    target = Path(tempfile.mkdtemp(prefix="bench-dd-", dir=where)) / "dd.bin"
+    try:
+        subprocess.run(["sync"], check=True)
+        started = time.perf_counter()
+        subprocess.run(["dd", "if=/dev/zero", f"of={target}", "bs=4M", f"count={max(1, megabytes // 4)}",
+                        "conv=fsync", "status=none"], check=True)
+        elapsed = time.perf_counter() - started
+        return target.stat().st_size / elapsed / 1e6
+    finally:
+        shutil.rmtree(target.parent, ignore_errors=True)
+
+
+def rows_for_tokens(renderer, count: int, tokens: int, path: Path) -> tuple[Path, list[list[int]]]:
+    """A dataset at ``path`` whose rendered samples average ``tokens`` (the answer length found by bisection)."""
+    sys.path.insert(0, str(REPO_ROOT / "tests"))
+    from _extract_support import write_dataset
+
+    from sessions.extraction.datasets import iter_dataset
+
+    def rows(words: int) -> list[dict]:  # answers of 0.5x to 1.5x ``words`` repeats: T differs per sample
+        out = []
+        for i in range(count):
+            answer = " ".join(["the capital of France is Paris"] * max(1, round(words * (0.5 + (i % 11) / 10))))
+            out.append({"conversations": [{"from": "human", "value": f"Question {i}: where is Paris?"},
+                                          {"from": "gpt", "value": f"Answer {i}: {answer}."}]})
+        return out
+
+    def render(words: int) -> tuple[Path, list[list[int]]]:
+        write_dataset(path, rows(words))
+        return path, [list(renderer.render(r).input_ids) for r in iter_dataset(path)]
+
+    low, high = 1, 1024
+    while low < high:
+        mid = (low + high) // 2
+        _, ids = render(mid)
+        if sum(map(len, ids)) / count < tokens:
+            low = mid + 1
+        else:
+            high = mid
+    return render(low)
+
+
+class CpuWatch:
+    """The job process's CPU seconds while its pipeline runs (polled: it exits at the end)."""
+
+    def __init__(self) -> None:
+        self.first: float | None = None
+        self.last = 0.0
+
+    def poll(self, pid: int | None, running: bool) -> None:
+        import psutil
+
+        if not pid or not running:
+            return
+        try:
+            times = psutil.Process(pid).cpu_times()
+        except psutil.Error:
+            return
+        total = times.user + times.system
+        if self.first is None:
+            self.first = total
+        self.last = total
+
+    @property
+    def seconds(self) -> float:
+        return self.last - (self.first or 0.0)
 
 
 def bench_extraction(home, args) -> None:
@@ -216,22 +314,27 @@ def bench_extraction(home, args) -> None:
     from sessions.extraction.job import job_status, run_job
     from sessions.extraction.rendering import ChatRenderer
 
+    thin = args.thin if args.thin is not None else args.device == "cpu"
     model = write_demo_model(home.state_root / "models" / "demo", num_layers=args.layers,
-                             hidden_size=args.hidden_size)
+                             hidden_size=args.hidden_size, attention_heads=2 if thin else None,
+                             intermediate_size=64 if thin else None)
     capture = Path(tempfile.mkdtemp(prefix="bench-capture-", dir="/dev/shm" if os.path.isdir("/dev/shm") else None))
     os.chmod(capture, 0o700)
     session = launch(home, "capture", model, capture, args.device, chunked_prefill_size=-1)
     work = Path(tempfile.mkdtemp(prefix="bench-extract-", dir=args.scratch))
     try:
         url = f"http://127.0.0.1:{session.status().port}"
-        dataset = write_dataset(work / "data.jsonl", chat_rows(args.samples, words=args.answer_words))
         renderer = ChatRenderer.load(model, max_length=4096)
-        ids = [renderer.render(r).input_ids for r in iter_dataset(dataset)]
+        if args.tokens:
+            dataset, ids = rows_for_tokens(renderer, args.samples, args.tokens, work / "data.jsonl")
+        else:
+            dataset = write_dataset(work / "data.jsonl", chat_rows(args.samples, words=args.answer_words))
+            ids = [renderer.render(r).input_ids for r in iter_dataset(dataset)]
         tokens = sum(len(x) for x in ids)
-        for warm in range(2):  # warm up the model (the first GPU calls are slow) and the connections
+        for warm in range(args.warmups):  # warm up the model (the first GPU calls are slow) and the connections
             asyncio.run(fire(url, [{"rid": f"warm-{warm}-{i}", "input_ids": list(x)} for i, x in enumerate(ids)],
                              args.concurrency))
-        plain, job, capture_only, written = [], [], [], 0.0
+        plain, job, capture_only, cpu_per_sample, written = [], [], [], [], 0.0
         for r in range(args.rounds):
             plain.append(asyncio.run(fire(url, [{"rid": f"plain-{r}-{i}", "input_ids": list(x)}  # no capture prefix
                                                 for i, x in enumerate(ids)], args.concurrency)))
@@ -239,14 +342,25 @@ def bench_extraction(home, args) -> None:
                               dataset=dataset, output_dir=work / f"out-{r}", concurrency=args.concurrency)
             job_id = run_job(spec, home)
             deadline = time.monotonic() + 1800
+            watch = CpuWatch()
+            profiler = None
             while (progress := job_status(job_id, home)).state not in ("done", "failed", "cancelled", "interrupted"):
                 if time.monotonic() > deadline:
                     raise SystemExit(f"job {job_id} did not finish")
+                watch.poll(progress.pid, progress.state == "running")
+                if args.py_spy and r == 0 and profiler is None and progress.state == "running" and progress.pid:
+                    profiler = subprocess.Popen([args.py_spy, "record", "--nonblocking", "--threads", "--rate", "50",
+                                                 "-f", "raw", "-o", str(Path(args.py_spy_out).resolve()),
+                                                 "--pid", str(progress.pid)],
+                                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
                 time.sleep(0.2)
+            if profiler is not None:
+                profiler.wait(timeout=60)  # it ends with the job process
             if progress.state != "done":
                 raise SystemExit(f"job {job_id} {progress.state}: {progress.reason}")
             raw = json.loads((Path(progress.job_dir) / "progress.json").read_text())
             job.append(raw["done_this_run"] / (raw["last_progress_at"] - raw["pipeline_started_at"]))
+            cpu_per_sample.append(watch.seconds / max(1, raw["done_this_run"]))
             written = raw["bytes"]
             shutil.rmtree(work / f"out-{r}")
             # The same requests with the capture rid prefix: the server dumps, nobody collects (deleted after).
@@ -254,25 +368,39 @@ def bench_extraction(home, args) -> None:
                                                        for i, x in enumerate(ids)], args.concurrency)))
             for entry in capture.iterdir():
                 shutil.rmtree(entry, ignore_errors=True)
-            print(f"round {r + 1}: plain {plain[-1]:.1f}, extraction {job[-1]:.1f}, capture-only "
-                  f"{capture_only[-1]:.1f} samples/s", flush=True)
+            print(f"round {r + 1}: plain {plain[-1]:.2f}, extraction {job[-1]:.2f}, capture-only "
+                  f"{capture_only[-1]:.2f} samples/s; job CPU {1e3 * cpu_per_sample[-1]:.0f} ms a sample", flush=True)
         med_plain, med_job, med_capture = (statistics.median(v) for v in (plain, job, capture_only))
+        disk_mbps = disk_durable_rate(args.scratch, args.dd_mb)
+        sample_mb = written / args.samples / 1e6
+        disk_sps = disk_mbps / sample_mb
+        limit = min(med_capture, disk_sps)
 
         def spread(values: list[float]) -> str:
-            return ", ".join(f"{v:.1f}" for v in values)
+            return ", ".join(f"{v:.2f}" for v in values)
 
-        print(f"plain_prefill_sps      {med_plain:9.1f}  samples/s, median of {args.rounds} rounds ({spread(plain)}); "
-              f"{args.samples} samples, {tokens / args.samples:.0f} tokens each")
-        print(f"extraction_sps         {med_job:9.1f}  samples/s, median ({spread(job)}); {written / 1e6:.1f} MB "
-              f"written per job, H={args.hidden_size}, {args.layers} layers, device {args.device}")
-        print(f"capture_only_sps       {med_capture:9.1f}  samples/s, median ({spread(capture_only)}): the same "
+        width = (f"H={args.hidden_size}, {args.layers} layers{' (thin)' if thin else ''}, "
+                 f"{tokens / args.samples:.0f} tokens a sample, {sample_mb:.1f} MB a sample, device {args.device}")
+        print(f"shape                  {args.shape or 'custom'}: {width}")
+        print(f"plain_prefill_sps      {med_plain:9.2f}  samples/s, median of {args.rounds} rounds ({spread(plain)}); "
+              f"{args.samples} samples")
+        print(f"capture_only_sps       {med_capture:9.2f}  samples/s, median ({spread(capture_only)}): the same "
               "requests with the capture rid prefix, the server dumps, nothing collects")
-        print(f"extraction_ratio       {med_job / med_plain:9.3f}  vs plain prefill                          "
-              "[target >= 0.95]")
+        print(f"extraction_sps         {med_job:9.2f}  samples/s, median ({spread(job)}); {written / 1e6:.1f} MB "
+              "written per job")
+        print(f"job_cpu_ms_per_sample  {1e3 * statistics.median(cpu_per_sample):9.1f}  ms of the job process's CPU "
+              f"a sample, median ({', '.join(f'{1e3 * v:.0f}' for v in cpu_per_sample)})")
         print(f"server_dump_ratio      {med_capture / med_plain:9.3f}  capture-only vs plain: the server-side cost "
               "of dumping")
         print(f"collect_overhead_ratio {med_job / med_capture:9.3f}  extraction vs capture-only: our client + "
-              "collector alone")
+              "collector alone                           [target >= 0.97]")
+        print(f"disk_durable_mbps      {disk_mbps:9.1f}  MB/s, dd bs=4M conv=fsync of {args.dd_mb} MB into "
+              f"{args.scratch}")
+        print(f"disk_durable_sps       {disk_sps:9.2f}  samples/s the disk takes durably at {sample_mb:.1f} MB a "
+              "sample")
+        verdict = "ok" if med_job >= 0.95 * limit else "BELOW"
+        print(f"vs_limit               {med_job / limit:9.3f}  extraction vs min(capture-only {med_capture:.2f}, "
+              f"disk {disk_sps:.2f}) = {limit:.2f}; 0.95 x limit = {0.95 * limit:.2f}: {verdict}  [target >= 0.95]")
     finally:
         session.stop(grace_s=10)
         shutil.rmtree(work, ignore_errors=True)
@@ -286,17 +414,34 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=64)
     parser.add_argument("--requests", type=int, default=5000)
     parser.add_argument("--collector-samples", type=int, default=40)
-    parser.add_argument("--collector-tokens", type=int, default=1024)
-    parser.add_argument("--collector-hidden", type=int, default=4096)
+    parser.add_argument("--collector-tokens", type=int, default=None, help="default 1024, or the shape's")
+    parser.add_argument("--collector-hidden", type=int, default=None, help="default 4096, or the shape's")
     parser.add_argument("--collector-workers", type=int, default=8,
                         help="collector threads (a job uses min(8, concurrency))")
     parser.add_argument("--samples", type=int, default=300)
     parser.add_argument("--rounds", type=int, default=3, help="interleaved (plain, job, capture-only) rounds")
-    parser.add_argument("--answer-words", type=int, default=12)
-    parser.add_argument("--hidden-size", type=int, default=256)
-    parser.add_argument("--layers", type=int, default=8)
+    parser.add_argument("--warmups", type=int, default=2, help="passes over the samples before the rounds")
+    parser.add_argument("--shape", choices=sorted(SHAPES), default=None,
+                        help="hidden size, layers and tokens a sample of issue 24 item 5 (llama8b, kimi)")
+    parser.add_argument("--answer-words", type=int, default=None, help="answer repeats (default 12)")
+    parser.add_argument("--tokens", type=int, default=0, help="average tokens a sample (sets the answer length)")
+    parser.add_argument("--hidden-size", type=int, default=None, help="default 256, or the shape's")
+    parser.add_argument("--layers", type=int, default=None, help="default 8, or the shape's")
+    parser.add_argument("--thin", action=argparse.BooleanOptionalAction, default=None,
+                        help="2 attention heads and a 64-wide MLP at the real hidden size (default: on for cpu)")
+    parser.add_argument("--dd-mb", type=int, default=1024, help="MB that the durable disk rate is measured on")
+    parser.add_argument("--py-spy", default=None, help="py-spy binary: record the first round's job process")
+    parser.add_argument("--py-spy-out", default="bench-extract-job.pyspy.txt", help="where py-spy writes (raw)")
     parser.add_argument("--scratch", default=tempfile.gettempdir(), help="where output files are written")
     args = parser.parse_args()
+    shape = SHAPES.get(args.shape or "", (256, 8, 0))
+    args.hidden_size = args.hidden_size or shape[0]
+    args.layers = args.layers or shape[1]
+    if not args.tokens and args.answer_words is None:
+        args.tokens = shape[2]  # 0 without a shape: the answer length below
+    args.answer_words = args.answer_words or 12
+    args.collector_hidden = args.collector_hidden or (shape[0] if args.shape else 4096)
+    args.collector_tokens = args.collector_tokens or (shape[2] if args.shape else 1024)
     if args.device == "cuda":
         import torch
 

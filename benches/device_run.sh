@@ -28,5 +28,10 @@ if [[ $PARTS == *,extract,* ]]; then
   echo "== extraction, longer samples on a wider model (H=1024, 16 layers, ~500 tokens/sample)"
   timeout 240 python3 benches/bench_extract.py --device cuda --only extraction --samples 600 --rounds 3 \
     --hidden-size 1024 --layers 16 --answer-words 150 2>&1 | tee "$OUT/gpu_extract_long.txt" | tail -12
+  for shape in llama8b kimi; do  # issue 24 item 5: H=4096/16 layers/~1,000 tokens; H=7168/8 layers/522 tokens
+    echo "== extraction at the $shape shape (full-width demo model on the GPU; disk durable rate by dd)"
+    timeout 420 python3 benches/bench_extract.py --device cuda --only extraction --shape $shape --samples 600 \
+      --rounds 3 2>&1 | tee "$OUT/gpu_extract_$shape.txt" | tail -14
+  done
 fi
 ls -la "$OUT"

@@ -65,14 +65,25 @@ def write_demo_model(
     vocab_size: int = 512,
     seed: int = 0,
     overwrite: bool = False,
+    attention_heads: int | None = None,
+    intermediate_size: int | None = None,
 ) -> Path:
-    """Write the model folder; returns its path.  Refuses a non-empty folder unless ``overwrite``."""
+    """Write the model folder; returns its path.  Refuses a non-empty folder unless ``overwrite``.
+
+    ``attention_heads`` (of 16 dims each) and ``intermediate_size`` default to a full-width model
+    (``hidden_size // 16`` heads, ``2 * hidden_size``).  Smaller values keep the real hidden size, so the
+    dumps have a real model's width, with a forward that a CPU runs in a fraction of a second (the
+    extraction bench's Llama-8B and Kimi shapes on a machine without a GPU)."""
     if arch not in ARCHITECTURES:
         raise DemoModelError(f"arch {arch!r} is not one of {', '.join(ARCHITECTURES)}")
     if num_layers < 8:
         raise DemoModelError(f"num_layers must be >= 8 (three distinct capture points), not {num_layers}")
     if hidden_size < 16 or hidden_size % 8:
         raise DemoModelError(f"hidden_size must be a multiple of 8 and >= 16, not {hidden_size}")
+    if (attention_heads is not None and attention_heads < 1) or (intermediate_size is not None
+                                                                  and intermediate_size < 1):
+        raise DemoModelError(f"attention_heads ({attention_heads}) and intermediate_size ({intermediate_size}) "
+                             "must be >= 1")
     if vocab_size < 300:
         raise DemoModelError(f"vocab_size must be >= 300 (256 bytes + merges + specials), not {vocab_size}")
     path = Path(directory).expanduser()
@@ -103,6 +114,11 @@ def write_demo_model(
     }, indent=2) + "\n")
 
     config = _config(arch, num_layers, hidden_size, real_vocab, ids)
+    if attention_heads is not None:
+        config.update({"num_attention_heads": attention_heads, "num_key_value_heads": max(1, attention_heads // 2),
+                       "head_dim": 16})
+    if intermediate_size is not None:
+        config["intermediate_size"] = intermediate_size
     state = _weights(config, seed, spoken_token_ids(tokenizer))
     from safetensors.torch import save_file
 

@@ -73,6 +73,24 @@ def test_demo_model_weights_match_the_hf_architectures_exactly(demo_model, tmp_p
         assert {k: v for k, v in info.items() if v} == {}  # no missing, unexpected or mismatched weights
 
 
+def test_a_thin_demo_model_keeps_the_hidden_size_and_loads_exactly(tmp_path):
+    """The extraction bench's CPU model: the real width (the dumps' size), 2 heads and a narrow MLP."""
+    from transformers import AutoModelForCausalLM
+
+    from sessions.demo_model import DemoModelError, write_demo_model
+
+    path = write_demo_model(tmp_path / "thin", hidden_size=256, attention_heads=2, intermediate_size=32)
+    config = json.loads((path / "config.json").read_text())
+    assert (config["hidden_size"], config["num_attention_heads"], config["num_key_value_heads"],
+            config["head_dim"], config["intermediate_size"]) == (256, 2, 1, 16, 32)
+    model, info = AutoModelForCausalLM.from_pretrained(path, local_files_only=True, output_loading_info=True)
+    assert {k: v for k, v in info.items() if v} == {}
+    out = model(torch.tensor([[10, 11, 12]]), output_hidden_states=True)
+    assert out.hidden_states[-1].shape == (1, 3, 256)
+    with pytest.raises(DemoModelError, match="attention_heads"):
+        write_demo_model(tmp_path / "bad", attention_heads=0)
+
+
 def test_demo_model_weights_are_seeded(demo_model, tmp_path):
     from safetensors.torch import load_file
 

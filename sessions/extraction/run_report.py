@@ -4,15 +4,18 @@ state and writes nothing else.
 """
 from __future__ import annotations
 
+import asyncio
+import json
 import os
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from sessions.extraction.model_dims import draft_layer_ids
 from sessions.extraction.progress import PROGRESS_FILE
-from sessions.home import atomic_write_json
+from sessions.home import atomic_write_text
 from sessions.redaction import redact_text
 
 if TYPE_CHECKING:  # type-only: the runner imports these (collector and rendering lazily) at run time
@@ -132,8 +135,34 @@ class RunReport:
             snapshot.update({k: v for k, v in self.carried.items() if k != "name" and (k != "total" or not self.total)})
         return snapshot
 
+    # Snapshots are numbered when taken and a writer never puts an older one over a newer one: the report
+    # loop writes from a worker thread while the loop goes on, and the final state written by the loop
+    # itself (done, failed) must not be undone by a slow write of a "running" snapshot behind it.
+    _progress_lock = threading.Lock()
+    _progress_taken = 0
+    _progress_written = 0
+
     def write_progress(self) -> None:
-        atomic_write_json(self.job_dir / PROGRESS_FILE, self.snapshot())
+        self._write_snapshot(*self._numbered_snapshot())
+
+    async def write_progress_off_loop(self) -> None:
+        """``write_progress`` with the disk part (two fsyncs) in a worker thread.  On the event loop those
+        fsyncs stalled the job's requests and answers while the output disk was busy (py-spy on the job
+        process: the report loop's fsyncs were most of the event loop's own time)."""
+        await asyncio.to_thread(self._write_snapshot, *self._numbered_snapshot())
+
+    def _numbered_snapshot(self) -> tuple[int, str]:
+        """The next snapshot, numbered, as the text ``atomic_write_json`` writes (encoded here, on the loop,
+        so that no thread reads the run's state while the loop changes it)."""
+        self._progress_taken += 1
+        return self._progress_taken, json.dumps(self.snapshot(), indent=2, sort_keys=True) + "\n"
+
+    def _write_snapshot(self, number: int, text: str) -> None:
+        with self._progress_lock:
+            if number < self._progress_written:
+                return
+            atomic_write_text(self.job_dir / PROGRESS_FILE, text)
+            self._progress_written = number
 
     def _write_dataset_json(self, complete: bool) -> None:
         spec = self.spec

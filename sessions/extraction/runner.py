@@ -352,7 +352,7 @@ class JobRun(OutputBookkeeping):
                 self.pause_reasons["capture"] = gate.blocked_reason
             else:
                 self.pause_reasons.pop("capture", None)
-            self.write_progress()
+            await self.write_progress_off_loop()
             if time.monotonic() - last_sync > 2.0 and self.output is not None:
                 await asyncio.to_thread(self.output.sync_manifest)
                 last_sync = time.monotonic()
