@@ -195,6 +195,7 @@ class _KillAfter(threading.Thread):
             self.done.set()
 
 
+@pytest.mark.slow
 def test_demo_user_launches_capture_sees_it_confirmed_runs_kills_resumes_and_verifies_a_job(
         demo_home, launched, cli_env) -> None:
     from textual.widgets import Input
