@@ -15,6 +15,11 @@
   or carrying the session's env id.
   Use ``launched.launch(profile)``, ``launched.track(session_id)`` for sessions a CLI subprocess started,
   and ``launched.remember(session)`` after the ranks are up.
+* ``demo_tiny_models`` - (session) the demo's tiny model and EAGLE-3 draft, written once by
+  `ensure_demo_home` into a template home; ``seed_demo_models(home)`` copies them into a fresh demo home
+  before a test's own `ensure_demo_home`, which then skips the torch child process that writes them (the
+  files are seeded, so the copies equal what it would write) and makes everything else itself, with this
+  home's paths.  Tests of the writing itself (test_demo_entry, test_demo_answers) do not seed.
 * ``tp4_holding_gpus_0_to_3`` - a launched TP4 emulator session (hung after its weights) whose ranks hold
   emulated memory on GPUs 0-3, for launches that must meet GPUs in use.
 """
@@ -54,6 +59,17 @@ SMALL_CONFIG = KIMI_LIKE_CONFIG | {
     "vocab_size": 1024,
     "max_position_embeddings": 4096,
 }
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Run the modules holding ``slow`` tests first, each module kept whole and in its own order.
+
+    pytest-xdist (``-n 2``) hands tests out in this order: a minutes-long end-to-end test that comes late
+    keeps one worker busy after the other has run out of work, which CI's wall clock pays in full.  With the
+    long ones first, the many short tests fill in around them and both workers end together.  Every worker
+    sorts the same collection the same way (a stable sort), as xdist requires."""
+    slow_modules = {item.path for item in items if item.get_closest_marker("slow") is not None}
+    items.sort(key=lambda item: item.path not in slow_modules)
 
 
 @pytest.fixture
@@ -198,6 +214,41 @@ def launched(home):
         yield registry
     finally:
         registry.cleanup()
+
+
+@pytest.fixture(scope="session")
+def demo_tiny_models(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """The tiny model and draft dirs of a template demo home made once per worker (see the docstring)."""
+    from sessions.demo import ensure_demo_home, tiny_draft_dir, tiny_model_dir
+    from sessions.home import HOME_ENV, resolve_home
+
+    root = tmp_path_factory.mktemp("demo-template")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv(HOME_ENV, str(root / "eagle3-home"))
+        mp.delenv("EAGLE3_TUI_DEMO", raising=False)
+        template = ensure_demo_home(resolve_home(demo=True))
+    model, draft = tiny_model_dir(template), tiny_draft_dir(template)
+    assert (model / "model.safetensors").is_file() and (draft / "model.safetensors").is_file(), \
+        "the template demo home has no tiny model (torch & co. missing?)"
+    return model, draft
+
+
+@pytest.fixture
+def seed_demo_models(demo_tiny_models: tuple[Path, Path]) -> Callable[[Any], None]:
+    """``seed_demo_models(home)``: copy the template's tiny model and draft into ``home``'s demo root."""
+    import shutil
+
+    from sessions.demo import tiny_draft_dir, tiny_model_dir
+    from sessions.home import ensure_private_dir, resolve_home
+
+    def seed(home: Any = None) -> None:
+        target_home = (home if home is not None else resolve_home(demo=True)).ensure()
+        for made, target in zip(demo_tiny_models, (tiny_model_dir(target_home), tiny_draft_dir(target_home))):
+            if not (target / "model.safetensors").is_file():
+                ensure_private_dir(target.parent)
+                shutil.copytree(made, target, dirs_exist_ok=True)
+
+    return seed
 
 
 @pytest.fixture

@@ -257,13 +257,15 @@ def test_compare_refuses_bad_input_by_name(cli_env, home):
     assert out.returncode != 0 and "nope: not a profile" in out.stderr
 
 
-def test_demo_compare_of_tiny_llama_against_its_drafter_at_low_acceptance(home, cli_env, launched):
+@pytest.mark.slow
+def test_demo_compare_of_tiny_llama_against_its_drafter_at_low_acceptance(home, cli_env, launched, seed_demo_models):
     pytest.importorskip("torch")
     from sessions.demo import EAGLE3_PROFILE, PLAIN_PROFILE, ensure_demo_home
     from sessions.home import resolve_home
     from sessions.profiles import load_profile, save_profile
     from sessions.server import list_sessions
 
+    seed_demo_models()  # the tiny model written once per worker (conftest), not once per test
     demo = ensure_demo_home(resolve_home(demo=True))
     for name, extra in ((PLAIN_PROFILE, {}), (EAGLE3_PROFILE, {"spec_accept_length": 1.3})):
         profile = load_profile(name, demo)

@@ -109,6 +109,7 @@ def test_kimi_rule_is_read_through_its_language_model(versioned_root) -> None:
     assert found.path.endswith("deepseek_v2.py")
 
 
+@pytest.mark.slow
 def test_supporting_architectures_per_version() -> None:
     lists = {v: set(supporting_architectures(sglang_root_of(v))) for v in SGLANG_VERSIONS}
     for names in lists.values():

@@ -128,7 +128,8 @@ def test_the_demo_jobs_output_passes_the_lm_head_check_and_planted_wrong_final_s
         assert result.returncode == 1 and "the final states look wrong" in result.stdout, (name, result.stdout)
 
 
-def test_a_demo_home_whose_model_differs_gets_that_models_own_answers(home, monkeypatch, tmp_path) -> None:
+def test_a_demo_home_whose_model_differs_gets_that_models_own_answers(home, monkeypatch, tmp_path,
+                                                                     seed_demo_models) -> None:
     """Another torch could draw other weights from the same seed: the committed answers would not be that
     model's, so the demo home generates its own (a child process), says so, and the dataset holds them."""
     from sessions.demo import DEMO_DATASET_NAME, demo_root, ensure_demo_home, tiny_model_dir
@@ -136,6 +137,7 @@ def test_a_demo_home_whose_model_differs_gets_that_models_own_answers(home, monk
     from sessions.home import resolve_home
 
     monkeypatch.setenv("EAGLE3_TUI_DEMO", "1")
+    seed_demo_models()  # this model is replaced below: writing it is tested elsewhere (test_demo_entry)
     demo = ensure_demo_home(resolve_home())
     model = tiny_model_dir(demo)
     dataset = demo_root(demo) / "datasets" / DEMO_DATASET_NAME

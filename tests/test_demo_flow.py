@@ -50,6 +50,17 @@ def demo_home(home, monkeypatch: pytest.MonkeyPatch):
     return ensure_demo_home(resolved)
 
 
+@pytest.fixture
+def seeded_demo_home(home, monkeypatch: pytest.MonkeyPatch, seed_demo_models):
+    """`demo_home` with the tiny model copied in first (conftest): for the tests that do not check the
+    writing itself (the first test here and test_demo_entry do)."""
+    monkeypatch.setenv("EAGLE3_TUI_DEMO", "1")
+    resolved = resolve_home()
+    assert resolved.demo
+    seed_demo_models(resolved)
+    return ensure_demo_home(resolved)
+
+
 def _free_port() -> int:
     import socket
 
@@ -100,10 +111,12 @@ def test_the_demo_home_has_a_capture_profile_a_dataset_and_a_job_spec_that_check
     assert [e.line for e in errors] == [DEMO_MALFORMED_LINE]
 
 
-def test_creating_the_demo_home_again_keeps_edits_and_a_new_spec_follows_the_capture_profile(demo_home) -> None:
+def test_creating_the_demo_home_again_keeps_edits_and_a_new_spec_follows_the_capture_profile(
+        seeded_demo_home) -> None:
     from sessions.extraction.spec import load_job_spec
     from sessions.profiles import load_profile, save_profile
 
+    demo_home = seeded_demo_home
     spec_path = demo_job_spec_path(demo_home)
     spec_path.write_text(spec_path.read_text().replace("concurrency = 4", "concurrency = 2"))
     port = _free_port()
@@ -195,8 +208,9 @@ class _KillAfter(threading.Thread):
             self.done.set()
 
 
+@pytest.mark.slow
 def test_demo_user_launches_capture_sees_it_confirmed_runs_kills_resumes_and_verifies_a_job(
-        demo_home, launched, cli_env) -> None:
+        seeded_demo_home, launched, cli_env) -> None:
     from textual.widgets import Input
 
     from app.tui import Eagle3App
@@ -205,6 +219,7 @@ def test_demo_user_launches_capture_sees_it_confirmed_runs_kills_resumes_and_ver
     from sessions.server import ServerSession
     from widgets.capture_panel import CapturePanel
 
+    demo_home = seeded_demo_home
     # Faster than the demo's own pace, and a port free now; the job spec is written again for that port.
     profile = load_profile(CAPTURE_PROFILE, demo_home)
     save_profile(profile.with_changes(server={"port": _free_port()}, emulator={"time_scale": 0.004}))

@@ -12,7 +12,8 @@ from tests._tui_support import first_poll, run, screen_text, wait_until
 
 
 @pytest.fixture
-def demo_home(home):
+def demo_home(home, seed_demo_models):
+    seed_demo_models()  # the tiny model written once per worker (conftest), not once per test
     return ensure_demo_home(resolve_home(demo=True))
 
 

@@ -30,7 +30,8 @@ def _line_texts(widget: ProfileList | SessionList) -> list[str]:
 
 
 @pytest.mark.parametrize("size", [(200, 50), (80, 24), (60, 20)])
-def test_demo_profile_lines_are_shown_whole_when_there_is_room(home, size):
+def test_demo_profile_lines_are_shown_whole_when_there_is_room(home, seed_demo_models, size):
+    seed_demo_models()  # the tiny model written once per worker (conftest), not once per test
     demo_home = ensure_demo_home(resolve_home(demo=True))
 
     async def scenario() -> None:

@@ -156,9 +156,10 @@ def _free_port_5_digits() -> int:
             return port
 
 
-def _demo_app(home) -> tuple[Eagle3App, dict[str, int]]:
+def _demo_app(home, seed_demo_models) -> tuple[Eagle3App, dict[str, int]]:
     """The app on the demo home, every demo profile pinned to a port checked free here (the demo's own
     31000/31010/31020 may be taken on this machine, and then the demo picks another)."""
+    seed_demo_models()  # the tiny model written once per worker (conftest), not once per test
     demo_home = ensure_demo_home(resolve_home(demo=True))
     ports = {}
     for name in list_profiles(demo_home):
@@ -175,9 +176,9 @@ def _mask_ports(text: str, ports: dict[str, int]) -> str:
     return text
 
 
-def test_snapshot_idle_demo_dashboard_at_80x24(home):
+def test_snapshot_idle_demo_dashboard_at_80x24(home, seed_demo_models):
     async def scenario() -> None:
-        app, ports = _demo_app(home)
+        app, ports = _demo_app(home, seed_demo_models)
         async with app.run_test(size=(80, 24)) as pilot:
             await first_poll(pilot, app, polls=2)
             assert_snapshot("dashboard-idle-80x24", _mask_ports(screen_text(app), ports))
@@ -185,9 +186,9 @@ def test_snapshot_idle_demo_dashboard_at_80x24(home):
     run(scenario)
 
 
-def test_snapshot_help_at_80x24(home):
+def test_snapshot_help_at_80x24(home, seed_demo_models):
     async def scenario() -> None:
-        app, ports = _demo_app(home)
+        app, ports = _demo_app(home, seed_demo_models)
         async with app.run_test(size=(80, 24)) as pilot:
             await first_poll(pilot, app)
             await pilot.press("question_mark")
