@@ -75,15 +75,17 @@ def test_a_gpu_host_install_leaves_sglangs_venv_alone_and_validates_against_its_
     before = _tree(sglang_venv)
 
     # The README's steps: a venv of the panel's own, the wheel installed into it.
+    # A user's shell, not this test's: no PYTHONPATH (a checkout on it holds the project's egg-info, and pip
+    # then takes the panel as "already satisfied" and installs no eagle3-tui script), no demo, no venv.
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "EAGLE3_TUI_DEMO", "VIRTUAL_ENV")}
     tui_venv = tmp_path / "eagle3-tui-venv"
-    _run([sys.executable, "-m", "venv", str(tui_venv)])
-    _run([str(tui_venv / "bin" / "python"), "-m", "pip", "install", "-q", str(wheel)])
+    _run([sys.executable, "-m", "venv", str(tui_venv)], env)
+    _run([str(tui_venv / "bin" / "python"), "-m", "pip", "install", "-q", str(wheel)], env)
     tui = str(tui_venv / "bin" / "eagle3-tui")
     no_torch = _run([str(tui_venv / "bin" / "python"), "-c",
-                     "import importlib.util as u; print(u.find_spec('torch') is None)"])
+                     "import importlib.util as u; print(u.find_spec('torch') is None)"], env)
     assert no_torch.stdout.strip() == "True"  # the TUI side needs no torch
 
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "EAGLE3_TUI_DEMO", "VIRTUAL_ENV")}
     env["EAGLE3_TUI_HOME"] = str(tmp_path / "home")
     env["PATH"] = f"{tui_venv / 'bin'}{os.pathsep}{env.get('PATH', '')}"
     assert "launch" in _run([tui, "--help"], env).stdout
