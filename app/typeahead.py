@@ -112,6 +112,16 @@ class TypeAhead:
         """Keys wait, or one is still being handled (tests wait on this instead of a clock)."""
         return bool(self.pending) or self.in_flight is not None
 
+    def drop(self) -> None:
+        """The App reads no more messages: forget every key held, and the limits that would have moved them."""
+        self.pending.clear()
+        self.in_flight = None
+        self.settling = None
+        for timer in (self.flight_timer, self.settle_timer):
+            if timer is not None:
+                timer.cancel()
+        self.flight_timer = self.settle_timer = None
+
 
 _R = TypeVar("_R")
 
@@ -129,6 +139,19 @@ class TypeAheadApp(App[_R], Generic[_R]):
     def _on_load(self) -> None:
         # Immediate: the change is known before the key that caused it is finished.
         self.screen_change_signal.subscribe(self, self._screen_changed, immediate=True)
+
+    async def _process_messages_loop(self) -> None:
+        # Every key held here moves on only by a message the App itself handles (`call_after_refresh` of
+        # `_dispatch_pending`, a settled screen, a worker's end).  Once the App's loop has ended, by whatever
+        # an action did (`exit()` from the palette's Quit command with keys typed after it, an exception that
+        # Textual ends the app on, `panic`), none of those runs again and the keys would wait for good, with
+        # `busy` true for ever (tests/test_tui_fuzz.py, seed 1: "ctrl+p space enter" ran Quit, and the keys
+        # after it hung the burst for 120 s).  Every ending leaves through here, so the keys are dropped here:
+        # they would have acted on what is being left, as keys typed before a quit key are (`_quits`).
+        try:
+            await super()._process_messages_loop()
+        finally:
+            self.typeahead.drop()
 
     async def on_event(self, event: events.Event) -> None:
         if isinstance(event, (events.Key, events.Paste)):

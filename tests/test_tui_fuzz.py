@@ -72,36 +72,75 @@ def fuzz_home(home, make_emulator_profile, launched, monkeypatch):
     return home
 
 
+Step = tuple[int, tuple[int, int] | None, list[str], str | None]
+
+
+def _steps() -> list[Step]:
+    """The whole run, fixed by the seeds: (seed, a size to change to first or None, the keys of one burst,
+    the screen it opens on purpose or None)."""
+    steps: list[Step] = []
+    for seed in SEEDS:
+        rng = random.Random(seed)
+        pool = NAVIGATION * 2 + APP_KEYS + TEXT
+        for number in range(BURSTS_PER_SEED):
+            if number % 6 == 0:
+                name = list(OPENERS)[(number // 6 + seed) % len(OPENERS)]
+                keys = ["escape"] * 4 + list(OPENERS[name])
+            else:
+                name = None
+                keys = [rng.choice(pool) for _ in range(rng.randint(*KEYS_PER_BURST))]
+            size = rng.choice(SIZES) if number % 10 == 5 else None
+            for index, part in enumerate(" ".join(keys).split("wait")):
+                if part.split():
+                    steps.append((seed, size if index == 0 else None, part.split(), name))
+    return steps
+
+
 def test_random_key_bursts_over_every_screen_and_size_never_raise(fuzz_home):
+    """The palette's first command is Quit (ctrl+p, then Enter on its first hit), so random keys may quit: a
+    quit is no failure when it is one, a palette command run with no crash; the run then goes on where it was
+    in a new app on the same home, which finds the session again as a user who starts the TUI again does."""
+    from textual.command import CommandPalette
+
     sent: list[str] = []
     opened: set[str] = set()
+    steps = _steps()
+    done = 0
     seed = SEEDS[0]
 
-    async def scenario() -> None:
-        nonlocal seed
+    async def one_app() -> None:
+        nonlocal done, seed
+        commands_run: list[object] = []
+
+        def hook(message: object) -> None:
+            if isinstance(message, CommandPalette.Closed) and message.option_selected:
+                commands_run.append(message)
+
         app = Eagle3App(fuzz_home, gpu_source=EmulatedSource(fuzz_home), refresh_s=0.2)
-        async with app.run_test(size=SIZES[1]) as pilot:
+        async with app.run_test(size=SIZES[1], message_hook=hook) as pilot:
             await first_poll(pilot, app)
             await wait_until(pilot, lambda: app.dashboard.last_snapshot.status is not None, "the session")
-            for seed in SEEDS:
-                rng = random.Random(seed)
-                pool = NAVIGATION * 2 + APP_KEYS + TEXT
-                for number in range(BURSTS_PER_SEED):
-                    if number % 6 == 0:
-                        name = list(OPENERS)[(number // 6 + seed) % len(OPENERS)]
-                        keys = ["escape"] * 4 + list(OPENERS[name])
-                        opened.add(name)
-                    else:
-                        keys = [rng.choice(pool) for _ in range(rng.randint(*KEYS_PER_BURST))]
-                    if number % 10 == 5:
-                        await pilot.resize_terminal(*rng.choice(SIZES))
-                    for part in " ".join(keys).split("wait"):
-                        if part.split():
-                            sent.extend(part.split())
-                            await burst(pilot, *part.split())
-                    assert app.is_running, f"the app stopped (seed {seed}, last keys {sent[-40:]})"
-            await pilot.pause()
+            while done < len(steps):
+                seed, size, keys, name = steps[done]
+                if name is not None:
+                    opened.add(name)
+                if size is not None:
+                    await pilot.resize_terminal(*size)
+                sent.extend(keys)
+                await burst(pilot, *keys)
+                done += 1
+                if not app.is_running:
+                    break
+            if app.is_running:
+                await pilot.pause()
         assert app.crash_file is None, f"crash file {app.crash_file} (seed {seed}, last keys {sent[-40:]})"
+        if done < len(steps):  # it quit: only a palette command may have done that, with no error
+            assert commands_run and app.return_code == 0, (
+                f"the app stopped (return code {app.return_code}; seed {seed}, last keys {sent[-40:]})")
+
+    async def scenario() -> None:
+        while done < len(steps):
+            await one_app()
 
     try:
         asyncio.run(scenario())

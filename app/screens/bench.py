@@ -136,20 +136,34 @@ class BenchScreen(Screen):
         from sessions.bench.store import save_result
         from sessions.server import ServerSession
 
+        app = self.app  # while the screen is attached: a closed screen no longer reaches its app
+
+        def report(draw: Callable[..., None], *args: Any) -> None:
+            app.call_from_thread(self._while_shown, draw, *args)
+
         def progress(concurrency: int, done: int, total: int) -> None:
-            self.app.call_from_thread(self._progress, concurrency, done, total)
+            report(self._progress, concurrency, done, total)
 
         try:
             session = ServerSession.load(session_id, self.home)
             options = self.default_options or BenchOptions()
             result = bench_session(session, options, progress,
                                    bench_argv=["eagle3-tui", "bench", session_id],
-                                   on_result=lambda run: self.app.call_from_thread(self._run_done, run))
+                                   on_result=lambda run: report(self._run_done, run))
             path = save_result(self.home, result)
         except Exception as exc:  # noqa: BLE001 - shown on the screen, the TUI keeps running
-            self.app.call_from_thread(self._failed, _failure_text(exc))
+            report(self._failed, _failure_text(exc))
             return
-        self.app.call_from_thread(self._done, result, str(path))
+        report(self._done, result, str(path))
+
+    def _while_shown(self, draw: Callable[..., None], *args: Any) -> None:
+        """Draw what the bench's thread reports, unless the screen was closed meanwhile (Esc while it runs):
+        the thread runs on (its result is kept in the history all the same), and a draw on the closed screen
+        found no widgets (NoMatches), which `call_from_thread` raised in the thread, failing the worker and
+        ending the app (tests/test_tui_fuzz.py: ``b`` then Esc).  The thread reaches the app it captured at
+        its start: ``self.app`` of a screen already removed raises there."""
+        if self in self.app.screen_stack:  # popped at once by Esc; its widgets go later
+            draw(*args)
 
     def _progress(self, concurrency: int, done: int, total: int) -> None:
         bar = self.query_one("#progress", ProgressBar)
