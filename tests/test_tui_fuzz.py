@@ -96,6 +96,7 @@ def _steps() -> list[Step]:
     return steps
 
 
+@pytest.mark.slow  # minutes of key bursts: start it first (tests/conftest.py orders slow modules first)
 def test_random_key_bursts_over_every_screen_and_size_never_raise(fuzz_home):
     """The palette's first command is Quit (ctrl+p, then Enter on its first hit), so random keys may quit: a
     quit is no failure when it is one, a palette command run with no crash; the run then goes on where it was
