@@ -38,6 +38,11 @@ def register(subparsers: Any) -> None:
                      "and pauses when the disk is full); without it such a job fails before its first request, "
                      "naming what it needs, what is free and where")
     actions["run"].add_argument("--allow-partial", action="store_true", help=allow_partial)
+    actions["run"].add_argument(
+        "--servers", metavar="A,B,...",
+        help="run the job over these servers (session ids, a replicas group id, or http://HOST:PORT URLs, "
+             "comma-separated) instead of the spec's server_url/session/servers: one shared queue of samples, "
+             "each server with its own window of requests")
     actions["resume"].add_argument("--allow-partial", action="store_true", help=allow_partial)
 
     verify = sub.add_parser("verify", help="check every file of an output dir")
@@ -136,9 +141,23 @@ def job_action(args: argparse.Namespace, act: Callable[[str], Any], said: str) -
 
 
 def _run(args: argparse.Namespace) -> int:
+    from app.cli import CliError
     from sessions.regeneration.job import run_any_job
+    from sessions.regeneration.spec import is_regeneration_spec_file
 
-    return start_job(lambda spec_path: run_any_job(spec_path, allow_partial=args.allow_partial), args.spec, "extract")
+    if args.servers is None:
+        return start_job(lambda spec_path: run_any_job(spec_path, allow_partial=args.allow_partial), args.spec,
+                         "extract")
+    servers = tuple(s.strip() for s in args.servers.split(",") if s.strip())
+    if not servers:
+        raise CliError(f"--servers {args.servers!r}: name at least one server (comma-separated)", 2)
+    if is_regeneration_spec_file(args.spec):
+        raise CliError(f"--servers is for extraction jobs; {args.spec} is a regeneration spec (name its servers "
+                       "in the spec)", 2)
+    from sessions.extraction.job import run_job
+
+    return start_job(lambda spec_path: run_job(spec_path, allow_partial=args.allow_partial, servers=servers),
+                     args.spec, "extract")
 
 
 def _format_bytes(n: float) -> str:
@@ -161,11 +180,21 @@ def _human(p: Any) -> str:
             where = ", ".join(f"{r} {f}" for r, f in zip(fs.get("roles", []), fs.get("folders", [])))
             line += (f"\n      {where}: needs {_format_bytes(fs.get('needed_bytes', 0))}, "
                      f"{_format_bytes(fs.get('free_bytes', 0))} free{'' if fs.get('fits') else ' (does not fit)'}")
+    for row in p.servers or []:  # a job over several servers: one line each
+        line += f"\n    {server_row_text(row)}"
     if p.reason:
         line += f"\n    {p.reason}"
     if p.python:
         line += f"\n    python: {p.python}"
     return line
+
+
+def server_row_text(row: dict[str, Any]) -> str:
+    """One server of a job: ``name  state  done, samples/s, failures, in flight/window (reason)``."""
+    text = (f"server {row.get('name')}  {row.get('state')}  {row.get('done', 0)} done, "
+            f"{float(row.get('samples_per_s') or 0):.1f} samples/s, {row.get('failures', 0)} failures, "
+            f"{row.get('in_flight', 0)}/{row.get('window', 0)} in flight")
+    return text + (f" ({row['reason']})" if row.get("reason") else "")
 
 
 def _status_json(p: Any) -> dict[str, Any]:

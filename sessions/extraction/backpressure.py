@@ -101,6 +101,11 @@ class CaptureSpaceGate:
             self._measured_at = now
         return self._usage
 
+    @property
+    def last_fill(self) -> float | None:
+        """The fill last measured (None before the first measurement): for the progress file."""
+        return self._usage.fill if self._usage is not None else None
+
     def _admits(self, nbytes: int) -> bool:
         usage = self.usage()
         limit = self.threshold * usage.capacity_bytes

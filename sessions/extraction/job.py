@@ -84,8 +84,24 @@ def write_spec_copy(spec: JobSpec, path: Path) -> None:
 
 
 def resolve_spec(spec: JobSpec, home: Home) -> JobSpec:
-    """Fill server_url, capture_dir, rid_prefix and model_path from ``session`` (the spec's own values win)."""
+    """Fill server_url, capture_dir, rid_prefix and model_path from ``session`` (the spec's own values win).
 
+    With ``servers`` (`sessions.extraction.servers`) they are filled from the first server, and every entry
+    must resolve (a missing session, a group without members, two servers on one capture dir: refused)."""
+    if spec.servers:
+        from sessions.extraction.servers import ServersError, resolve_servers
+
+        try:
+            endpoints = resolve_servers(spec, home)
+        except ServersError as exc:
+            raise JobError(str(exc), code=2) from None
+        first = endpoints[0]
+        if first.session is not None:
+            one = resolve_spec(replace(spec, servers=(), session=first.session, server_url=None, capture_dir=None),
+                               home)
+            return replace(one, servers=spec.servers, session=None)
+        return replace(spec, server_url=first.url, capture_dir=first.capture_dir, rid_prefix=first.rid_prefix,
+                       model_path=spec.model_path or first.model_path)
     if not spec.session:
         return replace(spec, rid_prefix=spec.rid_prefix or DEFAULT_RID_PREFIX)
     from sessions.server import ServerSession, SessionNotFound
@@ -207,10 +223,24 @@ def load_spec_for_job(spec_path: Path | str, load: Callable[[Path | str], SpecT]
         raise JobError(str(exc), code=2) from None
 
 
-def create_job(spec_path: Path | str, home: Home | None = None) -> tuple[str, Path]:
-    """Check the spec and make the job dir (no process yet); returns (job id, job dir)."""
+def create_job(spec_path: Path | str, home: Home | None = None,
+               servers: tuple[str, ...] | None = None) -> tuple[str, Path]:
+    """Check the spec and make the job dir (no process yet); returns (job id, job dir).
+
+    ``servers`` (``extract run --servers``) replaces whatever servers the spec names."""
     home = (home or resolve_home()).ensure()
-    spec = load_spec_for_job(spec_path, load_job_spec)
+    if servers:
+        from sessions.extraction.spec import SpecProblem, server_ref_problem
+
+        for entry in servers:
+            problem = server_ref_problem(entry)
+            if problem:
+                raise JobError(str(JobSpecError("--servers", [SpecProblem("--servers", f"{entry!r}: {problem}")])),
+                               code=2)
+        spec = load_spec_for_job(spec_path, lambda p: load_job_spec(p, servers_given=True))
+        spec = replace(spec, servers=tuple(servers), session=None, server_url=None)
+    else:
+        spec = load_spec_for_job(spec_path, load_job_spec)
     spec = resolve_job_dataset(spec, home)
     problems = check_paths(spec)
     if problems:
@@ -220,6 +250,13 @@ def create_job(spec_path: Path | str, home: Home | None = None) -> tuple[str, Pa
     problem = capture_dir_problem(resolved.capture_dir)
     if problem:
         raise JobError(f"{spec_path}: {problem}", code=2)
+    if spec.servers:
+        from sessions.extraction.servers import resolve_servers
+
+        for endpoint in resolve_servers(spec, home):  # resolve_spec above already refused what cannot resolve
+            problem = capture_dir_problem(endpoint.capture_dir)
+            if problem:
+                raise JobError(f"{spec_path}: server {endpoint.name}: {problem}", code=2)
     _preflight_output_dir(spec, home)
     job_id = new_job_id(spec.name)
     path = ensure_private_dir(home.jobs_dir / job_id)
@@ -357,9 +394,10 @@ def spawn(path: Path, resume: bool, accept_server: bool = False, allow_partial: 
     return proc.pid
 
 
-def run_job(spec_path: Path | str, home: Home | None = None, allow_partial: bool = False) -> str:
+def run_job(spec_path: Path | str, home: Home | None = None, allow_partial: bool = False,
+            servers: tuple[str, ...] | None = None) -> str:
     """``extract run``: create and spawn; returns the job id."""
-    job_id, path = create_job(spec_path, home)
+    job_id, path = create_job(spec_path, home, servers=servers)
     spawn(path, resume=False, allow_partial=allow_partial)
     return job_id
 

@@ -61,6 +61,9 @@ class JobProgress:
     stats: dict[str, Any] | None = None  # regeneration: the data's shape (answer lengths, finish reasons, ...)
     estimated_output_bytes: int | None = None  # the storage estimate of the whole output (bytes: written)
     storage: dict[str, Any] | None = None  # the estimate against each filesystem (sessions.extraction.storage)
+    # A job over several servers: one row per server (name, url, state, reason, done, samples_per_s,
+    # failures, in_flight, window), written by `sessions.extraction.scheduler.ServerLane.row`.
+    servers: list[dict[str, Any]] | None = None
 
     @property
     def fraction(self) -> float:
