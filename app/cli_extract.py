@@ -180,6 +180,8 @@ def _human(p: Any) -> str:
             where = ", ".join(f"{r} {f}" for r, f in zip(fs.get("roles", []), fs.get("folders", [])))
             line += (f"\n      {where}: needs {_format_bytes(fs.get('needed_bytes', 0))}, "
                      f"{_format_bytes(fs.get('free_bytes', 0))} free{'' if fs.get('fits') else ' (does not fit)'}")
+    from sessions.extraction.progress import server_row_text
+
     for row in p.servers or []:  # a job over several servers: one line each
         line += f"\n    {server_row_text(row)}"
     if p.reason:
@@ -187,14 +189,6 @@ def _human(p: Any) -> str:
     if p.python:
         line += f"\n    python: {p.python}"
     return line
-
-
-def server_row_text(row: dict[str, Any]) -> str:
-    """One server of a job: ``name  state  done, samples/s, failures, in flight/window (reason)``."""
-    text = (f"server {row.get('name')}  {row.get('state')}  {row.get('done', 0)} done, "
-            f"{float(row.get('samples_per_s') or 0):.1f} samples/s, {row.get('failures', 0)} failures, "
-            f"{row.get('in_flight', 0)}/{row.get('window', 0)} in flight")
-    return text + (f" ({row['reason']})" if row.get("reason") else "")
 
 
 def _status_json(p: Any) -> dict[str, Any]:

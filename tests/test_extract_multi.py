@@ -10,7 +10,16 @@ from pathlib import Path
 
 import pytest
 import torch
-from _extract_support import chat_rows, run_cli, start_job, stop_job, wait_for, wait_state, write_dataset, write_spec
+from _extract_support import (
+    chat_rows,
+    run_cli,
+    start_job,
+    stop_job,
+    wait_for,
+    wait_state,
+    write_dataset,
+    write_spec,
+)
 
 from sessions import probes
 from sessions.extraction.job import job_status
@@ -27,10 +36,10 @@ def demo_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def other_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """Another model of the same family: 6 layers, so another config (and other capture layers)."""
+    """Another model of the same family: 12 layers, so another config (and other capture layers)."""
     from sessions.demo_model import write_demo_model
 
-    return write_demo_model(tmp_path_factory.mktemp("models") / "other", num_layers=6, hidden_size=64)
+    return write_demo_model(tmp_path_factory.mktemp("models") / "other", num_layers=12, hidden_size=64)
 
 
 def start_server(make_emulator_profile, launched, model: Path, capture_dir: Path, name: str, gpu: int,
@@ -177,7 +186,7 @@ def test_a_server_of_another_model_is_left_out_by_name_and_the_job_goes_on(
     row = rows_by_name(done)[odd.session_id]
     assert row["state"] == "refused" and row["done"] == 0
     assert "serves another model than the job's" in row["reason"] and "model_config" in row["reason"]
-    assert "capture_layers" in row["reason"]  # [2, 4, 5] of 8 layers against [2, 3, 3] of 6
+    assert "capture_layers" in row["reason"]  # [2, 4, 5] of 8 layers against [2, 6, 9] of 12
     assert not list((tmp_path / "capodd").iterdir())  # nothing was ever sent to it
     log = (Path(done.job_dir) / "job.log").read_text()
     assert f"server {odd.session_id} (" in log and "refused: serves another model" in log
@@ -185,10 +194,10 @@ def test_a_server_of_another_model_is_left_out_by_name_and_the_job_goes_on(
 
 def test_a_server_that_comes_back_rejoins_the_job(
         home, cli_env, make_emulator_profile, launched, demo_model, tmp_path) -> None:
-    # Server a is slow (5 prompt tokens/s modelled on top of its real forward), so the job outlasts b's
-    # death and return.
+    # Server a is slow (20 prompt tokens/s modelled: seconds a sample), so the job outlasts b's death and
+    # return.
     a = start_server(make_emulator_profile, launched, demo_model, tmp_path / "capa", "a", 0,
-                     extra_args=["--emulate-prefill-tokens-per-s", "300"])
+                     extra_args=["--emulate-prefill-tokens-per-s", "20"])
     b = start_server(make_emulator_profile, launched, demo_model, tmp_path / "capb", "b", 1)
     port = b.status().port
     rows = 60

@@ -82,6 +82,15 @@ class JobProgress:
         return cls(**{k: v for k, v in raw.items() if k in known})
 
 
+def server_row_text(row: dict[str, Any]) -> str:
+    """One server of a job over several (``JobProgress.servers``), for ``extract status`` and the jobs
+    screen: ``server NAME  STATE  N done, R samples/s, F failures, I/W in flight (reason)``."""
+    text = (f"server {row.get('name')}  {row.get('state')}  {row.get('done', 0)} done, "
+            f"{float(row.get('samples_per_s') or 0):.1f} samples/s, {row.get('failures', 0)} failures, "
+            f"{row.get('in_flight', 0)}/{row.get('window', 0)} in flight")
+    return text + (f" ({row['reason']})" if row.get("reason") else "")
+
+
 def process_alive(pid: int | None, create_time: float | None) -> bool:
     """The process ``pid`` exists and is the one that started at ``create_time`` (pids are reused)."""
     if not pid:

@@ -56,14 +56,7 @@ from sessions.extraction.output import ManifestEntry, OutputDir, OutputDirError
 from sessions.extraction.progress import PROGRESS_FILE, RateMeter
 from sessions.extraction.run_report import CARRIED_FIELDS
 from sessions.extraction.scheduler import AimdWindow, SampleScheduler, ServerLane
-from sessions.extraction.servers import (
-    ServerEndpoint,
-    ServersError,
-    model_differences,
-    model_identity,
-    reference_identity,
-    resolve_servers,
-)
+from sessions.extraction.servers import ModelAgreement, ServerEndpoint, ServersError, resolve_servers
 from sessions.extraction.spec import JobSpec, JobSpecError, load_job_spec
 from sessions.extraction.storage import dump_bytes_per_token, estimate_storage
 from sessions.home import atomic_write_json, read_json, resolve_home
@@ -115,6 +108,7 @@ class JobRun(OutputBookkeeping):
         self.sglang_version: str | None = None
         self.endpoints: list[ServerEndpoint] = []
         self.scheduler: SampleScheduler | None = None  # a job over several servers
+        self.agreement = ModelAgreement(meta, lambda: atomic_write_json(job_dir / JOB_FILE, self.meta), self.log)
         self._render_stop = threading.Event()
         self.row_ids: dict[int, str] = {}  # index -> row id, only with sample_ids = "row"
         self.pipeline_started_at: float | None = None
@@ -485,7 +479,8 @@ class JobRun(OutputBookkeeping):
 
         self.scheduler = scheduler = SampleScheduler(
             lanes, job_id=self.job_id, retry=retry, max_straight_failures=spec.max_consecutive_failures,
-            identity_check=self._lane_identity_problem, on_change=self._on_lanes_changed, log=self.log,
+            identity_check=lambda lane: self.agreement.problem(lane.endpoint.url), on_change=self._on_lanes_changed,
+            log=self.log,
             clear=clear, dump_bytes_per_token=lambda: self.dump_bytes_per_token)
         self.pool = ThreadPoolExecutor(max_workers=max(2, min(16, spec.concurrency * len(lanes))),
                                        thread_name_prefix="collector")
@@ -545,57 +540,13 @@ class JobRun(OutputBookkeeping):
 
     async def _check_lanes(self, lanes: list[ServerLane]) -> None:
         """Before the first request: every server's identity; the odd one is left out, named, with the
-        reason (`sessions.extraction.servers`), and a server that does not answer waits for its prober."""
-        from sessions.extraction.identity import IdentityUnavailable, server_identity
-
-        async def read(lane: ServerLane) -> dict[str, Any] | str:
-            try:
-                return await asyncio.to_thread(server_identity, lane.endpoint.url)
-            except IdentityUnavailable as exc:
-                return f"unreachable at {lane.endpoint.url}: {exc}"
-
-        found = await asyncio.gather(*(read(lane) for lane in lanes))
-        known = self.meta.get("model_identity")
-        reference = known if isinstance(known, dict) else reference_identity(
-            [f for f in found if isinstance(f, dict)])
-        if reference is not None and known is None:
-            self._record_model_identity(reference)
-        assert self.scheduler is not None
-        for lane, identity in zip(lanes, found):
-            if isinstance(identity, str):
-                lane.state, lane.reason = "down", identity
-            elif reference is not None and (diff := model_differences(reference, identity)):
-                lane.state, lane.reason = "refused", self._refusal(diff)
-            else:
-                lane.state, lane.reason = "live", None
-            self.log(f"server {lane.name} ({lane.endpoint.url}): {lane.state}"
-                     + (f": {lane.reason}" if lane.reason else ""))
+        reason (`sessions.extraction.servers.ModelAgreement`), and one that does not answer waits for its
+        prober."""
+        states = await self.agreement.check([lane.endpoint.url for lane in lanes])
+        for lane, (state, reason) in zip(lanes, states):
+            lane.state, lane.reason = state, reason
+            self.log(f"server {lane.name} ({lane.endpoint.url}): {state}" + (f": {reason}" if reason else ""))
         self._on_lanes_changed()
-
-    @staticmethod
-    def _refusal(differences: list[str]) -> str:
-        return f"serves another model than the job's ({'; '.join(differences)}); it rejoins once it serves the job's"
-
-    def _record_model_identity(self, identity: dict[str, Any]) -> None:
-        self.meta["model_identity"] = identity
-        atomic_write_json(self.job_dir / JOB_FILE, self.meta)
-        self.log("model identity of the job's servers: " + ", ".join(
-            f"{k} {v if k != 'weights' else f'{len(v or {})} checkpoint files'}" for k, v in identity.items()))
-
-    async def _lane_identity_problem(self, lane: ServerLane) -> str | None:
-        """None when the server at ``lane`` serves the job's model (the first to answer sets it)."""
-        from sessions.extraction.identity import IdentityUnavailable, server_identity
-
-        try:
-            found = await asyncio.to_thread(server_identity, lane.endpoint.url)
-        except IdentityUnavailable as exc:
-            return f"unreachable at {lane.endpoint.url}: {exc}"
-        known = self.meta.get("model_identity")
-        if not isinstance(known, dict):
-            self._record_model_identity(model_identity(found))
-            return None
-        differences = model_differences(known, found)
-        return self._refusal(differences) if differences else None
 
     def _on_lanes_changed(self) -> None:
         """The job pauses while no server is live, the reason naming each one."""

@@ -18,8 +18,10 @@ show, ties to the one listed first), and a refused server rejoins only once it s
 """
 from __future__ import annotations
 
+import asyncio
 import os
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -155,3 +157,72 @@ def reference_identity(identities: list[dict[str, Any] | None]) -> dict[str, Any
     counts = Counter(keys)
     best = max(counts.values())
     return shown[next(n for n, k in enumerate(keys) if counts[k] == best)]
+
+
+class ModelAgreement:
+    """The one model a job's servers must serve: read from each server before the first request and when it
+    comes back, kept in job.json (``model_identity``) so that a resume holds every server to the same one.
+
+    ``check`` is the start-up check over all lanes (the odd one is refused with its differences); ``problem``
+    is the prober's check of one lane that answers again (`sessions.extraction.scheduler`)."""
+
+    def __init__(self, meta: dict[str, Any], save: Callable[[], None], log: Callable[[str], None]) -> None:
+        self.meta = meta
+        self.save = save
+        self.log = log
+
+    @property
+    def reference(self) -> dict[str, Any] | None:
+        known = self.meta.get("model_identity")
+        return known if isinstance(known, dict) else None
+
+    def _record(self, identity: dict[str, Any]) -> None:
+        self.meta["model_identity"] = identity
+        self.save()
+        self.log("model identity of the job's servers: " + ", ".join(
+            f"{k} {v if k != 'weights' else f'{len(v or {})} checkpoint files'}" for k, v in identity.items()))
+
+    @staticmethod
+    def refusal(differences: list[str]) -> str:
+        return (f"serves another model than the job's ({'; '.join(differences)}); it rejoins once it serves "
+                "the job's")
+
+    async def check(self, urls: list[str]) -> list[tuple[str, str | None]]:
+        """(state, reason) for each URL: ``live``, ``down`` (no answer) or ``refused`` (another model)."""
+        found = await asyncio.gather(*(self._read(url) for url in urls))
+        reference = self.reference
+        if reference is None:
+            reference = reference_identity([f for f in found if isinstance(f, dict)])
+            if reference is not None:
+                self._record(reference)
+        states: list[tuple[str, str | None]] = []
+        for identity in found:
+            if isinstance(identity, str):
+                states.append(("down", identity))
+            elif reference is not None and (differences := model_differences(reference, identity)):
+                states.append(("refused", self.refusal(differences)))
+            else:
+                states.append(("live", None))
+        return states
+
+    async def problem(self, url: str) -> str | None:
+        """None when the server at ``url`` serves the job's model (the first to answer sets it), else why not."""
+        found = await self._read(url)
+        if isinstance(found, str):
+            return found
+        reference = self.reference
+        if reference is None:
+            self._record(model_identity(found))
+            return None
+        differences = model_differences(reference, found)
+        return self.refusal(differences) if differences else None
+
+    @staticmethod
+    async def _read(url: str) -> dict[str, Any] | str:
+        """The server's identity, or why it could not be read."""
+        from sessions.extraction.identity import IdentityUnavailable, server_identity
+
+        try:
+            return await asyncio.to_thread(server_identity, url)
+        except IdentityUnavailable as exc:
+            return f"unreachable at {url}: {exc}"
