@@ -63,7 +63,11 @@ def directory_bytes(path: Path) -> int:
 def measure_capture_usage(capture_dir: Path, budget_bytes: int = 0) -> CaptureUsage:
     if budget_bytes > 0:
         return CaptureUsage(directory_bytes(capture_dir), budget_bytes, "budget")
-    probe = capture_dir if capture_dir.exists() else capture_dir.parent
+    # The server makes its capture dir (and its parents) on its first dump: before that, the filesystem is
+    # the one of the nearest folder that exists (a group member's <dir>/replica-i under a <dir> not made yet).
+    probe = capture_dir
+    while not probe.exists() and probe.parent != probe:
+        probe = probe.parent
     st = os.statvfs(probe)
     capacity = st.f_blocks * st.f_frsize
     used = (st.f_blocks - st.f_bfree) * st.f_frsize

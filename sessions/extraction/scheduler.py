@@ -238,12 +238,12 @@ class SampleScheduler:
                 continue
             while held() and not stopped():
                 await asyncio.sleep(0.1)
-            lane = await self._free_lane(stopped)
-            if lane is None:
+            chosen = await self._free_lane(stopped)
+            if chosen is None:
                 self.queue.appendleft(sample)  # stopped: the next run sends it
                 break
-            lane.in_flight += 1
-            task = loop.create_task(self._attempt(lane, sample, record, collect, fail))
+            chosen.in_flight += 1
+            task = loop.create_task(self._attempt(chosen, sample, record, collect, fail))
             self.tasks.add(task)
             task.add_done_callback(self.tasks.discard)
 
