@@ -407,12 +407,12 @@ class JobRun(OutputBookkeeping):
         self.pool = ThreadPoolExecutor(max_workers=max(2, min(8, spec.concurrency)),
                                        thread_name_prefix="collector")
         self.state = "running"
-        self.pipeline_started_at = time.time()
-        self.done_at_pipeline_start = self.done
         self.rates.start(self.done, self.tokens, self.bytes)  # this run's own window, not the resumed past
         problem = await self._identity_problem()
         if problem is not None:
             self.client.hold(problem)  # a resume against another server waits: nothing is sent to it
+        self.pipeline_started_at = time.time()  # from the first request (the identity read comes before)
+        self.done_at_pipeline_start = self.done
         reporter = loop.create_task(self._report_loop())
         commit_stop = asyncio.Event()
         committer = loop.create_task(self._commit_loop(commit_stop))
@@ -485,10 +485,10 @@ class JobRun(OutputBookkeeping):
         self.pool = ThreadPoolExecutor(max_workers=max(2, min(16, spec.concurrency * len(lanes))),
                                        thread_name_prefix="collector")
         self.state = "running"
-        self.pipeline_started_at = time.time()
-        self.done_at_pipeline_start = self.done
         self.rates.start(self.done, self.tokens, self.bytes)
         await self._check_lanes(lanes)
+        self.pipeline_started_at = time.time()  # from the first request (the identity reads come before)
+        self.done_at_pipeline_start = self.done
         reporter = loop.create_task(self._report_loop())
         commit_stop = asyncio.Event()
         committer = loop.create_task(self._commit_loop(commit_stop))

@@ -44,8 +44,10 @@ class AimdWindow:
     """How many requests one server gets at a time: additive increase, multiplicative decrease (AIMD).
 
     AIMD because it needs no model of the server: it starts small (``start``), so a slow or cold server
-    is not buried under a burst, grows by about one request per window of successes (+1/size per success)
-    while the server's latency stays near the best it has shown, and halves on a failed attempt.  When the
+    is not buried under a burst, and first doubles per window of successes (TCP's slow start: +1 per
+    success, so a fast server reaches its pace in a few round trips, not tens), until the first sign of
+    queueing or failure; from then on it grows by about one request per window of successes (+1/size per
+    success) while the server's latency stays near the best it has shown, and halves on a failed attempt.  When the
     latency (smoothed) passes ``queue_factor`` × the lowest seen, the extra requests only wait in the
     server's queue (SGLang prefills what it has room for; the rest queue), so the window shrinks by a
     quarter instead: each server settles at its own pace, and a fast one gets more than a slow one.
@@ -58,6 +60,7 @@ class AimdWindow:
     limit: float = 0.0
     min_latency_s: float | None = None
     smoothed_s: float | None = None
+    slow_start: bool = True
 
     def __post_init__(self) -> None:
         self.limit = min(float(self.ceiling), self.start)
@@ -71,16 +74,20 @@ class AimdWindow:
             self.min_latency_s = latency_s
         self.smoothed_s = latency_s if self.smoothed_s is None else 0.8 * self.smoothed_s + 0.2 * latency_s
         if self.smoothed_s > self.queue_factor * max(self.min_latency_s, 1e-4):
+            self.slow_start = False
             self.limit = max(1.0, self.limit * 0.75)
         else:
-            self.limit = min(float(self.ceiling), self.limit + 1.0 / self.limit)
+            step = 1.0 if self.slow_start else 1.0 / self.limit
+            self.limit = min(float(self.ceiling), self.limit + step)
 
     def on_failure(self) -> None:
+        self.slow_start = False
         self.limit = max(1.0, self.limit / 2)
 
     def reset(self) -> None:
         self.limit = min(float(self.ceiling), self.start)
         self.min_latency_s = self.smoothed_s = None
+        self.slow_start = True
 
 
 @dataclass
