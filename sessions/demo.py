@@ -370,7 +370,7 @@ def _ensure_capture_demo(home: Home, progress: Progress) -> None:
 def _capture_profile_endpoint(home: Home, default_dir: Path) -> tuple[int, Path]:
     """The port and capture dir of the (possibly edited) capture profile, for the job spec."""
     try:
-        from sessions.capture.toggle import capture_dir
+        from sessions.profiles.capture_launch import capture_dir
         from sessions.profiles import load_profile
 
         profile = load_profile(CAPTURE_PROFILE, home)

@@ -124,7 +124,7 @@ def resolve_spec(spec: JobSpec, home: Home) -> JobSpec:
     if spec.capture_dir is not None:
         capture_dir = spec.capture_dir
     else:
-        from sessions.capture.toggle import capture_dir as profile_capture_dir
+        from sessions.profiles.capture_launch import capture_dir as profile_capture_dir
 
         capture_dir = Path(profile_capture_dir(profile))  # the profile's, or the default the launch used
     python = spec.python

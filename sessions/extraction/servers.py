@@ -136,7 +136,7 @@ def model_identity(identity: dict[str, Any]) -> dict[str, Any]:
     out = {k: identity.get(k) for k in MODEL_KEYS}
     weights = out.get("weights")
     if isinstance(weights, dict):
-        out["weights"] = {name: (v[0] if isinstance(v, list) and v else v) for name, v in weights.items()}
+        out["weights"] = {name: ([v[0], None] if isinstance(v, list) and v else v) for name, v in weights.items()}
     return out
 
 
