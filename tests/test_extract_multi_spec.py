@@ -44,8 +44,8 @@ def test_servers_entries_are_sessions_groups_or_urls_and_bad_ones_are_named_with
         "job.server_url (line 5): give exactly one of server_url, session and servers"]
     assert problems_of(BASE + 'servers = ["http://127.0.0.1:1"]\n') == [
         "job.model_path (line 1): is required when servers names a URL (a session would supply it)"]
-    assert problems_of(BASE) == ["job.server_url (line 1): give server_url, session or servers (or extract run "
-                                 "--servers)"]
+    assert problems_of(BASE) == [("job.server_url (line 1): give server_url, session or servers (or extract run "
+                                  "--servers)")]
     assert parse_job_spec(BASE, servers_given=True).servers == ()  # --servers names them
 
 

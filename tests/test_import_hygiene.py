@@ -263,7 +263,7 @@ def test_the_profiles_package_imports_nothing_that_works_on_profiles():
                 stack.extend(graph.get(node, ()))
         return False
 
-    inside = lambda name: name == "sessions.profiles" or name.startswith("sessions.profiles.")  # noqa: E731
+    inside = lambda name: name == "sessions.profiles" or name.startswith("sessions.profiles.")
     bad = [f"{_where(modules, src, line)}: {src} imports {dst}, which works on profiles"
            for src, dst, line in edges if inside(src) and dst in modules and not inside(dst)
            and reaches_profiles(dst)]
