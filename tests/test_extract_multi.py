@@ -43,12 +43,16 @@ def other_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def start_server(make_emulator_profile, launched, model: Path, capture_dir: Path, name: str, gpu: int,
-                 port: int | None = None, extra_args: tuple[str, ...] = (), **server):
-    """A TP1 emulator session on emulated GPU ``gpu`` serving ``model`` with capture on into ``capture_dir``."""
+                 port: int | None = None, extra_args: tuple[str, ...] = (), capture_layers: list[int] | None = None,
+                 **server):
+    """A TP1 emulator session on emulated GPU ``gpu`` serving ``model`` with capture on into ``capture_dir``
+    (SGLang's default layers unless ``capture_layers``)."""
     capture_dir.mkdir(mode=0o700, exist_ok=True)
+    capture: dict = {"enabled": True, "dir": str(capture_dir), "rid_prefix": "eagle3-"}
+    if capture_layers is not None:
+        capture["layers"] = capture_layers
     overrides: dict = {"model_path": str(model), "chunked_prefill_size": 24,
-                       "extra_args": [*extra_args, "--base-gpu-id", str(gpu)],
-                       "capture": {"enabled": True, "dir": str(capture_dir), "rid_prefix": "eagle3-"}, **server}
+                       "extra_args": [*extra_args, "--base-gpu-id", str(gpu)], "capture": capture, **server}
     if port:
         overrides["port"] = port
     session = launched.launch(make_emulator_profile(name, tp=1, **overrides))
@@ -173,8 +177,11 @@ def test_a_server_of_another_model_is_left_out_by_name_and_the_job_goes_on(
     a = start_server(make_emulator_profile, launched, demo_model, tmp_path / "capa", "a", 0)
     b = start_server(make_emulator_profile, launched, demo_model, tmp_path / "capb", "b", 1)
     odd = start_server(make_emulator_profile, launched, other_model, tmp_path / "capodd", "odd", 2)
+    # The same model with another layer list: the known source of useless drafters (SGLang #25454).
+    layers = start_server(make_emulator_profile, launched, demo_model, tmp_path / "caplayers", "layers", 3,
+                          capture_layers=[1, 3, 5])
     rows = 12
-    spec = job_spec(tmp_path, "odd", rows, servers=[odd.session_id, a.session_id, b.session_id],
+    spec = job_spec(tmp_path, "odd", rows, servers=[odd.session_id, a.session_id, b.session_id, layers.session_id],
                     model_path=demo_model, concurrency=2)
     job_id = start_job(spec, cli_env)
     try:
@@ -186,8 +193,11 @@ def test_a_server_of_another_model_is_left_out_by_name_and_the_job_goes_on(
     row = rows_by_name(done)[odd.session_id]
     assert row["state"] == "refused" and row["done"] == 0
     assert "serves another model than the job's" in row["reason"] and "model_config" in row["reason"]
-    assert "capture_layers" in row["reason"]  # [2, 4, 5] of 8 layers against [2, 6, 9] of 12
-    assert not list((tmp_path / "capodd").iterdir())  # nothing was ever sent to it
+    other = rows_by_name(done)[layers.session_id]
+    assert other["state"] == "refused" and other["done"] == 0
+    # Capture points 1, 3, 5 are SGLang's --return-aux-hidden-state-layer-ids 0, 2, 4 (Llama: point - 1).
+    assert "capture_layers: default → [0, 2, 4]" in other["reason"] and "model_config" not in other["reason"]
+    assert not list((tmp_path / "capodd").iterdir()) and not list((tmp_path / "caplayers").iterdir())  # nothing sent
     log = (Path(done.job_dir) / "job.log").read_text()
     assert f"server {odd.session_id} (" in log and "refused: serves another model" in log
 

@@ -22,7 +22,7 @@ import time
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from sessions.capture.plugin.eagle3_capture.spec import DEFAULT_RID_PREFIX
 from sessions.extraction.progress import (
@@ -41,6 +41,9 @@ from sessions.home import (
     read_json,
     resolve_home,
 )
+
+if TYPE_CHECKING:
+    from sessions.extraction.servers import ServerEndpoint
 
 CONTROL_FILE = "control.json"
 JOB_FILE = "job.json"
@@ -89,13 +92,7 @@ def resolve_spec(spec: JobSpec, home: Home) -> JobSpec:
     With ``servers`` (`sessions.extraction.servers`) they are filled from the first server, and every entry
     must resolve (a missing session, a group without members, two servers on one capture dir: refused)."""
     if spec.servers:
-        from sessions.extraction.servers import ServersError, resolve_servers
-
-        try:
-            endpoints = resolve_servers(spec, home)
-        except ServersError as exc:
-            raise JobError(str(exc), code=2) from None
-        first = endpoints[0]
+        first = resolve_endpoints(spec, home)[0]
         if first.session is not None:
             one = resolve_spec(replace(spec, servers=(), session=first.session, server_url=None, capture_dir=None),
                                home)
@@ -139,6 +136,24 @@ def resolve_spec(spec: JobSpec, home: Home) -> JobSpec:
         model_path=spec.model_path or Path(profile.server.model_path),
         capture_layers=tuple(capture.layers) if capture.layers else None,
     )
+
+
+def resolve_endpoints(spec: JobSpec, home: Home) -> list[ServerEndpoint]:
+    """The servers of a spec with ``servers`` (`sessions.extraction.servers`); JobError (code 2) naming the
+    entry for one that cannot serve the job."""
+    from sessions.extraction.servers import ServersError, resolve_servers
+
+    def one_session(session_id: str) -> JobSpec:
+        try:
+            return resolve_spec(replace(spec, servers=(), session=session_id, server_url=None, capture_dir=None),
+                                home)
+        except JobError as exc:
+            raise JobError(f"job.servers: {session_id}: {str(exc).removeprefix('job.session: ')}", code=2) from None
+
+    try:
+        return resolve_servers(spec, home, one_session)
+    except ServersError as exc:
+        raise JobError(str(exc), code=2) from None
 
 
 def capture_dir_problem(capture_dir: Path | None) -> str | None:
@@ -251,9 +266,7 @@ def create_job(spec_path: Path | str, home: Home | None = None,
     if problem:
         raise JobError(f"{spec_path}: {problem}", code=2)
     if spec.servers:
-        from sessions.extraction.servers import resolve_servers
-
-        for endpoint in resolve_servers(spec, home):  # resolve_spec above already refused what cannot resolve
+        for endpoint in resolve_endpoints(spec, home):  # resolve_spec above already refused what cannot resolve
             problem = capture_dir_problem(endpoint.capture_dir)
             if problem:
                 raise JobError(f"{spec_path}: server {endpoint.name}: {problem}", code=2)

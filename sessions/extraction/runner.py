@@ -49,6 +49,7 @@ from sessions.extraction.job import (
     SPEC_FILE,
     JobError,
     capture_dir_problem,
+    resolve_endpoints,
     resolve_spec,
 )
 from sessions.extraction.model_dims import read_model_dims
@@ -56,7 +57,7 @@ from sessions.extraction.output import ManifestEntry, OutputDir, OutputDirError
 from sessions.extraction.progress import PROGRESS_FILE, RateMeter
 from sessions.extraction.run_report import CARRIED_FIELDS
 from sessions.extraction.scheduler import AimdWindow, SampleScheduler, ServerLane
-from sessions.extraction.servers import ModelAgreement, ServerEndpoint, ServersError, resolve_servers
+from sessions.extraction.servers import ModelAgreement, ServerEndpoint
 from sessions.extraction.spec import JobSpec, JobSpecError, load_job_spec
 from sessions.extraction.storage import dump_bytes_per_token, estimate_storage
 from sessions.home import atomic_write_json, read_json, resolve_home
@@ -135,8 +136,8 @@ class JobRun(OutputBookkeeping):
             raise JobFailure(str(exc)) from None
         self.spec = spec
         try:
-            self.endpoints = resolve_servers(spec, resolve_home()) if spec.servers else []
-        except (ServersError, JobError) as exc:
+            self.endpoints = resolve_endpoints(spec, resolve_home()) if spec.servers else []
+        except JobError as exc:
             raise JobFailure(str(exc)) from None
         for capture_dir in self._capture_dirs():  # again here: a resume, or a change since
             capture_problem = capture_dir_problem(capture_dir)

@@ -22,7 +22,7 @@ import asyncio
 import os
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -55,29 +55,17 @@ class ServersError(ValueError):
     """The server list cannot be used; the message names the entry and what is wrong."""
 
 
-def resolve_servers(spec: JobSpec, home: Home) -> list[ServerEndpoint]:
-    """The job's endpoints: ``servers`` expanded (groups into their members), or the one server of
-    ``session``/``server_url``.  Raises `ServersError` (via `sessions.extraction.job.JobError` callers)."""
-    from sessions.extraction.job import JobError, resolve_spec
-
-    entries = list(spec.servers)
-    if not entries:
-        resolved = resolve_spec(spec, home)
-        assert resolved.server_url is not None and resolved.capture_dir is not None
-        return [ServerEndpoint(spec.session or resolved.server_url, resolved.server_url, resolved.capture_dir,
-                               resolved.rid_prefix or "", resolved.model_path, spec.session)]
+def resolve_servers(spec: JobSpec, home: Home, resolve_session: Callable[[str], JobSpec]) -> list[ServerEndpoint]:
+    """The job's endpoints: ``servers`` expanded (groups into their members).  ``resolve_session(id)`` is the
+    spec as `sessions.extraction.job.resolve_spec` fills it from that session (it raises for a session that
+    cannot serve the job); the rest raises `ServersError`."""
     found: list[ServerEndpoint] = []
-    for entry in entries:
+    for entry in spec.servers:
         if "://" in entry:
             found.append(_url_endpoint(entry, spec))
             continue
         for session_id in _sessions_of(entry, home):
-            single = replace(spec, servers=(), session=session_id, server_url=None, capture_dir=None,
-                             rid_prefix=spec.rid_prefix)
-            try:
-                resolved = resolve_spec(single, home)
-            except JobError as exc:
-                raise ServersError(f"job.servers: {entry}: {str(exc).removeprefix('job.session: ')}") from None
+            resolved = resolve_session(session_id)
             assert resolved.server_url is not None and resolved.capture_dir is not None
             found.append(ServerEndpoint(session_id, resolved.server_url, resolved.capture_dir,
                                         resolved.rid_prefix or "", resolved.model_path, session_id))
