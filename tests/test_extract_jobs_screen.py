@@ -100,7 +100,8 @@ def test_a_job_over_several_servers_shows_a_line_per_server_with_state_done_rate
     async def scenario() -> None:
         app = _RowApp()
         async with app.run_test(size=(160, 20)) as pilot:
-            await pilot.pause()
+            await wait_until(pilot, lambda: "server s-a" in str(app.query_one("#rates").render()),
+                             "the row drew its server lines")
             text = str(app.query_one("#rates").render())
             assert "server s-a  live  12 done, 3.5 samples/s, 0 failures, 2/4 in flight" in text
             assert ("server s-b  left out  3 done, 0.0 samples/s, 20 failures, 0/1 in flight "
