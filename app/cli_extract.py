@@ -39,6 +39,11 @@ def register(subparsers: Any) -> None:
                      "and pauses when the disk is full); without it such a job fails before its first request, "
                      "naming what it needs, what is free and where")
     actions["run"].add_argument("--allow-partial", action="store_true", help=allow_partial)
+    actions["run"].add_argument(
+        "--servers", metavar="A,B,...",
+        help="run the job over these servers (session ids, a replicas group id, or http://HOST:PORT URLs, "
+             "comma-separated) instead of the spec's server_url/session/servers: one shared queue of samples, "
+             "each server with its own window of requests")
     actions["resume"].add_argument("--allow-partial", action="store_true", help=allow_partial)
 
     verify = sub.add_parser("verify", help="check every file of an output dir")
@@ -137,9 +142,25 @@ def job_action(args: argparse.Namespace, act: Callable[[str], Any], said: str) -
 
 
 def _run(args: argparse.Namespace) -> int:
+    from app.cli import CliError
     from sessions.regeneration.pipeline import run_any_job
+    from sessions.regeneration.pipeline_spec import is_pipeline_spec_file
+    from sessions.regeneration.spec import is_regeneration_spec_file
 
-    return start_job(lambda spec_path: run_any_job(spec_path, allow_partial=args.allow_partial), args.spec, "extract")
+    if args.servers is None:
+        return start_job(lambda spec_path: run_any_job(spec_path, allow_partial=args.allow_partial), args.spec,
+                         "extract")
+    servers = tuple(s.strip() for s in args.servers.split(",") if s.strip())
+    if not servers:
+        raise CliError(f"--servers {args.servers!r}: name at least one server (comma-separated)", 2)
+    if is_regeneration_spec_file(args.spec) or is_pipeline_spec_file(args.spec):
+        kind = "a pipeline" if is_pipeline_spec_file(args.spec) else "a regeneration"
+        raise CliError(f"--servers is for extraction jobs; {args.spec} is {kind} spec (name its servers "
+                       "in the spec)", 2)
+    from sessions.extraction.job import run_job
+
+    return start_job(lambda spec_path: run_job(spec_path, allow_partial=args.allow_partial, servers=servers),
+                     args.spec, "extract")
 
 
 def _format_bytes(n: float) -> str:
@@ -162,6 +183,10 @@ def _human(p: Any) -> str:
             where = ", ".join(f"{r} {f}" for r, f in zip(fs.get("roles", []), fs.get("folders", [])))
             line += (f"\n      {where}: needs {_format_bytes(fs.get('needed_bytes', 0))}, "
                      f"{_format_bytes(fs.get('free_bytes', 0))} free{'' if fs.get('fits') else ' (does not fit)'}")
+    from sessions.extraction.progress import server_row_text
+
+    for row in p.servers or []:  # a job over several servers: one line each
+        line += f"\n    {server_row_text(row)}"
     if p.reason:
         line += f"\n    {p.reason}"
     if p.python:

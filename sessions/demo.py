@@ -453,8 +453,8 @@ def _ensure_pipeline_demo(home: Home, capture_dir: Path, model_dir: Path) -> Non
 def _capture_profile_endpoint(home: Home, default_dir: Path) -> tuple[int, Path]:
     """The port and capture dir of the (possibly edited) capture profile, for the job spec."""
     try:
-        from sessions.capture.toggle import capture_dir
         from sessions.profiles import load_profile
+        from sessions.profiles.capture_launch import capture_dir
 
         profile = load_profile(CAPTURE_PROFILE, home)
         return profile.server.port, Path(capture_dir(profile))

@@ -80,3 +80,31 @@ def test_jobs_screen_shows_a_progress_bar_and_pauses_cancels_and_resumes_a_real_
         for job_dir in home.jobs_dir.iterdir():
             stop_job(job_dir.name, home)
     assert job_status(started[0], home).state == "cancelled"
+
+
+def test_a_job_over_several_servers_shows_a_line_per_server_with_state_done_rate_and_failures(home) -> None:
+    """The row draws the progress file's ``servers`` rows (written by the job: tests/test_extract_multi.py)."""
+    from sessions.extraction.progress import JobProgress
+
+    rows = [{"name": "s-a", "url": "http://127.0.0.1:1", "state": "live", "reason": None, "done": 12,
+             "samples_per_s": 3.5, "failures": 0, "in_flight": 2, "window": 4},
+            {"name": "s-b", "url": "http://127.0.0.1:2", "state": "left out", "done": 3, "samples_per_s": 0.0,
+             "failures": 20, "in_flight": 0, "window": 1, "reason": "20 straight failures; last: timed out"}]
+    progress = JobProgress(job_id="j-1", state="running", name="multi", total=40, done=15, servers=rows,
+                           eta_s=7.0)
+
+    class _RowApp(App):
+        def compose(self):
+            yield JobRow(progress)
+
+    async def scenario() -> None:
+        app = _RowApp()
+        async with app.run_test(size=(160, 20)) as pilot:
+            await wait_until(pilot, lambda: "server s-a" in str(app.query_one("#rates").render()),
+                             "the row drew its server lines")
+            text = str(app.query_one("#rates").render())
+            assert "server s-a  live  12 done, 3.5 samples/s, 0 failures, 2/4 in flight" in text
+            assert ("server s-b  left out  3 done, 0.0 samples/s, 20 failures, 0/1 in flight "
+                    "(20 straight failures; last: timed out)") in text
+
+    asyncio.run(scenario())

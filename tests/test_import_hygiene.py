@@ -246,3 +246,36 @@ def test_no_import_cycle_between_project_modules_counting_function_level_imports
         report.extend(sorted({f"    {_where(modules, src, line)}: {src} -> {dst}" for src, dst, line in edges
                               if src in members and dst in members and src != dst}))
     assert not cycles, "import cycles:\n" + "\n".join(report)
+
+
+def test_the_profiles_package_imports_nothing_that_works_on_profiles():
+    """Issue 24 item 6: `sessions.profiles` imported `sessions.capture.toggle`, which works on launch profiles
+    (the one upward import).  The capture launch flags, layer plan and checks now live in
+    `sessions.profiles.capture_launch`, which imports only capture's leaves; this keeps it that way: no module
+    outside the package that a profiles module imports reaches the profile model or the package itself (a
+    leaf reader such as `sessions.profiles.model_config`, which imports nothing of the package, may be
+    shared)."""
+    modules, edges = _graph()
+    graph: dict[str, set[str]] = {}
+    for src, dst, _line in edges:
+        if dst in modules:
+            graph.setdefault(src, set()).add(dst)
+
+    def reaches_profiles(start: str) -> bool:
+        seen, stack = set(), [start]
+        while stack:
+            node = stack.pop()
+            if node == "sessions.profiles" or (node.startswith("sessions.profiles.") and graph.get(node, set())
+                                               & {m for m in modules if m.startswith("sessions.profiles")}) \
+                    or node == "sessions.profiles.model":
+                return True
+            if node not in seen:
+                seen.add(node)
+                stack.extend(graph.get(node, ()))
+        return False
+
+    inside = lambda name: name == "sessions.profiles" or name.startswith("sessions.profiles.")
+    bad = [f"{_where(modules, src, line)}: {src} imports {dst}, which works on profiles"
+           for src, dst, line in edges if inside(src) and dst in modules and not inside(dst)
+           and reaches_profiles(dst)]
+    assert not bad, "\n".join(bad)

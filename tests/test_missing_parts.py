@@ -23,23 +23,23 @@ def test_a_capture_profile_does_not_launch_without_capture_when_the_toggle_is_mi
 ):
     argv = build_command(capture_profile).argv
     assert "--enable-return-aux-hidden-states" in argv  # with the part: the capture flags are there
-    monkeypatch.setitem(sys.modules, "sessions.capture.toggle", None)
-    with pytest.raises(ModuleNotFoundError, match="sessions.capture.toggle"):
+    monkeypatch.setitem(sys.modules, "sessions.profiles.capture_launch", None)
+    with pytest.raises(ModuleNotFoundError, match="sessions.profiles.capture_launch"):
         build_command(capture_profile)
 
 
 def test_capture_rules_are_not_skipped_when_the_toggle_is_missing(capture_profile, monkeypatch):
     assert not [p for p in validate_profile(capture_profile, check_port=False) if p.field == "capture"]
-    monkeypatch.setitem(sys.modules, "sessions.capture.toggle", None)
+    monkeypatch.setitem(sys.modules, "sessions.profiles.capture_launch", None)
     problems = [p for p in validate_profile(capture_profile, check_port=False) if p.field == "capture"]
     # Validation answers rather than raises: the capture check is an error that stops the launch.
     assert [p.is_error for p in problems] == [True]
-    assert "ModuleNotFoundError" in problems[0].message and "sessions.capture.toggle" in problems[0].message
+    assert "ModuleNotFoundError" in problems[0].message and "sessions.profiles.capture_launch" in problems[0].message
 
 
 def test_a_profile_without_capture_does_not_need_the_toggle(make_emulator_profile, monkeypatch):
     profile = make_emulator_profile()
-    monkeypatch.setitem(sys.modules, "sessions.capture.toggle", None)
+    monkeypatch.setitem(sys.modules, "sessions.profiles.capture_launch", None)
     assert "--enable-return-aux-hidden-states" not in build_command(profile).argv
 
 

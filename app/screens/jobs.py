@@ -27,6 +27,7 @@ from textual.screen import ModalScreen, Screen
 from textual.widgets import Footer, Input, ListItem, ListView, ProgressBar, Static
 
 from sessions import safe_files
+from sessions.extraction.progress import server_row_text
 from widgets.confirm_modal import DismissOnce
 from widgets.inputs import InOrderInput
 
@@ -124,6 +125,10 @@ class JobRow(ListItem):
         for fs in short:  # --allow-partial ran it anyway: say where it will run out
             line.append(f"\nstorage: {', '.join(fs.get('folders', []))} needs {_bytes(fs.get('needed_bytes', 0))}, "
                         f"{_bytes(fs.get('free_bytes', 0))} free", style="yellow")
+        if p.servers:  # a job over several servers: one line each (state, done, rate, failures)
+            for row in p.servers:
+                style = "green" if row.get("state") == "live" else "yellow" if row.get("state") == "down" else "red"
+                line.append("\n" + server_row_text(row), style=style)
         if errors:  # why the samples failed, from the job's errors.jsonl, most common first
             line.append("\nwhy: " + " · ".join(f"{reason} ({count})" if count > 1 else reason
                                                for reason, count in errors), style="red")

@@ -4,7 +4,8 @@
   for the writer and the capture spec);
 * `layers` — physical capture points ↔ ``--return-aux-hidden-state-layer-ids`` per model family;
 * `inject` — the generated PYTHONPATH folder (plugin + bare dist-info with the entry point);
-* `toggle` — what ``[capture]`` adds to a launch, its validation, the toggle and the status snapshot;
+* `toggle` — the toggle and the status snapshot (what ``[capture]`` adds to a launch and its validation:
+  `sessions.profiles.capture_launch`);
 * `compat` — ``eagle3-tui capture check``: every SGLang symbol the plugin relies on, verified with ast;
 * `writer` — the plugin's writer, importable from here (torch is imported only when tensors are handled).
 

@@ -63,7 +63,11 @@ def directory_bytes(path: Path) -> int:
 def measure_capture_usage(capture_dir: Path, budget_bytes: int = 0) -> CaptureUsage:
     if budget_bytes > 0:
         return CaptureUsage(directory_bytes(capture_dir), budget_bytes, "budget")
-    probe = capture_dir if capture_dir.exists() else capture_dir.parent
+    # The server makes its capture dir (and its parents) on its first dump: before that, the filesystem is
+    # the one of the nearest folder that exists (a group member's <dir>/replica-i under a <dir> not made yet).
+    probe = capture_dir
+    while not probe.exists() and probe.parent != probe:
+        probe = probe.parent
     st = os.statvfs(probe)
     capacity = st.f_blocks * st.f_frsize
     used = (st.f_blocks - st.f_bfree) * st.f_frsize
@@ -100,6 +104,11 @@ class CaptureSpaceGate:
             self._usage = measure_capture_usage(self.capture_dir, self.budget_bytes)
             self._measured_at = now
         return self._usage
+
+    @property
+    def last_fill(self) -> float | None:
+        """The fill last measured (None before the first measurement): for the progress file."""
+        return self._usage.fill if self._usage is not None else None
 
     def _admits(self, nbytes: int) -> bool:
         usage = self.usage()

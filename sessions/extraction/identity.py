@@ -51,7 +51,7 @@ def server_identity(base_url: str, timeout_s: float = _TIMEOUT_S) -> dict[str, A
     # /server_info waits on every scheduler with no server-side timeout: bounded by our client timeout.
     server = probes.http_get_json(f"{base}/server_info", timeout_s)
     args = server.json if server.status == 200 and isinstance(server.json, dict) else {}
-    capture_dir, rid_prefix = _capture_of_listener(base)
+    capture_dir, rid_prefix = capture_of_listener(base)
     model_path = _text(info.json.get("model_path"))
     folder = Path(model_path) if model_path and os.path.isdir(model_path) else None
     return {
@@ -143,7 +143,7 @@ def _text(value: Any) -> str | None:
     return value if isinstance(value, str) else None
 
 
-def _capture_of_listener(base_url: str) -> tuple[str | None, str | None]:
+def capture_of_listener(base_url: str) -> tuple[str | None, str | None]:
     """The capture dir and rid prefix of the process listening on the URL's port (None when unreadable)."""
     import psutil
 

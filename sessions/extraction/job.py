@@ -22,7 +22,7 @@ import time
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from sessions.capture.plugin.eagle3_capture.spec import DEFAULT_RID_PREFIX
 from sessions.extraction.progress import (
@@ -41,6 +41,9 @@ from sessions.home import (
     read_json,
     resolve_home,
 )
+
+if TYPE_CHECKING:
+    from sessions.extraction.servers import ServerEndpoint
 
 CONTROL_FILE = "control.json"
 JOB_FILE = "job.json"
@@ -84,8 +87,18 @@ def write_spec_copy(spec: JobSpec, path: Path) -> None:
 
 
 def resolve_spec(spec: JobSpec, home: Home) -> JobSpec:
-    """Fill server_url, capture_dir, rid_prefix and model_path from ``session`` (the spec's own values win)."""
+    """Fill server_url, capture_dir, rid_prefix and model_path from ``session`` (the spec's own values win).
 
+    With ``servers`` (`sessions.extraction.servers`) they are filled from the first server, and every entry
+    must resolve (a missing session, a group without members, two servers on one capture dir: refused)."""
+    if spec.servers:
+        first = resolve_endpoints(spec, home)[0]
+        if first.session is not None:
+            one = resolve_spec(replace(spec, servers=(), session=first.session, server_url=None, capture_dir=None),
+                               home)
+            return replace(one, servers=spec.servers, session=None)
+        return replace(spec, server_url=first.url, capture_dir=first.capture_dir, rid_prefix=first.rid_prefix,
+                       model_path=spec.model_path or first.model_path)
     if not spec.session:
         return replace(spec, rid_prefix=spec.rid_prefix or DEFAULT_RID_PREFIX)
     from sessions.server import ServerSession, SessionNotFound
@@ -108,7 +121,7 @@ def resolve_spec(spec: JobSpec, home: Home) -> JobSpec:
     if spec.capture_dir is not None:
         capture_dir = spec.capture_dir
     else:
-        from sessions.capture.toggle import capture_dir as profile_capture_dir
+        from sessions.profiles.capture_launch import capture_dir as profile_capture_dir
 
         capture_dir = Path(profile_capture_dir(profile))  # the profile's, or the default the launch used
     python = spec.python
@@ -123,6 +136,24 @@ def resolve_spec(spec: JobSpec, home: Home) -> JobSpec:
         model_path=spec.model_path or Path(profile.server.model_path),
         capture_layers=tuple(capture.layers) if capture.layers else None,
     )
+
+
+def resolve_endpoints(spec: JobSpec, home: Home) -> list[ServerEndpoint]:
+    """The servers of a spec with ``servers`` (`sessions.extraction.servers`); JobError (code 2) naming the
+    entry for one that cannot serve the job."""
+    from sessions.extraction.servers import ServersError, resolve_servers
+
+    def one_session(session_id: str) -> JobSpec:
+        try:
+            return resolve_spec(replace(spec, servers=(), session=session_id, server_url=None, capture_dir=None),
+                                home)
+        except JobError as exc:
+            raise JobError(f"job.servers: {session_id}: {str(exc).removeprefix('job.session: ')}", code=2) from None
+
+    try:
+        return resolve_servers(spec, home, one_session)
+    except ServersError as exc:
+        raise JobError(str(exc), code=2) from None
 
 
 def capture_dir_problem(capture_dir: Path | None) -> str | None:
@@ -207,10 +238,24 @@ def load_spec_for_job(spec_path: Path | str, load: Callable[[Path | str], SpecT]
         raise JobError(str(exc), code=2) from None
 
 
-def create_job(spec_path: Path | str, home: Home | None = None) -> tuple[str, Path]:
-    """Check the spec and make the job dir (no process yet); returns (job id, job dir)."""
+def create_job(spec_path: Path | str, home: Home | None = None,
+               servers: tuple[str, ...] | None = None) -> tuple[str, Path]:
+    """Check the spec and make the job dir (no process yet); returns (job id, job dir).
+
+    ``servers`` (``extract run --servers``) replaces whatever servers the spec names."""
     home = (home or resolve_home()).ensure()
-    spec = load_spec_for_job(spec_path, load_job_spec)
+    if servers:
+        from sessions.extraction.spec import SpecProblem, server_ref_problem
+
+        for entry in servers:
+            problem = server_ref_problem(entry)
+            if problem:
+                raise JobError(str(JobSpecError("--servers", [SpecProblem("--servers", f"{entry!r}: {problem}")])),
+                               code=2)
+        spec = load_spec_for_job(spec_path, lambda p: load_job_spec(p, servers_given=True))
+        spec = replace(spec, servers=tuple(servers), session=None, server_url=None)
+    else:
+        spec = load_spec_for_job(spec_path, load_job_spec)
     spec = resolve_job_dataset(spec, home)
     problems = check_paths(spec)
     if problems:
@@ -220,6 +265,11 @@ def create_job(spec_path: Path | str, home: Home | None = None) -> tuple[str, Pa
     problem = capture_dir_problem(resolved.capture_dir)
     if problem:
         raise JobError(f"{spec_path}: {problem}", code=2)
+    if spec.servers:
+        for endpoint in resolve_endpoints(spec, home):  # resolve_spec above already refused what cannot resolve
+            problem = capture_dir_problem(endpoint.capture_dir)
+            if problem:
+                raise JobError(f"{spec_path}: server {endpoint.name}: {problem}", code=2)
     _preflight_output_dir(spec, home)
     job_id = new_job_id(spec.name)
     path = ensure_private_dir(home.jobs_dir / job_id)
@@ -357,9 +407,10 @@ def spawn(path: Path, resume: bool, accept_server: bool = False, allow_partial: 
     return proc.pid
 
 
-def run_job(spec_path: Path | str, home: Home | None = None, allow_partial: bool = False) -> str:
+def run_job(spec_path: Path | str, home: Home | None = None, allow_partial: bool = False,
+            servers: tuple[str, ...] | None = None) -> str:
     """``extract run``: create and spawn; returns the job id."""
-    job_id, path = create_job(spec_path, home)
+    job_id, path = create_job(spec_path, home, servers=servers)
     spawn(path, resume=False, allow_partial=allow_partial)
     return job_id
 

@@ -61,6 +61,9 @@ class JobProgress:
     stats: dict[str, Any] | None = None  # regeneration: the data's shape (answer lengths, finish reasons, ...)
     estimated_output_bytes: int | None = None  # the storage estimate of the whole output (bytes: written)
     storage: dict[str, Any] | None = None  # the estimate against each filesystem (sessions.extraction.storage)
+    # A job over several servers: one row per server (name, url, state, reason, done, samples_per_s,
+    # failures, in_flight, window), written by `sessions.extraction.scheduler.ServerLane.row`.
+    servers: list[dict[str, Any]] | None = None
 
     @property
     def fraction(self) -> float:
@@ -77,6 +80,15 @@ class JobProgress:
     def from_json(cls, raw: dict[str, Any]) -> JobProgress:
         known = {f.name for f in fields(cls)}
         return cls(**{k: v for k, v in raw.items() if k in known})
+
+
+def server_row_text(row: dict[str, Any]) -> str:
+    """One server of a job over several (``JobProgress.servers``), for ``extract status`` and the jobs
+    screen: ``server NAME  STATE  N done, R samples/s, F failures, I/W in flight (reason)``."""
+    text = (f"server {row.get('name')}  {row.get('state')}  {row.get('done', 0)} done, "
+            f"{float(row.get('samples_per_s') or 0):.1f} samples/s, {row.get('failures', 0)} failures, "
+            f"{row.get('in_flight', 0)}/{row.get('window', 0)} in flight")
+    return text + (f" ({row['reason']})" if row.get("reason") else "")
 
 
 def process_alive(pid: int | None, create_time: float | None) -> bool:

@@ -201,6 +201,9 @@ class RunReport:
             # What the hidden states came from (sessions.extraction.identity), and every server change an
             # `extract resume --accept-server` let into this dataset.
             "server_identity": self.meta.get("server_identity"),
+            # A job over several servers: each one, and the model identity they all showed.
+            "servers": self.meta.get("servers"),
+            "model_identity": self.meta.get("model_identity"),
             "accepted_server_changes": list(self.meta.get("accepted_server_changes") or []),
             "session": spec.session,
             "rid_prefix": spec.rid_prefix,

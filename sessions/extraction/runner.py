@@ -12,7 +12,9 @@ manifest.  SIGTERM (``extract cancel``) stops dispatching, lets the requests in 
 
 `JobRun` is built in layers: `sessions.extraction.run_report.RunReport` (log, progress file, dataset.json),
 `sessions.extraction.bookkeeping.OutputBookkeeping` (counting, group commit, pausing on a full disk), and
-here the start-up, the pipeline loop and the end.
+here the start-up, the pipeline loop and the end.  A job over several servers (``servers = [...]``) runs
+its samples through `sessions.extraction.scheduler.SampleScheduler` (a shared queue, one lane per server)
+instead of the one-server client loop; everything else (output, manifest, resume) is the same.
 """
 from __future__ import annotations
 
@@ -47,12 +49,15 @@ from sessions.extraction.job import (
     SPEC_FILE,
     JobError,
     capture_dir_problem,
+    resolve_endpoints,
     resolve_spec,
 )
 from sessions.extraction.model_dims import read_model_dims
 from sessions.extraction.output import ManifestEntry, OutputDir, OutputDirError
 from sessions.extraction.progress import PROGRESS_FILE, RateMeter
 from sessions.extraction.run_report import CARRIED_FIELDS
+from sessions.extraction.scheduler import AimdWindow, SampleScheduler, ServerLane
+from sessions.extraction.servers import ModelAgreement, ServerEndpoint
 from sessions.extraction.spec import JobSpec, JobSpecError, load_job_spec
 from sessions.extraction.storage import dump_bytes_per_token, estimate_storage
 from sessions.home import atomic_write_json, read_json, resolve_home
@@ -102,6 +107,9 @@ class JobRun(OutputBookkeeping):
         self.estimated_output_bytes: int | None = None
         self.storage: dict[str, Any] | None = None  # the storage estimate against the free space (progress)
         self.sglang_version: str | None = None
+        self.endpoints: list[ServerEndpoint] = []
+        self.scheduler: SampleScheduler | None = None  # a job over several servers
+        self.agreement = ModelAgreement(meta, lambda: atomic_write_json(job_dir / JOB_FILE, self.meta), self.log)
         self._render_stop = threading.Event()
         self.row_ids: dict[int, str] = {}  # index -> row id, only with sample_ids = "row"
         self.pipeline_started_at: float | None = None
@@ -127,11 +135,22 @@ class JobRun(OutputBookkeeping):
         except JobError as exc:
             raise JobFailure(str(exc)) from None
         self.spec = spec
-        capture_problem = capture_dir_problem(spec.capture_dir)  # again here: a resume, or a change since
-        if capture_problem:
-            raise JobFailure(f"{capture_problem}; `extract resume {self.job_id}` continues once it is fixed")
-        self.log(f"{'resuming' if self.resume else 'starting'}: dataset {spec.dataset} → {spec.output_dir} "
-                 f"via {spec.server_url} (capture dir {spec.capture_dir}, rid prefix {spec.rid_prefix})")
+        try:
+            self.endpoints = resolve_endpoints(spec, resolve_home()) if spec.servers else []
+        except JobError as exc:
+            raise JobFailure(str(exc)) from None
+        for capture_dir in self._capture_dirs():  # again here: a resume, or a change since
+            capture_problem = capture_dir_problem(capture_dir)
+            if capture_problem:
+                raise JobFailure(f"{capture_problem}; `extract resume {self.job_id}` continues once it is fixed")
+        if len(self.endpoints) > 1:
+            self.meta["servers"] = [e.to_json() for e in self.endpoints]
+            self.log(f"{'resuming' if self.resume else 'starting'}: dataset {spec.dataset} → {spec.output_dir} "
+                     f"via {len(self.endpoints)} servers: " + ", ".join(
+                         f"{e.name} ({e.url}, capture dir {e.capture_dir})" for e in self.endpoints))
+        else:
+            self.log(f"{'resuming' if self.resume else 'starting'}: dataset {spec.dataset} → {spec.output_dir} "
+                     f"via {spec.server_url} (capture dir {spec.capture_dir}, rid prefix {spec.rid_prefix})")
         self.output = OutputDir(spec.output_dir, spec.file_group_size)
         try:
             self.output.acquire(self.job_id, fresh=not self.resume)
@@ -232,7 +251,7 @@ class JobRun(OutputBookkeeping):
         if not lengths or pending <= 0:
             return
         spec.output_dir.mkdir(parents=True, exist_ok=True)
-        captures = [spec.capture_dir] if spec.capture_dir is not None else []
+        captures = self._capture_dirs()
         estimate = estimate_storage(lengths, pending, hidden, layers, spec.concurrency, spec.output_dir, captures)
         self.estimated_output_bytes = estimate.output_bytes
         self.storage = estimate.to_json()
@@ -246,21 +265,30 @@ class JobRun(OutputBookkeeping):
             return
         raise JobFailure(estimate.refusal())
 
+    def _capture_dirs(self) -> list[Path]:
+        """Every capture dir the job reads (one per server)."""
+        if len(self.endpoints) > 1:
+            return [e.capture_dir for e in self.endpoints]
+        return [self.spec.capture_dir] if self.spec is not None and self.spec.capture_dir is not None else []
+
     def _clear_stale_dumps(self) -> None:
         """Dumps of this job's rids left by a killed run (or still arriving) would mix with new ones."""
         spec = self.spec
         assert spec is not None and spec.capture_dir is not None
-        prefix = f"{spec.rid_prefix}{self.job_id}-"
-        try:
-            names = [e.name for e in os.scandir(spec.capture_dir) if e.name.startswith(prefix)]
-        except FileNotFoundError:
-            return
+        targets = ([(e.capture_dir, e.rid_prefix) for e in self.endpoints] if len(self.endpoints) > 1
+                   else [(spec.capture_dir, spec.rid_prefix or "")])
         from sessions.extraction.collector import remove_dumps
 
-        for name in names:
-            remove_dumps(spec.capture_dir, name)
-        if names:
-            self.log(f"removed {len(names)} stale dump folders of this job from {spec.capture_dir}")
+        for capture_dir, rid_prefix in targets:
+            prefix = f"{rid_prefix}{self.job_id}-"
+            try:
+                names = [e.name for e in os.scandir(capture_dir) if e.name.startswith(prefix)]
+            except FileNotFoundError:
+                continue
+            for name in names:
+                remove_dumps(capture_dir, name)
+            if names:
+                self.log(f"removed {len(names)} stale dump folders of this job from {capture_dir}")
 
     def _on_server_state(self, up: bool, reason: str | None) -> None:
         if up:
@@ -338,6 +366,8 @@ class JobRun(OutputBookkeeping):
 
     def _stop_sending(self) -> None:
         self._render_stop.set()
+        if self.scheduler is not None:
+            self.scheduler.stop()
         if self.client is not None:
             self.client.stop()
         if self.gate is not None:
@@ -359,6 +389,9 @@ class JobRun(OutputBookkeeping):
             await asyncio.sleep(REPORT_INTERVAL_S)
 
     async def pipeline(self, items: Iterator[Any]) -> None:
+        if len(self.endpoints) > 1:
+            await self._pipeline_many(items)
+            return
         spec = self.spec
         assert spec is not None and spec.capture_dir is not None and spec.server_url is not None
         loop = asyncio.get_running_loop()
@@ -375,12 +408,12 @@ class JobRun(OutputBookkeeping):
         self.pool = ThreadPoolExecutor(max_workers=max(2, min(8, spec.concurrency)),
                                        thread_name_prefix="collector")
         self.state = "running"
-        self.pipeline_started_at = time.time()
-        self.done_at_pipeline_start = self.done
         self.rates.start(self.done, self.tokens, self.bytes)  # this run's own window, not the resumed past
         problem = await self._identity_problem()
         if problem is not None:
             self.client.hold(problem)  # a resume against another server waits: nothing is sent to it
+        self.pipeline_started_at = time.time()  # from the first request (the identity read comes before)
+        self.done_at_pipeline_start = self.done
         reporter = loop.create_task(self._report_loop())
         commit_stop = asyncio.Event()
         committer = loop.create_task(self._commit_loop(commit_stop))
@@ -428,6 +461,117 @@ class JobRun(OutputBookkeeping):
             for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
                 loop.remove_signal_handler(sig)
 
+    # -- a job over several servers (sessions.extraction.scheduler) --------------------------------------
+    async def _pipeline_many(self, items: Iterator[Any]) -> None:
+        spec = self.spec
+        assert spec is not None
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+            loop.add_signal_handler(sig, self.request_cancel)
+        retry = RetryPolicy(spec.max_retries, spec.retry_backoff_s, spec.retry_backoff_max_s)
+        lanes = [ServerLane(e, ExtractionClient(e.url, concurrency=spec.concurrency, retry=retry,
+                                                request_timeout_s=spec.request_timeout_s),
+                            CaptureSpaceGate(e.capture_dir, spec.capture_fill_threshold, spec.capture_budget_bytes),
+                            AimdWindow(spec.concurrency))
+                 for e in self.endpoints]
+
+        async def clear(lane: ServerLane, rid: str) -> None:
+            await loop.run_in_executor(self.pool, _remove_quietly, lane.endpoint.capture_dir, rid)
+
+        self.scheduler = scheduler = SampleScheduler(
+            lanes, job_id=self.job_id, retry=retry, max_straight_failures=spec.max_consecutive_failures,
+            identity_check=lambda lane: self.agreement.problem(lane.endpoint.url), on_change=self._on_lanes_changed,
+            log=self.log,
+            clear=clear, dump_bytes_per_token=lambda: self.dump_bytes_per_token)
+        self.pool = ThreadPoolExecutor(max_workers=max(2, min(16, spec.concurrency * len(lanes))),
+                                       thread_name_prefix="collector")
+        self.state = "running"
+        self.rates.start(self.done, self.tokens, self.bytes)
+        await self._check_lanes(lanes)
+        self.pipeline_started_at = time.time()  # from the first request (the identity reads come before)
+        self.done_at_pipeline_start = self.done
+        reporter = loop.create_task(self._report_loop())
+        commit_stop = asyncio.Event()
+        committer = loop.create_task(self._commit_loop(commit_stop))
+        ready: queue.Queue = queue.Queue(maxsize=max(64, 4 * spec.concurrency * len(lanes)))
+        threading.Thread(target=self._render_into, args=(items, ready), daemon=True, name="render").start()
+
+        def take() -> Any:
+            try:
+                item = ready.get_nowait()
+            except queue.Empty:
+                return _EMPTY
+            if isinstance(item, BaseException):
+                raise JobFailure(f"reading the dataset failed: {item}")
+            return item
+
+        def fail(sample: Any, reason: str) -> ManifestEntry:
+            return self._entry(sample.index, sample.line, "failed", tokens=len(sample.input_ids), reason=reason)
+
+        async def collect(lane: ServerLane, sample: Any, rid: str) -> ManifestEntry:
+            return await self._collect_in_pool(sample, rid, lane.endpoint.capture_dir)
+
+        def stopped() -> bool:
+            return self.cancel_requested or bool(self.abort_reason)
+
+        try:
+            await scheduler.run(take, _END, _EMPTY, self._record, collect, fail, stopped,
+                                held=lambda: "user" in self.pause_reasons)
+            if scheduler.abort_reason and not self.abort_reason:
+                self.abort_reason = scheduler.abort_reason
+                self.log(f"aborting: {scheduler.abort_reason}")
+                self._stop_sending()
+            if scheduler.tasks:
+                timeout = CANCEL_GRACE_S if stopped() else None
+                _done, pending = await asyncio.wait(set(scheduler.tasks), timeout=timeout)
+                for task in pending:
+                    task.cancel()
+                if pending:
+                    await asyncio.wait(pending)
+        finally:
+            self._render_stop.set()
+            scheduler.stop()
+            reporter.cancel()
+            await scheduler.aclose()
+            await asyncio.to_thread(self.pool.shutdown, True)
+            commit_stop.set()
+            await committer
+            for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+                loop.remove_signal_handler(sig)
+
+    async def _check_lanes(self, lanes: list[ServerLane]) -> None:
+        """Before the first request: every server's identity; the odd one is left out, named, with the
+        reason (`sessions.extraction.servers.ModelAgreement`), and one that does not answer waits for its
+        prober."""
+        states = await self.agreement.check([lane.endpoint.url for lane in lanes])
+        for lane, (state, reason) in zip(lanes, states):
+            lane.state, lane.reason = state, reason
+            self.log(f"server {lane.name} ({lane.endpoint.url}): {state}" + (f": {reason}" if reason else ""))
+        self._on_lanes_changed()
+
+    def _on_lanes_changed(self) -> None:
+        """The job pauses while no server is live, the reason naming each one."""
+        reason = self.scheduler.no_server_reason() if self.scheduler is not None else None
+        if reason:
+            if self.pause_reasons.get("server") != reason:
+                self.log(f"paused: {reason}")
+            self.pause_reasons["server"] = reason
+        elif self.pause_reasons.pop("server", None) is not None:
+            self.log("a server is live again; continuing")
+        self.write_progress()
+
+    def snapshot(self) -> dict[str, Any]:
+        snapshot = super().snapshot()
+        scheduler = self.scheduler
+        if scheduler is None:
+            return snapshot
+        snapshot.update(scheduler.totals())
+        remaining = max(0, self.total - self.done)
+        rate = scheduler.eta_rate()  # the live servers' own rates: a server left out counts for nothing
+        snapshot["eta_s"] = (round(remaining / rate, 1) if rate > 0 and remaining else None) \
+            if snapshot["state"] == "running" else None
+        return snapshot
+
     def _render_into(self, items: Iterator[Any], ready: queue.Queue) -> None:
         def put(value: Any) -> bool:
             while not self._render_stop.is_set():
@@ -455,14 +599,7 @@ class JobRun(OutputBookkeeping):
         loop = asyncio.get_running_loop()
 
         async def collect(_meta: dict[str, Any]) -> ManifestEntry:
-            try:
-                return await loop.run_in_executor(self.pool, self._collect_and_write, sample, rid, sample_id)
-            except AttemptFailed:
-                raise
-            except Exception as exc:  # noqa: BLE001 - e.g. a capture dir refused as unsafe: a failed attempt,
-                # counted toward max_consecutive_failures, never a task that dies without an outcome
-                raise AttemptFailed(f"collecting {rid} failed: {type(exc).__name__}: {exc}",
-                                    retryable=isinstance(exc, OSError)) from None
+            return await self._collect_in_pool(sample, rid, capture_dir)
 
         async def clear() -> None:
             await loop.run_in_executor(self.pool, _remove_quietly, capture_dir, rid)
@@ -488,15 +625,27 @@ class JobRun(OutputBookkeeping):
                                 reason=f"{type(exc).__name__}: {exc}")
         self._record(entry)
 
-    def _collect_and_write(self, sample: Any, rid: str, sample_id: str) -> ManifestEntry:
+    async def _collect_in_pool(self, sample: Any, rid: str, capture_dir: Path) -> ManifestEntry:
+        loop = asyncio.get_running_loop()
+        try:
+            return await loop.run_in_executor(self.pool, self._collect_and_write, sample, rid,
+                                              self._sample_id(sample.index), capture_dir)
+        except AttemptFailed:
+            raise
+        except Exception as exc:  # noqa: BLE001 - e.g. a capture dir refused as unsafe: a failed attempt,
+            # counted toward max_consecutive_failures, never a task that dies without an outcome
+            raise AttemptFailed(f"collecting {rid} failed: {type(exc).__name__}: {exc}",
+                                retryable=isinstance(exc, OSError)) from None
+
+    def _collect_and_write(self, sample: Any, rid: str, sample_id: str, capture_dir: Path) -> ManifestEntry:
         """In a collector thread: dumps → checked sample → atomic file → dumps deleted."""
         from sessions.extraction.collector import collect_sample, remove_dumps
 
         spec = self.spec
-        assert spec is not None and spec.capture_dir is not None and self.output is not None
+        assert spec is not None and self.output is not None
         with self._shape_lock:
             expected = self.shape
-        data, shape = collect_sample(spec.capture_dir, rid, sample_id, sample.input_ids, sample.loss_mask,
+        data, shape = collect_sample(capture_dir, rid, sample_id, sample.input_ids, sample.loss_mask,
                                      expected, spec.dump_wait_s)
         with self._shape_lock:
             if self.shape is None:
@@ -510,7 +659,7 @@ class JobRun(OutputBookkeeping):
                                     f"{shape.hidden_size} (job: {self.shape.aux_width}, {self.shape.hidden_size})",
                                     retryable=False)
         rel, size, checksum = self._write_until_space(sample.index, data)
-        remove_dumps(spec.capture_dir, rid)
+        remove_dumps(capture_dir, rid)
         return self._entry(sample.index, sample.line, "ok", tokens=len(sample.input_ids),
                            supervised_tokens=sum(sample.loss_mask), path=rel, bytes=size, checksum=checksum)
 
@@ -565,6 +714,7 @@ class JobRun(OutputBookkeeping):
 
 
 _END = object()
+_EMPTY = object()
 
 
 def _done_callback(tasks: set[asyncio.Task[None]],

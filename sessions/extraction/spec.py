@@ -55,6 +55,9 @@ class JobSpec:
     output_dir: Path
     server_url: str | None = None
     session: str | None = None
+    # Several servers for one job (`sessions.extraction.servers`): session ids, replicas group ids or URLs.
+    # One entry is a single server, the same as ``session``/``server_url``.
+    servers: tuple[str, ...] = ()
     # The interpreter that runs the job (it needs torch): by default the session profile's `python`, which
     # on a GPU host is SGLang's own, so one torch serves the server, the capture plugin and the job.
     python: Path | None = None
@@ -96,9 +99,9 @@ class JobSpec:
         out: dict[str, Any] = {}
         for key, spec_field in _FIELDS.items():
             value = getattr(self, spec_field.attr)
-            if value is None or (key == "chat_template_kwargs" and not value):
+            if value is None or (key in ("chat_template_kwargs", "servers") and not value):
                 continue
-            out[key] = str(value) if isinstance(value, Path) else value
+            out[key] = str(value) if isinstance(value, Path) else list(value) if isinstance(value, tuple) else value
         return {"job": out}
 
 
@@ -153,10 +156,31 @@ def _session_id(v: str) -> str | None:
     return None if re.match(r"^[A-Za-z0-9._-]{1,128}$", v) else "not a session id"
 
 
+def server_ref_problem(v: str) -> str | None:
+    """What is wrong with one ``servers`` entry: a URL (``http://HOST:PORT``), a session id or a group id."""
+    if "://" in v:
+        return server_url_problem(v)
+    return None if _session_id(v) is None else "neither a URL (http://HOST:PORT) nor a session or group id"
+
+
+def _servers(v: tuple[str, ...]) -> str | None:
+    if not v:
+        return "name at least one server"
+    for i, entry in enumerate(v):
+        problem = server_ref_problem(entry)
+        if problem:
+            return f"entry {i + 1} ({entry!r}): {problem}"
+    duplicates = sorted({e for e in v if v.count(e) > 1})
+    if duplicates:
+        return f"{', '.join(duplicates)} named twice (each server is one lane of the job)"
+    return None
+
+
 _FIELDS: dict[str, _Field] = {
     "name": _Field("name", "str", _name),
     "server_url": _Field("server_url", "str", server_url_problem),
     "session": _Field("session", "str", _session_id),
+    "servers": _Field("servers", "list", _servers),
     "python": _Field("python", "path"),
     "dataset": _Field("dataset", "path"),
     "dataset_format": _Field("dataset_format", "choice", choices=DATASET_FORMATS),
@@ -188,7 +212,8 @@ _FIELDS: dict[str, _Field] = {
 }
 _REQUIRED = ("name", "dataset", "output_dir")
 _KIND_WORDS = {"str": "a string", "path": "a path string", "int": "an integer", "float": "a number",
-               "bool": "true or false", "table": "a table", "choice": "a string"}
+               "bool": "true or false", "table": "a table", "choice": "a string",
+               "list": "a list of strings"}
 
 
 def _key_lines(text: str) -> dict[str, int]:
@@ -222,6 +247,9 @@ def _check_value(key: str, spec_field: _Field, value: Any) -> tuple[Any, str | N
         value = float(value) if ok else value
     elif kind == "table":
         ok = isinstance(value, dict)
+    elif kind == "list":
+        ok = isinstance(value, list) and all(isinstance(v, str) for v in value)
+        value = tuple(value) if ok else value
     else:
         ok = isinstance(value, str)
     if not ok:
@@ -239,8 +267,12 @@ def _check_value(key: str, spec_field: _Field, value: Any) -> tuple[Any, str | N
     return value, None
 
 
-def parse_job_spec(text: str, source: str = "<job spec>", base_dir: Path | None = None) -> JobSpec:
-    """Parse and check a spec; relative paths resolve against ``base_dir`` (the spec file's folder)."""
+def parse_job_spec(text: str, source: str = "<job spec>", base_dir: Path | None = None,
+                   servers_given: bool = False) -> JobSpec:
+    """Parse and check a spec; relative paths resolve against ``base_dir`` (the spec file's folder).
+
+    ``servers_given``: the command line names the servers (``extract run --servers``), so the spec need
+    not name any."""
     try:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
@@ -277,10 +309,18 @@ def parse_job_spec(text: str, source: str = "<job spec>", base_dir: Path | None 
     for key in _REQUIRED:
         if key not in job:
             problems.append(SpecProblem(f"job.{key}", "is required", lines.get("job")))
-    has_url, has_session = "server_url" in job, "session" in job
-    if has_url == has_session:
-        msg = "give exactly one of server_url and session" if has_url else "give server_url or session"
-        problems.append(SpecProblem("job.server_url", msg, lines.get("job.server_url") or lines.get("job")))
+    has_url, has_session, has_servers = "server_url" in job, "session" in job, "servers" in job
+    named = has_url + has_session + has_servers
+    if named > 1:
+        problems.append(SpecProblem("job.server_url", "give exactly one of server_url, session and servers",
+                                    lines.get("job.server_url") or lines.get("job.servers") or lines.get("job")))
+    elif named == 0 and not servers_given:
+        problems.append(SpecProblem("job.server_url", "give server_url, session or servers (or extract run "
+                                    "--servers)", lines.get("job")))
+    if has_servers and any("://" in e for e in job.get("servers") or [] if isinstance(e, str)) \
+            and "model_path" not in job:
+        problems.append(SpecProblem("job.model_path", "is required when servers names a URL (a session would "
+                                    "supply it)", lines.get("job")))
     if has_url and not has_session:
         for key in ("capture_dir", "model_path"):
             if key not in job:
@@ -301,13 +341,13 @@ def _similar(a: str, b: str) -> bool:
     return difflib.SequenceMatcher(None, a, b).ratio() >= 0.8
 
 
-def load_job_spec(path: Path | str) -> JobSpec:
+def load_job_spec(path: Path | str, servers_given: bool = False) -> JobSpec:
     """Read a spec file; raises ``JobSpecError`` (problems name key and line) or ``OSError``."""
     from sessions import safe_files
 
     path = Path(path).expanduser()
     text = safe_files.read_text(path, safe_files.JOB_SPEC)  # a FIFO, a device, over 1 MiB: refused at once
-    spec = parse_job_spec(text, source=str(path), base_dir=path.parent.resolve())
+    spec = parse_job_spec(text, source=str(path), base_dir=path.parent.resolve(), servers_given=servers_given)
     return replace(spec, source_path=path.resolve())
 
 

@@ -133,10 +133,9 @@ def _capture_additions(profile: LaunchProfile) -> tuple[list[str], dict[str, str
     """Flags and env from the capture toggle (DESIGN §5), when capture is on."""
     if not profile.capture.enabled:
         return [], {}
-    # Capture sits above the profile model and below this module; imported here, when a profile asks for it,
-    # because `sessions.capture.toggle` imports `sessions.profiles.model` (a module-level import here would
-    # make importing the capture package first import this half-initialised).
-    from sessions.capture.toggle import capture_additions
+    # Imported here, when a profile asks for it: `sessions.profiles.capture_launch` reads the profile model
+    # and the capture leaves, and a module-level import would run while this package is half-initialised.
+    from sessions.profiles.capture_launch import capture_additions
 
     argv_extra, env_extra = capture_additions(profile)
     return list(argv_extra), dict(env_extra)

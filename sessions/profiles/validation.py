@@ -465,6 +465,8 @@ def _choice_problems(where: str, flag: str, values: list[str], info: Any) -> lis
 
 
 def _capture_problems(profile: LaunchProfile) -> list[Problem]:
-    from sessions.capture.toggle import capture_problems  # see command._capture_additions for why here
+    from sessions.profiles.capture_launch import (
+        capture_problems,  # see command._capture_additions for why here
+    )
 
     return list(capture_problems(profile))

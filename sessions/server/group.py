@@ -57,7 +57,7 @@ def gpus_per_replica(profile: LaunchProfile) -> int:
 def member_profile(profile: LaunchProfile, index: int) -> LaunchProfile:
     """Member ``index`` of ``profile``'s group: ``--base-gpu-id index*tp*pp``, port + index, capture dir
     ``<dir>/replica-<index>``, and ``replicas = 1`` (a member is one server)."""
-    from sessions.capture.toggle import capture_dir
+    from sessions.profiles.capture_launch import capture_dir
 
     server = profile.server
     changes: dict[str, Any] = {
