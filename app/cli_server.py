@@ -163,7 +163,7 @@ def _launch(args: argparse.Namespace) -> int:
     from sessions.server import LaunchError, ServerSession
 
     try:
-        profile = _received_profile(args.name) if args.profile == "-" else load_profile(args.profile)
+        profile = received_profile(args.name) if args.profile == "-" else load_profile(args.profile)
     except ProfileError as exc:
         raise CliError(_profile_error_text(args.profile, exc), EXIT_BAD_INPUT) from None
     if profile.host is not None and profile.host != "local":
@@ -178,7 +178,7 @@ def _launch(args: argparse.Namespace) -> int:
     if profile.server.nnodes > 1 and args.node_rank is None:
         from app.cli_nodes import launch_across_nodes
 
-        return launch_across_nodes(args.profile, profile)  # one server across nodes (sessions.server.nodes)
+        return launch_across_nodes(profile)  # one server across nodes (sessions.server.nodes)
     if args.node_rank is not None:
         from sessions.server.nodes import node_profile
 
@@ -219,7 +219,7 @@ def _launch(args: argparse.Namespace) -> int:
     return 0
 
 
-def _received_profile(name: str | None):
+def received_profile(name: str | None):
     """``launch -``: the profile TOML on stdin (another host's panel sends it) as ``NAME``; kept as
     ``<state>/received-profiles/NAME.toml`` so that the session's profile path (restart) is a real file."""
     from app.cli import EXIT_BAD_INPUT, CliError
