@@ -23,8 +23,8 @@ from sessions.profiles import ProfileError, list_profiles, load_profile
 from sessions.profiles.fields import dp_replicas_of
 from sessions.redaction import Redactor
 from sessions.remote.monitor import HostMonitor, HostView
-from sessions.server.nodes_monitor import NodesMonitor, NodesView
 from sessions.server import FINAL_STATES, ServerSession, SessionStatus, list_sessions
+from sessions.server.nodes_monitor import NodesMonitor, NodesView
 from sessions.snapshots import LogChunk, ProfileEntry, SessionEntry
 from widgets.state_line import rank_label
 

@@ -19,7 +19,7 @@ from widgets import units
 
 _STAGE_STYLE = {"ready": "green", "serving": "green", "joined": "green", "arrived": "yellow", "arriving": "yellow",
                 "not arrived": "yellow", ASKING: "dim", "stopped": "dim", "dead": "bold red",
-                "unreachable": "bold red", "not launched": "bold red"}
+                "unreachable": "bold red", "not launched": "yellow"}  # "not launched": also while the launch goes on
 _STATE_STYLE = {"ready": "green", "starting": "yellow", "stalled": "bold yellow", "crashed": "bold red",
                 "stopped": "dim"}
 

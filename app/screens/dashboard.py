@@ -49,10 +49,10 @@ from widgets.action_line import ActionLine
 from widgets.gpu_panel import GpuPanel
 from widgets.group_card import GroupCard
 from widgets.host_panel import HostPanel
-from widgets.nodes_card import NodesCard
 from widgets.inputs import InOrderInput
 from widgets.lists import PageSafeSelect, ProfileList, SessionList
 from widgets.log_view import LogPane, LogView
+from widgets.nodes_card import NodesCard
 from widgets.phase_timeline import PhaseTimeline
 from widgets.serving_line import ServingLine
 from widgets.state_line import StateLine
