@@ -75,7 +75,7 @@ def launch_across_nodes(profile, home=None, resolver=None) -> int:
 
 def _node_check(args: argparse.Namespace) -> int:
     from app.cli import EXIT_BAD_INPUT, CliError
-    from app.cli_server import received_profile
+    from app.cli_profile import received_profile
     from sessions.profiles import ProfileError, load_profile
     from sessions.server.nodes import free_port, node_check_report
 
@@ -85,7 +85,7 @@ def _node_check(args: argparse.Namespace) -> int:
     if not args.profile or not args.dist_init_addr:
         raise CliError("node-check needs PROFILE and --dist-init-addr HOST:PORT", EXIT_BAD_INPUT)
     try:
-        profile = received_profile(args.name) if args.profile == "-" else load_profile(args.profile)
+        profile = received_profile(args.name, "node-check") if args.profile == "-" else load_profile(args.profile)
     except ProfileError as exc:
         raise CliError(str(exc), EXIT_BAD_INPUT) from None
     report = node_check_report(profile, args.node_rank, args.dist_init_addr, args.node_address)

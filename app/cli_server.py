@@ -159,6 +159,7 @@ def _find(ref: str):
 
 def _launch(args: argparse.Namespace) -> int:
     from app.cli import EXIT_BAD_INPUT, CliError
+    from app.cli_profile import received_profile
     from sessions.profiles import ProfileError, load_profile
     from sessions.server import LaunchError, ServerSession
 
@@ -217,27 +218,6 @@ def _launch(args: argparse.Namespace) -> int:
         codes = [_wait_ready(session, args.timeout) for session in sessions]
         return max(codes)
     return 0
-
-
-def received_profile(name: str | None):
-    """``launch -``: the profile TOML on stdin (another host's panel sends it) as ``NAME``; kept as
-    ``<state>/received-profiles/NAME.toml`` so that the session's profile path (restart) is a real file."""
-    from app.cli import EXIT_BAD_INPUT, CliError
-    from sessions.home import atomic_write_text, ensure_private_dir, resolve_home
-    from sessions.profiles import load_profile, parse_profile
-    from sessions.profiles.model import is_profile_name
-
-    if name is None or not is_profile_name(name):
-        raise CliError("launch -: --name NAME must give the profile a usable name "
-                       f"(letters, digits, '.', '_', '-'), got {name!r}", EXIT_BAD_INPUT)
-    text = sys.stdin.read(1024 * 1024 + 1)
-    if len(text) > 1024 * 1024:
-        raise CliError("launch -: the profile on stdin is over 1 MiB", EXIT_BAD_INPUT)
-    parse_profile(text, name=name)  # refuse a bad profile before anything is written
-    folder = ensure_private_dir(resolve_home().state_root / "received-profiles")
-    path = folder / f"{name}.toml"
-    atomic_write_text(path, text)
-    return load_profile(path)
 
 
 def _gpu_list(gpus) -> str:
