@@ -80,6 +80,21 @@ def test_two_node_server_is_one_card_with_a_line_per_node_at_80x24_and_200x50(
                 (tmp_path / "nodes-h3-lost-200x50.txt").write_text(screen_text(app))
                 ssh_hosts.servers["h3"].start()
                 await wait_until(pilot, lambda: "serving" in line_of(card(app), 1), "node 1 back")
+                await wait_until(pilot, lambda: "no answer" not in line_of(card(app), 1) and
+                                 "unreachable" not in card(app), "node 1 answering again")
+
+                ssh_hosts.servers["h3"].pause()  # h3 hangs: node 1's call is out, the card says how long
+                try:
+                    await wait_until(pilot, lambda: "no answer for" in line_of(card(app), 1)
+                                     or "unreachable" in line_of(card(app), 1), "node 1 shown not answering")
+                    assert "ready" in line_of(card(app), 0) and "no answer" not in line_of(card(app), 0)
+                    await pilot.press("2")
+                    await wait_until(pilot, lambda: app.focused is not None and app.focused.id == "sessions",
+                                     "key 2 answered while h3 hangs")
+                finally:
+                    ssh_hosts.servers["h3"].resume()
+                await wait_until(pilot, lambda: "serving" in line_of(card(app), 1) and
+                                 "no answer" not in line_of(card(app), 1), "node 1 answering after the hang")
 
                 stopped = cli(["nodes", "stop", node_id, "--json"], cli_env)
                 assert stopped.returncode == 0, stopped.stderr

@@ -20,6 +20,7 @@ from widgets import units
 _STAGE_STYLE = {"ready": "green", "serving": "green", "joined": "green", "arrived": "yellow", "arriving": "yellow",
                 "not arrived": "yellow", ASKING: "dim", "stopped": "dim", "dead": "bold red",
                 "unreachable": "bold red", "not launched": "yellow"}  # "not launched": also while the launch goes on
+QUIET_AFTER_S = 8.0  # a node unanswered this long (several polls) is said to be so
 _STATE_STYLE = {"ready": "green", "starting": "yellow", "stalled": "bold yellow", "crashed": "bold red",
                 "stopped": "dim"}
 
@@ -81,6 +82,9 @@ def nodes_text(views: tuple[NodesView, ...], wall: float | None = None) -> Text:
                     text.append(f" (last answer {units.duration(wall - asked)} ago)", style="dim")
             elif where == "dead" and v.error:
                 text.append(f"  {v.error.splitlines()[-1][:160]}", style="red")
+            elif status.state != "stopped" and asked is not None and wall - asked > QUIET_AFTER_S:
+                # a hung host: its call is still out (ssh gives up after its keep-alives); say how old this is
+                text.append(f"  (no answer for {units.duration(wall - asked)})", style="yellow")
         if status.state not in ("ready", "stopped") and status.hints:
             text.append(f"\n hint: {status.hints[0]}", style="yellow")
     return text
