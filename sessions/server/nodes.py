@@ -15,8 +15,8 @@ node's server is an ordinary session of that node's home; this module only coord
 * Stop takes node 0 first (the workers wait for its ShutdownReq, docs/sglang-facts.md §10), then the
   workers, then checks that no node's GPUs still hold a process of the session.
 
-The links come from a `NodeResolver`: `sessions.remote.link.SshLink` per host of hosts.toml in the app
-(`app.cli_nodes.node_resolver`), `LocalLink`s with their own homes in some tests.  Every node gets the
+The links come from a `NodeResolver`: `ssh_resolver` (a `sessions.remote.link.SshLink` per host of hosts.toml)
+in the app, `LocalLink`s with their own homes in some tests.  Every node gets the
 profile itself on stdin (``node-check -`` / ``launch - --name NAME``, as `sessions.remote.client` sends a
 profile to its host): a node is another machine with its own home, where a profile name or a path of
 this machine means nothing.
