@@ -19,7 +19,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "the rendezvous port is free (node 0) or reachable (other nodes).  Exit 2 when a check fails.  "
         "--free-port ADDR only prints a free TCP port on ADDR.",
     )
-    p.add_argument("profile", nargs="?", metavar="PROFILE")
+    p.add_argument("profile", nargs="?", metavar="PROFILE",
+                   help="a profile name, a path, or - (its TOML on stdin, with --name: what a multi-node launch sends)")
+    p.add_argument("--name", default=None, metavar="NAME", help="with PROFILE -: the profile's name")
     p.add_argument("--node-rank", type=int, default=0, metavar="R")
     p.add_argument("--dist-init-addr", default=None, metavar="HOST:PORT")
     p.add_argument("--node-address", default="127.0.0.1", metavar="ADDR", help="this node's address")
@@ -41,34 +43,18 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def node_resolver(home):
-    """The links to the hosts of hosts.toml: THE place where the SSH layer (`sessions.remote`) plugs in.
-    A node's address (for the default --dist-init-addr and a worker's bind) is the host part of its ``ssh``
-    target; an ~/.ssh/config alias is used as a name, so give ``dist_init_addr`` when it does not resolve."""
-    import importlib
-
-    from app.cli import CliError
-    from sessions.server.nodes import NodeEndpoint
+    """The hosts of hosts.toml as nodes (`sessions.server.nodes.ssh_resolver`); a bad hosts.toml is bad input."""
+    from app.cli import EXIT_BAD_INPUT, CliError
+    from sessions.remote.hosts import HostsError
+    from sessions.server.nodes import ssh_resolver
 
     try:
-        hosts_module = importlib.import_module("sessions.remote.hosts")
-        link_module = importlib.import_module("sessions.remote.link")
-    except ImportError:
-        raise CliError("multi-node sessions need the SSH layer (sessions.remote, hosts.toml), which this "
-                       "build lacks") from None
-    hosts = hosts_module.load_hosts(home)
-
-    def resolve(name: str) -> NodeEndpoint:
-        if name not in hosts:
-            raise KeyError(f"no host {name!r} in hosts.toml (known: {', '.join(sorted(hosts)) or 'none'})")
-        host = hosts[name]
-        destination, _port = host.destination()
-        address = destination.rpartition("@")[2]
-        return NodeEndpoint(name, address, link_module.SshLink(host, home))
-
-    return resolve
+        return ssh_resolver(home)
+    except HostsError as exc:
+        raise CliError(str(exc), EXIT_BAD_INPUT) from None
 
 
-def launch_across_nodes(profile_ref: str, profile, home=None, resolver=None) -> int:
+def launch_across_nodes(profile, home=None, resolver=None) -> int:
     """``launch`` of a profile with nnodes > 1: preflight every node, launch node 0 then the others."""
     from app.cli import EXIT_BAD_INPUT, CliError
     from sessions.home import resolve_home
@@ -77,7 +63,7 @@ def launch_across_nodes(profile_ref: str, profile, home=None, resolver=None) -> 
     home = home or resolve_home().ensure()
     resolver = resolver or node_resolver(home)
     try:
-        record = launch_nodes(home, profile_ref, profile, resolver,
+        record = launch_nodes(home, profile, resolver,
                               progress=lambda text: print(text, file=sys.stderr, flush=True))
     except NodesError as exc:
         raise CliError(str(exc), EXIT_BAD_INPUT if "refused before" in str(exc) else 1) from None
@@ -89,6 +75,7 @@ def launch_across_nodes(profile_ref: str, profile, home=None, resolver=None) -> 
 
 def _node_check(args: argparse.Namespace) -> int:
     from app.cli import EXIT_BAD_INPUT, CliError
+    from app.cli_profile import received_profile
     from sessions.profiles import ProfileError, load_profile
     from sessions.server.nodes import free_port, node_check_report
 
@@ -98,7 +85,7 @@ def _node_check(args: argparse.Namespace) -> int:
     if not args.profile or not args.dist_init_addr:
         raise CliError("node-check needs PROFILE and --dist-init-addr HOST:PORT", EXIT_BAD_INPUT)
     try:
-        profile = load_profile(args.profile)
+        profile = received_profile(args.name, "node-check") if args.profile == "-" else load_profile(args.profile)
     except ProfileError as exc:
         raise CliError(str(exc), EXIT_BAD_INPUT) from None
     report = node_check_report(profile, args.node_rank, args.dist_init_addr, args.node_address)

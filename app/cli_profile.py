@@ -218,3 +218,25 @@ fault = "none"  # none, hang-after-weights, rank-missing, hang-in-graph-capture,
 # gpu_memory_gb = 2.0  # real GPU memory each rank holds (needs torch and a GPU)
 # gpus = 8  # emulated GPU count
 """
+
+
+def received_profile(name: str | None, command: str = "launch"):
+    """``launch -`` / ``node-check -``: the profile TOML on stdin (another host's panel, or a multi-node
+    launch, sends it) as ``NAME``; kept as ``<state>/received-profiles/NAME.toml`` so that the session's
+    profile path (restart) is a real file."""
+    from app.cli import EXIT_BAD_INPUT, CliError
+    from sessions.home import atomic_write_text, ensure_private_dir, resolve_home
+    from sessions.profiles import load_profile, parse_profile
+    from sessions.profiles.model import is_profile_name
+
+    if name is None or not is_profile_name(name):
+        raise CliError(f"{command} -: --name NAME must give the profile a usable name "
+                       f"(letters, digits, '.', '_', '-'), got {name!r}", EXIT_BAD_INPUT)
+    text = sys.stdin.read(1024 * 1024 + 1)
+    if len(text) > 1024 * 1024:
+        raise CliError(f"{command} -: the profile on stdin is over 1 MiB", EXIT_BAD_INPUT)
+    parse_profile(text, name=name)  # refuse a bad profile before anything is written
+    folder = ensure_private_dir(resolve_home().state_root / "received-profiles")
+    path = folder / f"{name}.toml"
+    atomic_write_text(path, text)
+    return load_profile(path)

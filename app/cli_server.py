@@ -159,11 +159,12 @@ def _find(ref: str):
 
 def _launch(args: argparse.Namespace) -> int:
     from app.cli import EXIT_BAD_INPUT, CliError
+    from app.cli_profile import received_profile
     from sessions.profiles import ProfileError, load_profile
     from sessions.server import LaunchError, ServerSession
 
     try:
-        profile = _received_profile(args.name) if args.profile == "-" else load_profile(args.profile)
+        profile = received_profile(args.name) if args.profile == "-" else load_profile(args.profile)
     except ProfileError as exc:
         raise CliError(_profile_error_text(args.profile, exc), EXIT_BAD_INPUT) from None
     if profile.host is not None and profile.host != "local":
@@ -178,7 +179,7 @@ def _launch(args: argparse.Namespace) -> int:
     if profile.server.nnodes > 1 and args.node_rank is None:
         from app.cli_nodes import launch_across_nodes
 
-        return launch_across_nodes(args.profile, profile)  # one server across nodes (sessions.server.nodes)
+        return launch_across_nodes(profile)  # one server across nodes (sessions.server.nodes)
     if args.node_rank is not None:
         from sessions.server.nodes import node_profile
 
@@ -217,27 +218,6 @@ def _launch(args: argparse.Namespace) -> int:
         codes = [_wait_ready(session, args.timeout) for session in sessions]
         return max(codes)
     return 0
-
-
-def _received_profile(name: str | None):
-    """``launch -``: the profile TOML on stdin (another host's panel sends it) as ``NAME``; kept as
-    ``<state>/received-profiles/NAME.toml`` so that the session's profile path (restart) is a real file."""
-    from app.cli import EXIT_BAD_INPUT, CliError
-    from sessions.home import atomic_write_text, ensure_private_dir, resolve_home
-    from sessions.profiles import load_profile, parse_profile
-    from sessions.profiles.model import is_profile_name
-
-    if name is None or not is_profile_name(name):
-        raise CliError("launch -: --name NAME must give the profile a usable name "
-                       f"(letters, digits, '.', '_', '-'), got {name!r}", EXIT_BAD_INPUT)
-    text = sys.stdin.read(1024 * 1024 + 1)
-    if len(text) > 1024 * 1024:
-        raise CliError("launch -: the profile on stdin is over 1 MiB", EXIT_BAD_INPUT)
-    parse_profile(text, name=name)  # refuse a bad profile before anything is written
-    folder = ensure_private_dir(resolve_home().state_root / "received-profiles")
-    path = folder / f"{name}.toml"
-    atomic_write_text(path, text)
-    return load_profile(path)
 
 
 def _gpu_list(gpus) -> str:

@@ -24,6 +24,7 @@ from sessions.profiles.fields import dp_replicas_of
 from sessions.redaction import Redactor
 from sessions.remote.monitor import HostMonitor, HostView
 from sessions.server import FINAL_STATES, ServerSession, SessionStatus, list_sessions
+from sessions.server.nodes_monitor import NodesMonitor, NodesView
 from sessions.snapshots import LogChunk, ProfileEntry, SessionEntry
 from widgets.state_line import rank_label
 
@@ -68,6 +69,7 @@ class DashboardSnapshot:
     capture_profile: str | None = None
     group: tuple[SessionEntry, ...] = ()  # the selected session's group of replicas, one entry a member
     hosts: tuple[HostView, ...] = ()  # the other hosts of hosts.toml (their monitor's latest views)
+    nodes: tuple[NodesView, ...] = ()  # the servers across nodes (their monitor's latest views)
 
 
 def _entry(s: SessionStatus) -> SessionEntry:
@@ -105,10 +107,12 @@ def _group_of(status: SessionStatus | None, statuses: dict[str, SessionStatus]) 
 class DashboardFeed:
     """Holds the engine objects between polls (a `ServerSession` reads its log incrementally)."""
 
-    def __init__(self, home: Home, gpu_source: GpuSource, hosts: HostMonitor | None = None) -> None:
+    def __init__(self, home: Home, gpu_source: GpuSource, hosts: HostMonitor | None = None,
+                 nodes: NodesMonitor | None = None) -> None:
         self.home = home
         self.gpu_source = gpu_source
         self.hosts = hosts  # never waited on: its threads talk to the hosts, `views()` returns at once
+        self.nodes = nodes  # likewise: a thread per node of each multi-node session
         self._sessions: dict[str, ServerSession] = {}
         self._final: dict[str, tuple[int, SessionStatus]] = {}  # id -> (state.json mtime, status) of ended
         self._profiles: dict[str, tuple[int, ProfileEntry]] = {}
@@ -163,6 +167,7 @@ class DashboardFeed:
             request.selected_profile if capture else None,
             group,
             self.hosts.views() if self.hosts is not None else (),
+            self.nodes.views() if self.nodes is not None else (),
         )
 
     def _capture_status(

@@ -128,6 +128,7 @@ class Eagle3App(TypeAheadApp[int]):
         self._watch_tty = watch_tty
         self.dashboard: DashboardScreen | None = None
         self.host_monitor: Any = None  # sessions.remote.monitor.HostMonitor while hosts.toml names hosts
+        self.nodes_monitor: Any = None  # sessions.server.nodes_monitor.NodesMonitor (multi-node sessions)
         self.keymap_problems: list[str] = []
         self.user_keymap: dict[str, str] = {}
         self.hangup_received = False
@@ -165,7 +166,7 @@ class Eagle3App(TypeAheadApp[int]):
         from app.selection import load_selection
 
         self.dashboard = DashboardScreen(
-            DashboardFeed(self.home, self._gpu_source, self._host_monitor()),
+            DashboardFeed(self.home, self._gpu_source, self._host_monitor(), self._nodes_monitor()),
             demo=self.demo,
             refresh_s=self.refresh_s,
             initial_profile=initial,
@@ -199,6 +200,15 @@ class Eagle3App(TypeAheadApp[int]):
         self.host_monitor = HostMonitor(hosts, self.home).start()
         return self.host_monitor
 
+    def _nodes_monitor(self) -> Any:
+        """The multi-node sessions' monitor: its lister thread looks at <state>/nodes/ and asks each node of
+        a live record over its own link (hosts.toml), never on the UI thread."""
+        from sessions.server.nodes import ssh_resolver
+        from sessions.server.nodes_monitor import NodesMonitor
+
+        self.nodes_monitor = NodesMonitor(self.home, lambda: ssh_resolver(self.home)).start()
+        return self.nodes_monitor
+
     def _handle_exception(self, error: Exception) -> None:
         """Something escaped anyway: keep its traceback in a crash file in the state dir, then let Textual
         end the app as it always does.  `run_tui` tells the user the path; servers and jobs run on."""
@@ -211,6 +221,8 @@ class Eagle3App(TypeAheadApp[int]):
             bench.end_compare()         # what they launched (the process waits for those worker threads)
         if self._gpu_source is not None:
             self._gpu_source.close()
+        if self.nodes_monitor is not None:
+            self.nodes_monitor.close()  # its threads end at their next wait; the nodes' servers run on
         if self.host_monitor is not None:
             self.host_monitor.close()  # its shared ssh connections end; the servers there run on
 

@@ -137,27 +137,13 @@ def two_node_tp4(tmp_path: Path, model_dir: Path, extra: Sequence[str] = (),
 # -- nodes as separate homes on this machine (the SSH layer's stand-in) ----------------------------------
 
 
-CLI_ARGV0 = (sys.executable, "-m", "app")  # our CLI, as sessions.remote.link.LocalLink runs it
-
-
-class LocalLink:
-    """`sessions.server.nodes.HostLink` to a "host" that is this machine with its own ``EAGLE3_TUI_HOME`` (and
+def LocalLink(home_dir: Path, env: dict[str, str] | None = None) -> Any:
+    """`sessions.remote.link.LocalLink` to a "host" that is this machine with its own ``EAGLE3_TUI_HOME`` (and
     any env the host gets, like a hosts.toml ``env``): runs our CLI as real subprocesses."""
+    from sessions.remote.link import LocalLink as Link
 
-    def __init__(self, home_dir: Path, env: dict[str, str] | None = None) -> None:
-        self.env = dict(os.environ) | {"EAGLE3_TUI_HOME": str(home_dir), "PYTHONPATH": str(REPO_ROOT)} | (env or {})
-        self.env.pop("EAGLE3_TUI_DEMO", None)
-
-    def run(self, argv: list[str], timeout_s: float) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([*CLI_ARGV0, *argv], env=self.env, capture_output=True, text=True, timeout=timeout_s,
-                              check=False, stdin=subprocess.DEVNULL)
-
-    def popen(self, argv: list[str]) -> subprocess.Popen[str]:
-        return subprocess.Popen([*CLI_ARGV0, *argv], env=self.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                text=True, stdin=subprocess.DEVNULL)
-
-    def close(self) -> None:
-        return None
+    return Link(env={"EAGLE3_TUI_HOME": str(home_dir), "PYTHONPATH": str(REPO_ROOT), "EAGLE3_TUI_DEMO": ""}
+                | (env or {}))
 
 
 def local_nodes(tmp_path: Path, count: int = 2, envs: Sequence[dict[str, str] | None] = ()) -> dict[str, Any]:

@@ -32,7 +32,7 @@ def cluster(tmp_path: Path, home, small_model_dir: Path):
         path = write_nodes_profile(tmp_path / "two-node.toml", small_model_dir, port, fault=fault,
                                    time_scale=time_scale, **server)
         table = local_nodes(tmp_path, 2, envs)
-        record = launch_nodes(home, str(path), load_profile(path), table.__getitem__)
+        record = launch_nodes(home, load_profile(path), table.__getitem__)
         launched.append((table, record))
         return record, table
 
@@ -128,7 +128,7 @@ def test_preflight_refuses_before_anything_starts(tmp_path: Path, home, small_mo
                                    dist_init_addr=f"127.0.0.1:{rendezvous}")
         table = local_nodes(tmp_path, 2)
         with pytest.raises(NodesError) as caught:
-            launch_nodes(home, str(path), load_profile(path), table.__getitem__)
+            launch_nodes(home, load_profile(path), table.__getitem__)
     message = str(caught.value)
     assert "refused before anything started" in message
     assert f"node 0 (node0): rendezvous 127.0.0.1:{rendezvous}: taken" in message

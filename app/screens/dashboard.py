@@ -52,6 +52,7 @@ from widgets.host_panel import HostPanel
 from widgets.inputs import InOrderInput
 from widgets.lists import PageSafeSelect, ProfileList, SessionList
 from widgets.log_view import LogPane, LogView
+from widgets.nodes_card import NodesCard
 from widgets.phase_timeline import PhaseTimeline
 from widgets.serving_line import ServingLine
 from widgets.state_line import StateLine
@@ -119,6 +120,7 @@ class DashboardScreen(Targeting, TargetActions, LaunchActions, Screen):
     DashboardScreen #capture-slot { height: auto; display: none; border-top: dashed $panel-lighten-2; }
     DashboardScreen #gpu-pane { height: auto; max-height: 12; }
     DashboardScreen #hosts-pane { height: auto; max-height: 10; display: none; }
+    DashboardScreen #nodes-pane { height: auto; max-height: 12; display: none; }
     DashboardScreen #log-pane { height: 1fr; min-height: 5; }
     DashboardScreen #filter-bar { height: auto; display: none; }
     DashboardScreen #filter-bar.-open { display: block; }
@@ -138,6 +140,7 @@ class DashboardScreen(Targeting, TargetActions, LaunchActions, Screen):
     DashboardScreen.-narrow .pane:focus-within { border: none; border-top: heavy $accent; }
     DashboardScreen.-narrow #gpu-pane { max-height: 5; }
     DashboardScreen.-narrow #hosts-pane { max-height: 4; }
+    DashboardScreen.-narrow #nodes-pane { max-height: 5; }
 
     DashboardScreen.-short #capture-slot { max-height: 3; overflow-y: auto; }
     DashboardScreen.-short #log-pane { min-height: 6; }
@@ -194,6 +197,8 @@ class DashboardScreen(Targeting, TargetActions, LaunchActions, Screen):
             yield GpuPanel(id="gpus")
         with VerticalScroll(id="hosts-pane", classes="pane"):  # shown while hosts.toml names hosts
             yield HostPanel(id="hosts")
+        with VerticalScroll(id="nodes-pane", classes="pane"):  # shown while a multi-node session is known
+            yield NodesCard(id="nodes")
         with LogPane(id="log-pane", classes="pane"):
             yield LogView(id="log")
             with Horizontal(id="filter-bar"):
@@ -209,6 +214,7 @@ class DashboardScreen(Targeting, TargetActions, LaunchActions, Screen):
         self.query_one("#status-pane").border_title = "Session"
         self.query_one("#gpu-pane").border_title = "3 GPUs"
         self.query_one("#hosts-pane").border_title = "Other hosts"
+        self.query_one("#nodes-pane").border_title = "Multi-node"
         self._update_log_title()
         self.query_one("#gpu-pane").can_focus = True
         self.query_one(ProfileList).focus()
@@ -329,6 +335,7 @@ class DashboardScreen(Targeting, TargetActions, LaunchActions, Screen):
         gpus.update_snapshot(snapshot.gpu, snapshot.owners)
         self._set_title(self.query_one("#gpu-pane"), f"3 {gpus.title()}" + (" · this host" if snapshot.hosts else ""))
         self._render_hosts(snapshot)
+        self._render_nodes(snapshot)
         log_view = self.query_one(LogView)
         if status is None:
             log_view.show_file(None, "No session yet: select a profile (pane 1) and press l to launch it.")
@@ -352,6 +359,15 @@ class DashboardScreen(Targeting, TargetActions, LaunchActions, Screen):
             self.query_one(HostPanel).update_hosts(snapshot.hosts)
             lost = sum(1 for h in snapshot.hosts if h.state in ("reconnecting", "unreachable", "refused"))
             self._set_title(pane, f"Other hosts · {len(snapshot.hosts)}" + (f" · {lost} not answering" if lost else ""))
+
+    def _render_nodes(self, snapshot: DashboardSnapshot) -> None:
+        """Each server across nodes as one card, a line per node (its monitor's threads ask the nodes)."""
+        pane = self.query_one("#nodes-pane")
+        pane.display = bool(snapshot.nodes)
+        if snapshot.nodes:
+            self.query_one(NodesCard).update_nodes(snapshot.nodes)
+            live = sum(1 for v in snapshot.nodes if v.status.state != "stopped")
+            self._set_title(pane, f"Multi-node · {live} live" + (f" of {len(snapshot.nodes)}" if live != len(snapshot.nodes) else ""))
 
     def _notify_transitions(self, snapshot: DashboardSnapshot) -> None:
         """A toast when a session becomes ready, stalls or crashes (the user may be looking elsewhere)."""

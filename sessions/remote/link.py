@@ -140,6 +140,25 @@ class SshLink:
             return [self.ssh, *options, "-O", master_check, "--", dest]
         return [self.ssh, *options, "--", dest, shlex.join(self.host.remote_argv(argv))]
 
+    def address(self, timeout_s: float = 10.0) -> str:
+        """The host name ssh connects to: ``ssh -G`` (the configuration ssh would use, nothing is
+        contacted) resolves an ~/.ssh/config alias to its ``HostName``; the other machines of a multi-node
+        server reach this host there.  The destination's host part when ssh cannot say."""
+        dest, _port = self.host.destination()
+        fallback = dest.rpartition("@")[2]
+        argv = [self.ssh, *(["-F", os.path.expanduser(self.host.ssh_config)] if self.host.ssh_config else []),
+                "-G", "--", dest]
+        try:
+            result = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, text=True,
+                                    timeout=timeout_s, check=False)
+        except (OSError, subprocess.TimeoutExpired):
+            return fallback
+        for line in result.stdout.splitlines():
+            key, _, value = line.partition(" ")
+            if key.lower() == "hostname" and value.strip():
+                return value.strip()
+        return fallback
+
     def run(self, argv: list[str], timeout_s: float, input: str | None = None) -> subprocess.CompletedProcess[str]:
         # The master that ssh forks for ControlPersist keeps no pipe of ours open (it detaches its stdio),
         # so the wait ends with the command.

@@ -15,8 +15,11 @@ node's server is an ordinary session of that node's home; this module only coord
 * Stop takes node 0 first (the workers wait for its ShutdownReq, docs/sglang-facts.md §10), then the
   workers, then checks that no node's GPUs still hold a process of the session.
 
-The links come from a `NodeResolver`: `sessions.remote` (hosts.toml, SSH) in the app, a local stand-in in
-tests.
+The links come from a `NodeResolver`: `ssh_resolver` (a `sessions.remote.link.SshLink` per host of hosts.toml)
+in the app, `LocalLink`s with their own homes in some tests.  Every node gets the
+profile itself on stdin (``node-check -`` / ``launch - --name NAME``, as `sessions.remote.client` sends a
+profile to its host): a node is another machine with its own home, where a profile name or a path of
+this machine means nothing.
 """
 from __future__ import annotations
 
@@ -28,24 +31,17 @@ import subprocess
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
 from sessions.home import Home, atomic_write_json, read_json
 from sessions.profiles import LaunchProfile
+from sessions.remote.client import launch_argv, profile_text_for_host
+from sessions.remote.link import HostLink
 
 NODES_DIR = "nodes"
 NODE_ID_PREFIX = "n-"
 CALL_TIMEOUT_S = 60.0
 INIT_LINE_RE = re.compile(r"\[[\d\- :.]+ (?:DP\d+ )?TP(?P<rank>\d+)(?: EP\d+)?\] Init parallel (?P<what>begin|ends)")
-
-
-class HostLink(Protocol):
-    """What this module needs of a link to a host (`sessions.remote.link.HostLink` has this shape): ``argv``
-    is our CLI's arguments; the link runs them with that host's eagle3-tui."""
-
-    def run(self, argv: list[str], timeout_s: float) -> subprocess.CompletedProcess[str]: ...
-
-    def close(self) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -56,11 +52,35 @@ class NodeEndpoint:
     address: str
     link: HostLink
 
-    def call(self, args: Sequence[str], timeout_s: float = CALL_TIMEOUT_S) -> subprocess.CompletedProcess[str]:
-        return self.link.run(list(args), timeout_s)
+    def call(self, args: Sequence[str], timeout_s: float = CALL_TIMEOUT_S,
+             input: str | None = None) -> subprocess.CompletedProcess[str]:
+        """Our CLI's ``args`` there (the link puts that host's eagle3-tui in front); ``input`` is its stdin."""
+        return self.link.run(list(args), timeout_s, input=input)
 
 
 NodeResolver = Callable[[str], NodeEndpoint]
+
+
+def ssh_resolver(home: Home) -> NodeResolver:
+    """The hosts of hosts.toml as nodes, each over its `SshLink` (made once per host and resolver).  A
+    node's address (for the default --dist-init-addr and a worker's bind) is the host name ssh itself
+    connects to (`SshLink.address`: an ~/.ssh/config alias's ``HostName``), since the other nodes must reach
+    it there.  `sessions.remote.hosts.HostsError` for a bad hosts.toml; KeyError for an unknown host."""
+    from sessions.remote.hosts import load_hosts
+    from sessions.remote.link import SshLink
+
+    hosts = load_hosts(home)
+    resolved: dict[str, NodeEndpoint] = {}
+
+    def resolve(name: str) -> NodeEndpoint:
+        if name not in resolved:
+            if name not in hosts:
+                raise KeyError(f"no host {name!r} in hosts.toml (known: {', '.join(sorted(hosts)) or 'none'})")
+            link = SshLink(hosts[name], home)
+            resolved[name] = NodeEndpoint(name, link.address(), link)
+        return resolved[name]
+
+    return resolve
 
 
 class NodesError(Exception):
@@ -258,13 +278,14 @@ def resolve_nodes(profile: LaunchProfile, resolver: NodeResolver) -> list[NodeEn
     return endpoints
 
 
-def preflight(profile_ref: str, profile: LaunchProfile, endpoints: list[NodeEndpoint],
+def preflight(profile: LaunchProfile, endpoints: list[NodeEndpoint],
               dist_init_addr: str) -> list[dict]:
     """Every node's node-check report; NodesError listing every node's problem and every mismatch."""
     reports, problems = [], []
+    text = profile_text_for_host(profile)
     for rank, node in enumerate(endpoints):
-        result = node.call(["node-check", profile_ref, "--node-rank", str(rank), "--dist-init-addr",
-                            dist_init_addr, "--node-address", node.address, "--json"])
+        result = node.call(["node-check", "-", "--name", profile.name, "--node-rank", str(rank), "--dist-init-addr",
+                            dist_init_addr, "--node-address", node.address, "--json"], input=text)
         try:
             report = json.loads(result.stdout)
         except ValueError:
@@ -289,20 +310,21 @@ def preflight(profile_ref: str, profile: LaunchProfile, endpoints: list[NodeEndp
     return reports
 
 
-def launch_nodes(home: Home, profile_ref: str, profile: LaunchProfile, resolver: NodeResolver,
+def launch_nodes(home: Home, profile: LaunchProfile, resolver: NodeResolver,
                  progress: Callable[[str], None] = lambda _text: None) -> MultiNodeRecord:
     """Preflight, then ``launch`` on node 0 and on each other node; the record is saved before the first
     node starts (a failure part way leaves a record that `stop_nodes` can clean up)."""
     endpoints = resolve_nodes(profile, resolver)
     dist_init_addr = default_dist_init_addr(profile, endpoints[0])
-    preflight(profile_ref, profile, endpoints, dist_init_addr)
+    preflight(profile, endpoints, dist_init_addr)
     node_id = f"{NODE_ID_PREFIX}{profile.name[:60]}-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(2)}"
     record = MultiNodeRecord(node_id, profile.name, int(profile.server.tp_size), dist_init_addr,
                              [NodeEntry(r, e.name, e.address) for r, e in enumerate(endpoints)])
     record.save(home)
+    text = profile_text_for_host(profile)
     for rank, node in enumerate(endpoints):
-        result = node.call(["launch", profile_ref, "--node-rank", str(rank), "--dist-init-addr", dist_init_addr,
-                            "--node-address", node.address])
+        result = node.call([*launch_argv(profile.name), "--node-rank", str(rank), "--dist-init-addr",
+                            dist_init_addr, "--node-address", node.address], input=text)
         session_id = result.stdout.strip().splitlines()[0] if result.stdout.strip() else ""
         if result.returncode != 0 or not session_id:
             record.save(home)

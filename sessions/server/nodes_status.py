@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from sessions.hints import HintEvidence, match_hints
+from sessions.remote.client import SSH_FAILED, ssh_reason
 from sessions.server.nodes import (
     INIT_LINE_RE,
     MultiNodeRecord,
@@ -83,10 +84,15 @@ def _tp_label(ranks: tuple[int, ...] | range) -> str:
 
 
 def _ask(node: NodeEndpoint, args: list[str]) -> tuple[Any, str | None]:
+    """The node's answer, or why it gave none.  ssh's own exit status (255: it could not connect, or lost
+    the connection) is no answer of our CLI there: the node is unreachable, never "dead" (its server may be
+    serving on)."""
     try:
         result = node.call(args)
     except Exception as exc:  # noqa: BLE001 - an unreachable host is a state of that node
         return None, f"unreachable: {exc}"
+    if result.returncode == SSH_FAILED:
+        return None, f"unreachable: {ssh_reason(result.stderr)}"
     return result, None
 
 

@@ -1,0 +1,106 @@
+"""The multi-node card: each server across nodes as one card, a line per node (issue 26 item 2).
+
+Drawn from the immutable `NodesView`s of `sessions.server.nodes_monitor` (its threads ask the nodes; the
+dashboard's poll only reads them), in the group card's shape: a head line (id, profile, TP over N nodes,
+the verdict that names what holds the start), then per node its host, its TP ranks, where it is
+(not arrived, arrived = waiting at the rendezvous, ready/serving, dead, unreachable) and each rank's
+"Init parallel" arrival: ``✓`` begin and ends, ``…`` begin only (waiting in the rendezvous), ``·`` missing.
+"""
+from __future__ import annotations
+
+import time
+
+from rich.text import Text
+from textual.widgets import Static
+
+from sessions.server.nodes_monitor import ASKING, NodesView
+from sessions.server.nodes_status import NodeView
+from widgets import units
+
+_STAGE_STYLE = {"ready": "green", "serving": "green", "joined": "green", "arrived": "yellow", "arriving": "yellow",
+                "not arrived": "yellow", ASKING: "dim", "stopped": "dim", "dead": "bold red",
+                "unreachable": "bold red", "not launched": "yellow"}  # "not launched": also while the launch goes on
+QUIET_AFTER_S = 8.0  # a node unanswered this long (several polls) is said to be so
+_STATE_STYLE = {"ready": "green", "starting": "yellow", "stalled": "bold yellow", "crashed": "bold red",
+                "stopped": "dim"}
+
+
+def tp_range(ranks: tuple[int, ...]) -> str:
+    if not ranks:
+        return "-"
+    return f"TP{ranks[0]}" if len(ranks) == 1 else f"TP{ranks[0]}–{ranks[-1]}"
+
+
+def stage(view: NodeView, stopped: bool) -> str:
+    """Where one node is: what the line says after its ranks."""
+    if view.state == ASKING:
+        return ASKING
+    if view.session_id is None:
+        return "not launched"
+    if not view.reachable:
+        return "unreachable"
+    if not view.alive:
+        return "stopped" if stopped else "dead"
+    if view.ranks and all(r in view.ended for r in view.ranks):
+        return view.state if view.state in ("ready", "serving") else "joined"
+    if view.ranks and all(r in view.begun for r in view.ranks):
+        return "arrived"
+    return "arriving" if view.begun else "not arrived"
+
+
+def rank_cells(view: NodeView) -> str:
+    return " ".join(f"TP{r}{'✓' if r in view.ended else '…' if r in view.begun else '·'}" for r in view.ranks)
+
+
+def nodes_text(views: tuple[NodesView, ...], wall: float | None = None) -> Text:
+    wall = time.time() if wall is None else wall
+    text = Text(no_wrap=True, overflow="ellipsis")
+    for i, nv in enumerate(views):
+        status = nv.status
+        if i:
+            text.append("\n")
+        text.append(nv.node_id, style="bold")
+        text.append(f" {nv.profile} · TP{nv.tp_size} over {len(nv.nodes)} nodes · ", style="dim")
+        text.append(status.state, style=_STATE_STYLE.get(status.state, "bold"))
+        verdict = status.verdict.removeprefix(f"{status.state}: ")  # "ready: node 0 serves": said once
+        if verdict and verdict != status.state:
+            text.append(f" · {verdict}")
+        width = max((len(v.host) for v in nv.nodes), default=4)
+        for v, asked in zip(nv.nodes, nv.asked_at, strict=True):
+            where = stage(v, status.state == "stopped")
+            arrived = sum(1 for r in v.ranks if r in v.begun)
+            through = sum(1 for r in v.ranks if r in v.ended)
+            text.append(f"\n node {v.rank} ")
+            text.append(f"{v.host:<{width}}", style="bold")
+            text.append(f"  {tp_range(v.ranks):<7} ")
+            text.append(f"{where:<11}", style=_STAGE_STYLE.get(where, "bold"))
+            text.append(f" begin {arrived}/{len(v.ranks)} ends {through}/{len(v.ranks)}  ", style="dim")
+            text.append(rank_cells(v))
+            if where == "unreachable":
+                text.append(f"  {(v.error or '').removeprefix('unreachable: ')}", style="red")
+                if asked is not None:
+                    text.append(f" (last answer {units.duration(wall - asked)} ago)", style="dim")
+            elif where == "dead" and v.error:
+                text.append(f"  {v.error.splitlines()[-1][:160]}", style="red")
+            elif status.state != "stopped" and asked is not None and wall - asked > QUIET_AFTER_S:
+                # a hung host: its call is still out (ssh gives up after its keep-alives); say how old this is
+                text.append(f"  (no answer for {units.duration(wall - asked)})", style="yellow")
+        if status.state not in ("ready", "stopped") and status.hints:
+            text.append(f"\n hint: {status.hints[0]}", style="yellow")
+    return text
+
+
+class NodesCard(Static):
+    DEFAULT_CSS = "NodesCard { height: auto; text-wrap: nowrap; text-overflow: ellipsis; }"
+
+    def __init__(self, *, id: str | None = None) -> None:
+        super().__init__(id=id)
+        self.views: tuple[NodesView, ...] = ()
+        self.shown = Text()  # what the card draws now (tests read it)
+
+    def update_nodes(self, views: tuple[NodesView, ...]) -> None:
+        self.views = views
+        shown = nodes_text(views)
+        if shown.plain != self.shown.plain:
+            self.shown = shown
+            self.update(shown)
