@@ -189,7 +189,9 @@ class LaunchedSessions:
         from sessions import probes
         from sessions.server import SESSION_ENV
 
-        for session in self.sessions:
+        # Newest first: a test that kills a server and starts another on its port leaves the old sessions'
+        # port held by the newest one, and each old stop() would wait its 2 s for that port to free.
+        for session in reversed(self.sessions):
             try:
                 self.remember(session)
                 session.stop(grace_s=5.0)

@@ -6,6 +6,7 @@ import http.server
 import json
 import os
 import shutil
+import subprocess
 import threading
 from pathlib import Path
 from typing import ClassVar
@@ -105,30 +106,74 @@ class _Answers(http.server.BaseHTTPRequestHandler):
         pass
 
 
-@pytest.mark.parametrize(("body", "why"), [
+# Each hostile answer is given to the sample whose prompt has its length (build_output: sample i has 4 + i
+# tokens), so one output and one `extract verify --against-http 6` (one CLI start, not six) check them all;
+# each case below still asserts on its own sample's comparison.
+HOSTILE_ANSWERS = [
     (b"[1]", "is a number, not an object"),
     (b"[" * 100_000 + b"]" * 100_000, "nested deeper"),
     (b'{"meta_info": {"hidden_states": [[[NaN, 1.0]]]}}', "not a finite number"),
     (b'{"meta_info": {"hidden_states": [[[1.0, 2.0], [1.0]]]}}', "not a matrix of numbers"),
     (b'{"meta_info": {"hidden_states": [[["a", "b"]]]}}', "not a matrix of numbers"),
     (b'{"meta_info": {"hidden_states": [[[' + b"1.0," * 2_000_000 + b'1.0]]]}}', "cap"),
-])
-def test_a_hostile_generate_answer_is_a_mismatch_with_its_reason(home, cli_env, tmp_path: Path, body: bytes,
-                                                                 why: str) -> None:
-    """adv22: ``--against-http`` read /generate with httpx (no size cap, 600 s per read) and ``.json()``: a
-    non-object answer raised AttributeError, a deep one RecursionError, ragged rows ValueError."""
-    out = build_output(tmp_path, count=1)
+]
+
+
+class _Answers(http.server.BaseHTTPRequestHandler):
+    """Answers each POST with the hostile body planted for its prompt's length."""
+
+    bodies: ClassVar[dict[int, bytes]] = {}
+
+    def do_POST(self) -> None:
+        request = json.loads(self.rfile.read(int(self.headers.get("Content-Length") or 0)))
+        body = self.bodies[len(request["input_ids"])]
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@pytest.fixture(scope="module")
+def hostile_verify(tmp_path_factory: pytest.TempPathFactory) -> tuple[subprocess.CompletedProcess, dict, Path]:
+    """One output of one sample per hostile answer, verified once against a server giving each its answer."""
+    from conftest import REPO_ROOT
+
+    from sessions.home import HOME_ENV, resolve_home
+
+    root = tmp_path_factory.mktemp("hostile")
+    env = {**os.environ, HOME_ENV: str(root / "eagle3-home"),
+           "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH", "")]))}
+    env.pop("EAGLE3_TUI_DEMO", None)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv(HOME_ENV, env[HOME_ENV])
+        resolve_home().ensure()
+    out = build_output(root, count=len(HOSTILE_ANSWERS))
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Answers)
-    _Answers.bodies[server.server_address[1]] = body
+    _Answers.bodies.update({4 + index: body for index, (body, _) in enumerate(HOSTILE_ANSWERS)})
     threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
     try:
-        result = run_cli(["extract", "verify", str(out), "--json", "--against-http", "1", "--server-url",
-                          f"http://127.0.0.1:{server.server_address[1]}"], cli_env)
+        result = run_cli(["extract", "verify", str(out), "--json", "--against-http", str(len(HOSTILE_ANSWERS)),
+                          "--server-url", f"http://127.0.0.1:{server.server_address[1]}"], env)
     finally:
         server.shutdown()
         server.server_close()
+    checks = {c["path"]: c for c in json.loads(result.stdout)["http"]} if result.stdout else {}
+    return result, checks, out
+
+
+@pytest.mark.parametrize(("body", "why"), HOSTILE_ANSWERS)
+def test_a_hostile_generate_answer_is_a_mismatch_with_its_reason(hostile_verify, body: bytes, why: str) -> None:
+    """adv22: ``--against-http`` read /generate with httpx (no size cap, 600 s per read) and ``.json()``: a
+    non-object answer raised AttributeError, a deep one RecursionError, ragged rows ValueError."""
+    result, checks, out = hostile_verify
     assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr
-    (check,) = json.loads(result.stdout)["http"]
+    assert len(checks) == len(HOSTILE_ANSWERS), checks
+    entries, _ = OutputDir(out).read_manifest()
+    check = checks[entries[HOSTILE_ANSWERS.index((body, why))].path]
     assert not check["ok"] and why in check["note"], check
 
 
