@@ -178,23 +178,24 @@ class ChecksumWriter:
         if self._pending:
             self.needs_reread = True
         if self.needs_reread:
-            crc = 0
-            with open(path, "rb") as fh:
-                while chunk := fh.read(1 << 22):
-                    crc = zlib.crc32(chunk, crc)
-            self.crc = crc
+            self.crc = _crc32_of(path)
         return self.crc
 
     def flush(self) -> None:
         self._fh.flush()
 
 
-def file_crc32(path: Path) -> str:
+def _crc32_of(path: Path) -> int:
+    """crc32 of the whole file, read through safe_files (a link or a FIFO in its place is refused)."""
     crc = 0
     with safe_files.open_file(path, safe_files.OUTPUT_DATA) as fh:
         while chunk := fh.read(1 << 22):
             crc = zlib.crc32(chunk, crc)
-    return f"crc32:{crc:08x}"
+    return crc
+
+
+def file_crc32(path: Path) -> str:
+    return f"crc32:{_crc32_of(path):08x}"
 
 
 class OutputDir:
