@@ -45,6 +45,12 @@ def register(subparsers: Any) -> None:
              "comma-separated) instead of the spec's server_url/session/servers: one shared queue of samples, "
              "each server with its own window of requests")
     actions["resume"].add_argument("--allow-partial", action="store_true", help=allow_partial)
+    from app.cli_hosts import add_host_option
+
+    # A server across nodes writes its captures on node 0's host (sessions.extraction.nodes): its job runs
+    # there, and is followed there, with --host NODE0.
+    for name in ("run", "status", "pause", "resume", "cancel"):
+        add_host_option(actions[name])
 
     verify = sub.add_parser("verify", help="check every file of an output dir")
     verify.add_argument("output_dir")
@@ -58,6 +64,7 @@ def register(subparsers: Any) -> None:
                         help="--lm-head-check fails below this agreement (default 0.5)")
     verify.add_argument("--json", action="store_true", help="machine-readable report")
     verify.set_defaults(func=_verify)
+    add_host_option(verify)
 
 
 # The job subcommands below are the same for both kinds of job (`extract`, `regenerate`), since both are
@@ -68,7 +75,7 @@ Handler = Callable[[argparse.Namespace], int]
 def add_job_commands(sub: Any, spec_help: str, status_help: str, every_job: str, run: Handler, status: Handler,
                      actions: Sequence[tuple[str, str, Handler]]) -> dict[str, argparse.ArgumentParser]:
     """Add ``run SPEC``, ``status [JOB] [--json]`` and one ``NAME JOB`` parser per action to ``sub``; the
-    run and action parsers by name, for a kind's own flags."""
+    run, status and action parsers by name, for a kind's own flags."""
     run_parser = sub.add_parser("run", help="start a job detached; prints its job id")
     run_parser.add_argument("spec", help=spec_help)
     run_parser.set_defaults(func=run)
@@ -76,7 +83,7 @@ def add_job_commands(sub: Any, spec_help: str, status_help: str, every_job: str,
     status_parser.add_argument("job", nargs="?", help=f"job id (default: {every_job})")
     status_parser.add_argument("--json", action="store_true", help="machine-readable output")
     status_parser.set_defaults(func=status)
-    parsers = {"run": run_parser}
+    parsers = {"run": run_parser, "status": status_parser}
     for name, helptext, func in actions:
         action = sub.add_parser(name, help=helptext)
         action.add_argument("job", help="job id")

@@ -107,9 +107,17 @@ def resolve_spec(spec: JobSpec, home: Home) -> JobSpec:
         session = ServerSession.load(spec.session, home)
         profile = session.profile
     except SessionNotFound as exc:
-        raise JobError(f"job.session: {exc}", code=2) from None
+        from sessions.extraction.nodes import multi_node_refusal
+
+        across = multi_node_refusal(spec.session, home)  # the id of a server across nodes: not here
+        raise JobError(f"job.session: {across or exc}", code=2) from None
     except Exception as exc:  # noqa: BLE001 - a damaged session folder: say which
         raise JobError(f"job.session: cannot read session {spec.session}: {exc}", code=2) from None
+    from sessions.extraction.nodes import worker_node_refusal
+
+    worker = worker_node_refusal(spec.session, int(profile.server.tp_size), profile.server.extra_args)
+    if worker:  # a worker node of a server across nodes: its ranks write nothing, so nothing would come
+        raise JobError(f"job.session: {worker}", code=2)
     capture = profile.capture
     if not capture.enabled:
         raise JobError(f"job.session: session {spec.session} runs profile {profile.name!r} with capture "
