@@ -9,6 +9,7 @@ with ``extract verify``, and that both replicas served and dumped.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 from pathlib import Path
@@ -41,8 +42,16 @@ def test_a_job_against_a_dp2_server_collects_every_sample_from_both_replicas(
     session = launched.launch(profile)
     wait_for(lambda: session.status().state == "ready", "server ready", 180)
     log_path = Path(session.status().log_path)
-    capture_lines = re.findall(r"^\[[^\]]* (DP\d)\] eagle3-capture active: ", log_path.read_text(), re.MULTILINE)
-    assert sorted(capture_lines) == ["DP0", "DP1"]  # each replica's TP0 is a writing rank
+
+    def capture_lines() -> list[str]:
+        return sorted(m.group(1) for line in _log_lines(log_path)
+                      if (m := re.match(r"\[[^\]]* (DP\d)\] eagle3-capture active: ", line)))
+
+    # Each replica's line is written by its own scheduler process; the second may reach the file a moment
+    # after the server reads ready (seen once on CI), so wait for both, then check there are exactly two.
+    with contextlib.suppress(AssertionError, TimeoutError):
+        wait_for(lambda: len(capture_lines()) >= 2, "both replicas' capture lines", 60)
+    assert capture_lines() == ["DP0", "DP1"], [ln for ln in _log_lines(log_path) if "capture" in ln]  # each replica's TP0 writes
 
     tokenizer = AutoTokenizer.from_pretrained(demo_model, local_files_only=True)
     rows = []
@@ -79,6 +88,13 @@ def test_a_job_against_a_dp2_server_collects_every_sample_from_both_replicas(
 
 def _prefills(log_path: Path) -> dict[str, int]:
     counts: dict[str, int] = {}
-    for dp in re.findall(r"^\[[^\]]* (DP\d)\] Prefill batch", log_path.read_text(), re.MULTILINE):
-        counts[dp] = counts.get(dp, 0) + 1
+    for line in _log_lines(log_path):
+        if m := re.match(r"\[[^\]]* (DP\d)\] Prefill batch", line):
+            counts[m.group(1)] = counts.get(m.group(1), 0) + 1
     return counts
+
+
+def _log_lines(log_path: Path) -> list[str]:
+    """The log's lines as a terminal shows them: a progress bar's ``\r`` (tqdm, another rank's) ends a line
+    too, so a line that another process's bar ran into is still found at its start."""
+    return re.split(r"\r\n|\r|\n", log_path.read_text(errors="replace"))

@@ -168,6 +168,7 @@ def test_no_eta_unless_running(tmp_path: Path) -> None:
     run.pause_reasons, run.reason = {}, None
     run.carried, run.counted = {}, True  # a first run: nothing carried over from an earlier one
     run.storage = None  # no storage estimate made
+    run.scheduler = None  # a one-server job: no scheduler over servers
     for state, expect_eta in (("running", True), ("cancelled", False), ("failed", False), ("done", False)):
         run.state = state
         assert (run.snapshot()["eta_s"] is not None) is expect_eta, state
