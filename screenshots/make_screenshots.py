@@ -263,6 +263,7 @@ async def scenario(out: Path, sizes: list[tuple[int, int]]) -> list[Path]:
             await pilot.press("escape")
         if capture_demo and JobsScreen is not None:
             await capture_and_jobs(app, pilot, shot, JobsScreen)
+            await replicas_job(app, pilot, shot, JobsScreen)
         await pilot.press("q")
     return shot.made
 
@@ -327,6 +328,137 @@ async def capture_and_jobs(app, pilot, shot: Shooter, jobs_screen) -> None:
     await shot.wait(lambda: app.screen is app.dashboard, "back on the dashboard")
 
 
+REPLICAS_PROFILE = "tiny-llama-replicas"
+REPLICAS = 4
+
+
+def free_port_run(count: int) -> int:
+    """A base port with ``count`` free ports from it (a group's replica i listens on base + i), below Linux's
+    ephemeral range (32768-60999): a port from there may be a client connection's by the time replica i
+    binds it."""
+    import random
+
+    from sessions import probes
+
+    for _ in range(50):
+        base = random.randrange(20000, 32000)
+        if base + count <= 65535 and all(probes.port_free("127.0.0.1", base + i) for i in range(count)):
+            return base
+    raise SystemExit(f"make_screenshots: found no {count} free ports in a row")
+
+
+async def replicas_job(app, pilot, shot: Shooter, jobs_screen) -> None:
+    """Issue 24: the tiny model as a group of four replicas (``[server] replicas = 4``, capture on), then one
+    extraction job over the group (``servers = [GROUP]``): the jobs screen with a row per server, the ETA
+    and the storage estimate, shot while the job runs."""
+    from dataclasses import replace
+
+    from textual.widgets import Input
+
+    from sessions.demo import CAPTURE_PROFILE, DEMO_DATASET_NAME, demo_root, tiny_model_dir
+    from sessions.extraction.progress import list_jobs
+    from sessions.profiles import load_profile, save_profile
+    from sessions.server import group_members, list_sessions
+    from widgets.confirm_modal import ConfirmModal
+    from widgets.lists import ProfileList
+
+    home = app.home
+    for session in list_sessions(home):  # the four replicas take emulated GPUs 0-3
+        if session.is_alive():
+            await asyncio.to_thread(session.stop, grace_s=10.0)
+    # The prefill is modelled slower than the tiny model's real forwards, so the job runs long enough to be
+    # shot mid-way at both sizes; the servers are otherwise the capture demo's own.
+    capture = load_profile(CAPTURE_PROFILE, home)
+    profile = replace(capture.with_changes(server={"port": free_port_run(REPLICAS), "replicas": REPLICAS,
+                                                   "extra_args": ["--emulate-prefill-tokens-per-s", "300"]}),
+                      name=REPLICAS_PROFILE, path=None)
+    save_profile(profile, home=home)
+
+    await shot.wait(lambda: app.screen is app.dashboard, "the dashboard")
+    await pilot.press("1", "home")
+    profiles = app.screen.query_one(ProfileList)
+    await shot.wait(lambda: any(o.id == REPLICAS_PROFILE for o in profiles.options), "the profile listed", 30)
+    for _ in range(30):
+        if profiles.highlighted_id == REPLICAS_PROFILE:
+            break
+        await pilot.press("down")
+    if profiles.highlighted_id != REPLICAS_PROFILE:
+        raise SystemExit(f"make_screenshots: profile {REPLICAS_PROFILE} not found in the list")
+    await pilot.press("l")
+    await shot.polls(1)
+    if isinstance(app.screen, ConfirmModal):
+        await pilot.press("y")
+
+    def group() -> list:
+        ids = {s.group.group_id for s in list_sessions(home)
+               if s.group is not None and s.profile_name == REPLICAS_PROFILE}
+        return group_members(max(ids), home) if ids else []  # the newest group (the ids start with a time)
+
+    def ready() -> bool:
+        states = [m.status().state for m in group()]
+        if any(state in ("crashed", "stopped") for state in states):
+            raise SystemExit(f"make_screenshots: a replica ended before ready: {states}")
+        return len(states) == REPLICAS and all(state == "ready" for state in states)
+
+    await shot.wait(ready, "the four replicas ready", limit_s=300)
+    await shot.polls(2)
+    await shot.shoot("dashboard-replicas")
+    group_id = group()[0].group.group_id
+    spec = home.config_root / "jobs" / "demo-replicas.toml"
+    spec.write_text(
+        "# The demo dataset over the four replicas of tiny-llama-replicas (one shared queue of samples).\n"
+        "[job]\n"
+        'name = "demo-replicas"\n'
+        f'servers = ["{group_id}"]\n'
+        f'model_path = "{tiny_model_dir(home)}"\n'
+        f'dataset = "{demo_root(home) / "datasets" / DEMO_DATASET_NAME}"\n'
+        f'output_dir = "{demo_root(home) / "output" / "demo-replicas"}"\n'
+        "max_length = 1024\n"
+        "concurrency = 4\n")
+
+    await pilot.press("x", "n")
+    await shot.wait(lambda: not isinstance(app.screen, jobs_screen), "the spec prompt")
+    await pilot.pause(0.3)
+    app.screen.query_one("#spec-path", Input).value = str(spec)
+    await pilot.press("enter")
+    await shot.wait(lambda: isinstance(app.screen, jobs_screen), "back on the jobs screen")
+    jobs = app.screen
+
+    def running() -> bool:
+        job = next((j for j in jobs.jobs if j.name == "demo-replicas"), None)
+        return bool(job and job.state == "running" and len(job.servers or []) == REPLICAS
+                    and all(row.get("done") for row in job.servers) and job.eta_s is not None)
+
+    await shot.wait(running, "the job under way on all four servers", 180)
+    await pilot.pause(1.5)
+    await shot.shoot("jobs-replicas")
+    for job in list_jobs(home):
+        if job.name == "demo-replicas":
+            print(f"  job {job.job_id}: {job.state} {job.done}/{job.total}", file=sys.stderr)
+    await pilot.press("escape")
+    await shot.wait(lambda: app.screen is app.dashboard, "back on the dashboard")
+
+
+async def replicas_scenario(out: Path, sizes: list[tuple[int, int]]) -> list[Path]:
+    """Only the replicas scene (``--scene replicas``), on a fresh demo home."""
+    from app.screens.jobs import JobsScreen
+    from app.tui import Eagle3App
+    from sessions.demo import CAPTURE_PROFILE, capture_demo_missing, ensure_demo_home
+    from sessions.home import resolve_home
+
+    home = ensure_demo_home(resolve_home(demo=True))
+    if not (home.profiles_dir / f"{CAPTURE_PROFILE}.toml").is_file():
+        raise SystemExit(f"make_screenshots: the replicas scene needs the capture demo: {capture_demo_missing()}")
+    app = Eagle3App(home, demo=True, refresh_s=0.5)
+    base = max(sizes)
+    async with app.run_test(size=base) as pilot:
+        shot = Shooter(app, pilot, out, sizes, base)
+        await shot.wait(lambda: app.dashboard is not None and app.dashboard.poll_count >= 1, "the first poll")
+        await replicas_job(app, pilot, shot, JobsScreen)
+        await pilot.press("q")
+    return shot.made
+
+
 def stop_everything(home_root: str) -> None:
     from sessions.home import resolve_home
     from sessions.server import list_sessions
@@ -351,6 +483,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--out", type=Path, default=REPO_ROOT / "screenshots")
     parser.add_argument("--sizes", default="80x24,200x50", help="comma-separated COLSxROWS")
+    parser.add_argument("--scene", choices=("all", "replicas"), default="all",
+                        help="replicas: only the job over four replicas (jobs-replicas-*, dashboard-replicas-*)")
     args = parser.parse_args(argv)
     sizes = [tuple(int(v) for v in size.split("x")) for size in args.sizes.split(",")]
     args.out.mkdir(parents=True, exist_ok=True)
@@ -359,7 +493,7 @@ def main(argv: list[str] | None = None) -> int:
         os.environ["EAGLE3_TUI_DEMO"] = "1"
         os.environ.setdefault("TZ", "UTC")
         try:
-            made = asyncio.run(scenario(args.out, sizes))
+            made = asyncio.run((replicas_scenario if args.scene == "replicas" else scenario)(args.out, sizes))
         finally:
             stop_everything(root)
     print(f"{len(made)} files in {args.out}", file=sys.stderr)

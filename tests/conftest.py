@@ -288,3 +288,35 @@ def ssh_hosts(tmp_path: Path, home):
         yield hosts.start()
     finally:
         hosts.stop()
+
+
+@pytest.fixture
+def models(tmp_path: Path) -> dict[str, Path]:
+    """Config-only model dirs for the emulator tests (tests/_emulator_support.py): Kimi-like, small, and
+    Kimi-K2.5's nested config."""
+    from _emulator_support import write_model_dir
+
+    kimi_k25 = {
+        "architectures": ["KimiK25ForConditionalGeneration"],
+        "model_type": "kimi_k25",
+        "text_config": {k: v for k, v in KIMI_LIKE_CONFIG.items() if k != "architectures"},
+        "vision_config": {"model_type": "moonvit", "hidden_size": 1152},
+    }
+    return {
+        "kimi": write_model_dir(tmp_path / "models", "kimi-like", KIMI_LIKE_CONFIG),
+        "small": write_model_dir(tmp_path / "models", "small", SMALL_CONFIG),
+        "kimi_k25": write_model_dir(tmp_path / "models", "kimi-k25", kimi_k25),
+    }
+
+
+@pytest.fixture
+def emulators():
+    """The `Emulator`s a test appends here are killed (by pid) at its teardown."""
+    from _emulator_support import Emulator
+
+    started: list[Emulator] = []
+    try:
+        yield started
+    finally:
+        for emulator in started:
+            emulator.kill()

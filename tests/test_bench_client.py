@@ -14,7 +14,7 @@ from typing import Any
 
 import httpx
 import pytest
-from test_emulator import Emulator, models  # noqa: F401 - models is a fixture
+from _emulator_support import Emulator
 
 from sessions.bench.client import send_request
 from sessions.bench.prompts import random_id_prompts
@@ -24,7 +24,7 @@ PREFILL_SEQS = re.compile(r"Prefill batch, #new-seq: (\d+),")
 
 
 @pytest.fixture
-def slow_server(tmp_path, models):  # noqa: F811
+def slow_server(tmp_path, models):
     # 25 tok/s: every forward lasts at least 40 ms, the window in which a wave's requests must all arrive
     # to share the next prefill forward (at 20 ms a loaded 2-core CI machine spread a wave over three).
     emu = Emulator(tmp_path / "run", models["small"], "--emulate-decode-tokens-per-s", "25", tp=2)

@@ -19,8 +19,8 @@ import sys
 from pathlib import Path
 
 import pytest
+from _emulator_support import Emulator, http, http_json
 from conftest import get_free_port
-from test_emulator import Emulator, http, http_json
 
 from sessions.bench.compare import break_even, compare_results, verdict
 from sessions.emulator.spec_decode import SpecDecoding, chain_mean, solve_chain_p

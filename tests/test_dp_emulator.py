@@ -18,8 +18,8 @@ from pathlib import Path
 
 import psutil
 import pytest
+from _emulator_support import LINE_RE, REPO_ROOT, Emulator, http, wait_until, write_model_dir
 from conftest import SMALL_CONFIG
-from test_emulator import LINE_RE, REPO_ROOT, Emulator, http, wait_until, write_model_dir
 
 PREFILL = "Prefill batch, #new-seq: 1"
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import openai
 import pytest
-from test_emulator import Emulator, http, http_json
+from _emulator_support import Emulator, http, http_json
 
 MESSAGES = [{"role": "system", "content": "You are brief."},
             {"role": "user", "content": "What is the capital city of France?"}]

@@ -9,7 +9,7 @@ import re
 import time
 
 import pytest
-from test_emulator import Emulator, http, http_json, models  # noqa: F401 - models is a fixture
+from _emulator_support import Emulator, http, http_json
 
 from sessions.bench.metrics import calculate_metrics
 from sessions.bench.prompts import random_id_prompts
@@ -33,7 +33,7 @@ META_KEYS = ["id", "finish_reason", "prompt_tokens", "weight_version", "num_retr
 
 
 @pytest.fixture
-def served(tmp_path, models):  # noqa: F811
+def served(tmp_path, models):
     emu = Emulator(tmp_path / "run", models["small"], "--enable-metrics", "--decode-log-interval", "10",
                    "--emulate-decode-tokens-per-s", "100", tp=2)
     try:
@@ -164,7 +164,7 @@ def test_streaming_client_that_goes_away_is_aborted(served):
                     break
 
     asyncio.run(go())
-    from test_emulator import wait_until
+    from _emulator_support import wait_until
 
     wait_until(lambda: "Client disconnected" in served.stderr, 30, "the disconnect is logged")
     # the server keeps serving others
@@ -173,7 +173,7 @@ def test_streaming_client_that_goes_away_is_aborted(served):
     assert status == 200 and len(whole["output_ids"]) == 2
 
 
-def test_abort_request_answers_the_waiting_client_queued_or_running(tmp_path, models):  # noqa: F811
+def test_abort_request_answers_the_waiting_client_queued_or_running(tmp_path, models):
     """/abort_request (scheduler.py:5675-5812): the rid of a request in flight, or abort_all; a queued
     request is answered at once with "Abort in waiting queue" and no tokens, a running one after one more
     forward with what it has; either way the waiting client gets a 200 whose finish_reason is abort."""

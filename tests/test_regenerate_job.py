@@ -11,8 +11,8 @@ from pathlib import Path
 
 import openai
 import pytest
+from _emulator_support import Emulator
 from _extract_support import run_cli, run_job_to_end, start_job, stop_job, wait_for, wait_state, write_spec
-from test_emulator import Emulator, models  # noqa: F401 - models is a fixture
 
 from sessions.extraction.job import job_status
 from sessions.regeneration.rows import output_problem
@@ -203,7 +203,7 @@ def test_a_bad_spec_names_the_key_and_its_line(home, cli_env, tmp_path) -> None:
 
 
 def test_rows_are_shared_over_several_servers_with_a_line_each_and_a_dead_one_left_out(
-        home, cli_env, tmp_path, models) -> None:  # noqa: F811
+        home, cli_env, tmp_path, models) -> None:
     from _extract_support import free_port
 
     emus = [Emulator(tmp_path / f"run{i}", models["small"], "--served-model-name", "small", tp=1) for i in (0, 1)]

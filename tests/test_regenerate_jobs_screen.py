@@ -9,16 +9,16 @@ import os
 import signal
 from pathlib import Path
 
+from _emulator_support import Emulator
 from _extract_support import stop_job, write_spec
 from _tui_support import wait_until
-from test_emulator import Emulator, models  # noqa: F401 - models is a fixture
 from test_extract_jobs_screen import _JobsApp
 
 from app.screens.jobs import JobRow, JobsScreen
 
 
 def test_a_regeneration_job_in_the_jobs_screen_shows_its_data_and_resumes_after_kill_9(
-        home, tmp_path: Path, models) -> None:  # noqa: F811
+        home, tmp_path: Path, models) -> None:
     emu = Emulator(tmp_path / "run", models["small"], "--served-model-name", "small", tp=1)
     try:
         emu.wait_ready()

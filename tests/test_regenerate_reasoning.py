@@ -13,8 +13,8 @@ from pathlib import Path
 
 import openai
 import pytest
+from _emulator_support import Emulator
 from _extract_support import run_job_to_end, write_spec
-from test_emulator import Emulator, models  # noqa: F401 - models is a fixture
 from test_emulator_openai import demo_model, server  # noqa: F401 - fixtures
 
 from sessions.regeneration.rows import has_think_marker, output_problem
@@ -47,7 +47,7 @@ def test_reasoning_disable_reaches_the_chat_template(home, cli_env, server, tmp_
 
 
 @pytest.fixture
-def thinking_server(tmp_path: Path, models):  # noqa: F811
+def thinking_server(tmp_path: Path, models):
     """A config-only model served with ``--reasoning-parser qwen3`` by a backend that thinks first (Qwen3's
     answer shape: ``<think>``, a thought, ``</think>``, the answer)."""
     emu = Emulator(tmp_path / "run", models["small"], "--served-model-name", "small", "--reasoning-parser", "qwen3",
@@ -122,7 +122,7 @@ def test_reasoning_save_keeps_the_reasoning_content_in_every_assistant_turn(
 
 
 def test_reasoning_save_puts_a_row_without_reasoning_in_the_error_file_as_specforge_does(
-        home, cli_env, tmp_path, models) -> None:  # noqa: F811
+        home, cli_env, tmp_path, models) -> None:
     emu = Emulator(tmp_path / "run", models["small"], "--served-model-name", "small", tp=1)  # does not think
     try:
         emu.wait_ready()

@@ -11,6 +11,7 @@ worker; the UI thread only asks and draws.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
@@ -63,6 +64,24 @@ class TargetActions:
         self.notify(message, title=what, severity="error", timeout=15)
         self.post_message(ActionFailed(what, message))
 
+    def run_action(self, name: str, work: Callable[..., None], *args: Any) -> None:
+        """How every dashboard action runs (this mixin's and `LaunchActions`'): ``work(*args)`` in a thread
+        worker of the ``action`` group, off the UI thread; ``work`` reports its own failures
+        (`report_failure`), so a worker error never ends the app."""
+        self.run_worker(partial(work, *args), name=name, group="action", thread=True, exit_on_error=False)
+
+    def ask_then_run(self, question: str, detail: str, name: str, work: Callable[..., None], *args: Any,
+                     notice: str | None = None) -> None:
+        """Ask ``question`` (y/N, ``detail`` below it); on yes, say ``notice`` (when given) and `run_action`."""
+
+        def answered(yes: bool | None) -> None:
+            if yes:
+                if notice:
+                    self.notify(notice, timeout=3)
+                self.run_action(name, work, *args)
+
+        self.app.push_screen(ConfirmModal(question, detail), answered)
+
     # -- stop and restart ----------------------------------------------------------------------------------
 
     def action_stop(self) -> None:
@@ -77,19 +96,8 @@ class TargetActions:
         pid = f"pid {status.pid} · " if status is not None and status.session_id == target.session_id else ""
         detail = f"{pid}SIGTERM to the main process; SIGKILL to what is left after {STOP_GRACE_S:.0f} s."
         session_id = target.session_id
-
-        def answered(yes: bool | None) -> None:
-            if yes:
-                self.notify(f"Stopping {session_id}…", timeout=3)
-                self.run_worker(
-                    partial(self._stop, session_id),
-                    name="stop",
-                    group="action",
-                    thread=True,
-                    exit_on_error=False,
-                )
-
-        self.app.push_screen(ConfirmModal(f"Stop {session_id} ({target.names()})?", detail), answered)
+        self.ask_then_run(f"Stop {session_id} ({target.names()})?", detail, "stop", self._stop, session_id,
+                          notice=f"Stopping {session_id}…")
 
     def _stop(self, session_id: str) -> None:
         try:
@@ -114,13 +122,7 @@ class TargetActions:
         target = self.target_session("restart")
         if target is None:
             return
-        self.run_worker(
-            partial(self._restart_diff, target),
-            name="restart-diff",
-            group="action",
-            thread=True,
-            exit_on_error=False,
-        )
+        self.run_action("restart-diff", self._restart_diff, target)
 
     def _restart_diff(self, target: SessionEntry) -> None:
         from sessions.server import flag_diff
@@ -142,19 +144,8 @@ class TargetActions:
         else:
             detail = "No flag changes: the same command runs again."
         self.post_message(RestartProposed(session_id, tuple(diff)))
-
-        def answered(yes: bool | None) -> None:
-            if yes:
-                self.notify(f"Restarting {session_id}…", timeout=3)
-                self.run_worker(
-                    partial(self._restart, session_id, new_profile),
-                    name="restart",
-                    group="action",
-                    thread=True,
-                    exit_on_error=False,
-                )
-
-        self.app.push_screen(ConfirmModal(f"Restart {session_id} ({target.names()})?", detail), answered)
+        self.ask_then_run(f"Restart {session_id} ({target.names()})?", detail, "restart", self._restart, session_id,
+                          new_profile, notice=f"Restarting {session_id}…")
 
     def _restart(self, session_id: str, new_profile: Any) -> None:
         try:
@@ -221,13 +212,7 @@ class TargetActions:
         if not name:
             self.notify("No profile selected.", severity="warning")
             return
-        self.run_worker(
-            partial(self._capture_preview, name),
-            name="capture-preview",
-            group="action",
-            thread=True,
-            exit_on_error=False,
-        )
+        self.run_action("capture-preview", self._capture_preview, name)
 
     def _capture_preview(self, name: str) -> None:
         from sessions.capture.toggle import toggle_summary, toggled
@@ -250,19 +235,9 @@ class TargetActions:
         live = self._live_session(name)
         if live:
             detail += f"\n\n{live} keeps running as it is until restarted (r)."
-
-        def answered(yes: bool | None) -> None:
-            if yes:
-                self.run_worker(
-                    partial(self._toggle_capture, name, was_on),
-                    name="capture-toggle",
-                    group="action",
-                    thread=True,
-                    exit_on_error=False,
-                )
-
         verb = "off" if was_on else "on"
-        self.app.push_screen(ConfirmModal(f"Turn capture {verb} for {name}?", detail), answered)
+        self.ask_then_run(f"Turn capture {verb} for {name}?", detail, "capture-toggle", self._toggle_capture, name,
+                          was_on)
 
     def _toggle_capture(self, name: str, was_on: bool) -> None:
         from sessions.capture.toggle import toggle_capture

@@ -3,14 +3,14 @@
 or stop the holder and launch), and `P` (prune ended sessions).
 
 A mixin of `DashboardScreen` (kept apart so the screen module stays readable): it uses the screen's
-``feed``, ``notify``, ``run_worker`` and ``poll_now``, `Targeting`'s ``target_profile`` and
-``select_session`` and `TargetActions.report_failure`.  Every wait (the launch lock, the GPU check, the
-stops, prune's liveness checks) runs in a thread worker; the UI thread only asks and draws.
+``feed``, ``notify`` and ``poll_now``, `Targeting`'s ``target_profile`` and ``select_session``, and
+`TargetActions`' ``report_failure``, ``run_action`` and ``ask_then_run``.  Every wait (the launch lock, the
+GPU check, the stops, prune's liveness checks) runs in a thread worker; the UI thread only asks and draws.
 """
 
 from __future__ import annotations
 
-from functools import partial
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from textual.worker import get_current_worker
@@ -18,7 +18,7 @@ from textual.worker import get_current_worker
 from app.screens.dashboard_actions import STOP_GRACE_S
 from app.screens.dashboard_messages import SessionLaunched
 from widgets.action_line import ActionLine
-from widgets.confirm_modal import ChoiceModal, ConfirmModal
+from widgets.confirm_modal import ChoiceModal
 
 
 class LaunchActions:
@@ -30,9 +30,11 @@ class LaunchActions:
     if TYPE_CHECKING:  # provided by Screen and DashboardScreen; never defined here (they would shadow them)
         def query_one(self, *args: Any, **kwargs: Any) -> Any: ...
         def notify(self, *args: Any, **kwargs: Any) -> Any: ...
-        def run_worker(self, *args: Any, **kwargs: Any) -> Any: ...
         def post_message(self, message: Any) -> bool: ...
         def report_failure(self, what: str, exc: BaseException) -> None: ...
+        def run_action(self, name: str, work: Callable[..., None], *args: Any) -> None: ...
+        def ask_then_run(self, question: str, detail: str, name: str, work: Callable[..., None], *args: Any,
+                         notice: str | None = None) -> None: ...
         def target_profile(self) -> str | None: ...
         def select_session(self, session_id: str | None) -> None: ...
         def poll_now(self) -> None: ...
@@ -53,10 +55,7 @@ class LaunchActions:
         steps, the lock wait and the GPU check, so the card never looks frozen (issue 21 item 10)."""
         line = self.query_one(ActionLine)
         line.start(f"launch {name}")
-        self.run_worker(
-            partial(self._launch, name, line, force, stop_first), name="launch", group="action", thread=True,
-            exit_on_error=False,
-        )
+        self.run_action("launch", self._launch, name, line, force, stop_first)
 
     def _launch(self, name: str, line: ActionLine, force: bool = False, stop_first: tuple[str, ...] = ()) -> None:
         from sessions.profiles import load_profile
@@ -159,7 +158,7 @@ class LaunchActions:
 
     def action_prune(self) -> None:
         """P: list the ended sessions prune would remove (in a worker: it checks every server), ask y/N."""
-        self.run_worker(self._prune_plan, name="prune-plan", group="action", thread=True, exit_on_error=False)
+        self.run_action("prune-plan", self._prune_plan)
 
     def _prune_plan(self) -> None:
         from sessions.server.prune import plan_prune
@@ -179,14 +178,8 @@ class LaunchActions:
         lines += [f"keep   {i.session_id}: {i.why}" for i in plan.kept]
         if plan.running:
             lines.append(f"running, never pruned: {', '.join(plan.running)}")
-
-        def answered(yes: bool | None) -> None:
-            if yes:
-                self.run_worker(partial(self._prune, plan), name="prune", group="action", thread=True,
-                                exit_on_error=False)
-
-        question = f"Remove {len(plan.to_remove)} ended session folder(s)?"
-        self.app.push_screen(ConfirmModal(question, "\n".join(lines)), answered)
+        self.ask_then_run(f"Remove {len(plan.to_remove)} ended session folder(s)?", "\n".join(lines), "prune",
+                          self._prune, plan)
 
     def _prune(self, plan: Any) -> None:
         from sessions.server.prune import prune

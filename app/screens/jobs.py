@@ -13,6 +13,7 @@ import asyncio
 import json
 import time
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -27,9 +28,9 @@ from textual.screen import ModalScreen, Screen
 from textual.widgets import Footer, Input, ListItem, ListView, ProgressBar, Static
 
 from sessions import safe_files
-from sessions.extraction.progress import server_row_text
 from widgets.confirm_modal import DismissOnce
 from widgets.inputs import InOrderInput
+from widgets.job_lines import FitLines, eta_text, extraction_text
 
 if TYPE_CHECKING:
     from sessions.extraction.progress import JobProgress
@@ -39,23 +40,6 @@ STALL_AFTER_S = 120.0  # a running job with no sample finished for this long is 
 _STATE_STYLE = {"running": "bold green", "paused": "bold yellow", "starting": "bold cyan", "done": "bold blue",
                 "failed": "bold red", "interrupted": "bold red", "cancelled": "dim"}
 _FINAL = ("done", "failed", "cancelled", "interrupted")
-
-
-def _bytes(n: float) -> str:
-    for unit in ("B", "KB", "MB", "GB", "TB"):
-        if abs(n) < 1000 or unit == "TB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1000
-    return f"{n:.1f} TB"
-
-
-def _eta(seconds: float | None) -> str:
-    if seconds is None:
-        return "ETA n/a"
-    seconds = int(seconds)
-    if seconds >= 3600:
-        return f"ETA {seconds // 3600}h{seconds % 3600 // 60:02d}m"
-    return f"ETA {seconds // 60}m{seconds % 60:02d}s"
 
 
 def stalled_for_s(progress: Any, now: float | None = None) -> float | None:
@@ -69,16 +53,45 @@ def stalled_for_s(progress: Any, now: float | None = None) -> float | None:
     return idle if idle >= STALL_AFTER_S else None
 
 
-class JobRow(ListItem):
-    """One job: title and state, a progress bar, and a line of rates."""
+def job_title(p: Any, kind: str = "") -> Text:
+    """A job's (or a pipeline's) title line: name, ``kind`` and id, state, what to do when it died, why."""
+    title = Text()
+    title.append(p.name or p.job_id, style="bold")
+    title.append(f"  {kind}{p.job_id}  ")
+    title.append(p.state, style=_STATE_STYLE.get(p.state, "bold"))
+    if kind:
+        title.append(f" ({p.stage})")
+    if p.state == "interrupted":  # the process died (SIGKILL, OOM, reboot): nothing is lost, r continues
+        title.append(" · r resumes", style="bold")
+    if p.reason:
+        title.append(f"  {p.reason}", style="italic")
+    return title
 
-    DEFAULT_CSS = """
-    JobRow { height: auto; padding: 0 1; }
-    JobRow > Vertical { height: auto; }
-    JobRow ProgressBar { width: 100%; }
-    JobRow ProgressBar Bar { width: 1fr; }
-    JobRow .job-rates { color: $text-muted; }
-    """
+
+def job_lines(p: Any, errors: tuple[tuple[str, int], ...] = ()) -> Callable[[int], Text]:
+    """What a job's row shows under its bar, for a width: a regeneration's rows and data shape, or an
+    extraction's counts, rates, storage, servers and failure reasons (`widgets.job_lines`)."""
+    if p.mode == "regenerate":
+        return lambda _width: Text(regeneration_rates(p))
+    return lambda width: extraction_text(p, errors, width)
+
+
+_ROW_CSS = """
+    {row} {{ height: auto; padding: 0 1; }}
+    {row} > Vertical {{ height: auto; }}
+    {row} ProgressBar {{ width: 100%; }}
+    {row} ProgressBar Bar {{ width: 1fr; }}
+    /* The done part in green, not the theme's primary: on the highlighted row (a primary background) a
+       primary bar is invisible and only the part still to do shows, as if that were the progress. */
+    {row} ProgressBar Bar > .bar--bar {{ color: $success; }}
+    {row} .job-rates {{ color: $text-muted; }}
+"""
+
+
+class JobRow(ListItem):
+    """One job: title and state, a progress bar, and its lines (`job_lines`)."""
+
+    DEFAULT_CSS = _ROW_CSS.format(row="JobRow")
 
     def __init__(self, progress: JobProgress, errors: tuple[tuple[str, int], ...] = ()) -> None:
         # No DOM id: rows are keyed by job id in the screen's own map, so a row being removed while its
@@ -91,7 +104,7 @@ class JobRow(ListItem):
         with Vertical():
             yield Static(id="title", markup=False)
             yield ProgressBar(total=max(1, self.progress.total), show_eta=False, id="bar")
-            yield Static(classes="job-rates", id="rates", markup=False)
+            yield FitLines(classes="job-rates", id="rates")
 
     def on_mount(self) -> None:
         self.show(self.progress, self.errors)
@@ -99,54 +112,16 @@ class JobRow(ListItem):
     def show(self, p: JobProgress, errors: tuple[tuple[str, int], ...] = ()) -> None:
         self.progress = p
         self.errors = errors
-        title = Text()
-        title.append(p.name or p.job_id, style="bold")
-        title.append(f"  {p.job_id}  ")
-        title.append(p.state, style=_STATE_STYLE.get(p.state, "bold"))
-        if p.state == "interrupted":  # the process died (SIGKILL, OOM, reboot): nothing is lost, r continues
-            title.append(" · r resumes", style="bold")
-        if p.reason:
-            title.append(f"  {p.reason}", style="italic")
-        self.query_one("#title", Static).update(title)
+        self.query_one("#title", Static).update(job_title(p))
         self.query_one("#bar", ProgressBar).update(total=max(1, p.total), progress=p.done)
-        error_count = f"{p.failed_lines} error{'' if p.failed_lines == 1 else 's'}"
-        if p.mode == "regenerate":
-            self.query_one("#rates", Static).update(Text(regeneration_rates(p)))
-            return
-        # What is written against the storage estimate, so a disk that cannot hold the job shows early.
-        written = _bytes(p.bytes) + (f" of ~{_bytes(p.estimated_output_bytes)} est."
-                                     if p.estimated_output_bytes else "")
-        rates = (f"{p.done}/{p.total} samples · {error_count} · {p.tokens:,} tokens · {written}"
-                 f" · {p.samples_per_s:.1f} samples/s · {p.tokens_per_s:,.0f} tok/s · {p.gb_per_s:.3f} GB/s"
-                 f"{' · ' + _eta(p.eta_s) if p.state == 'running' else ''}"
-                 f"{' · capture fs ' + format(p.capture_fill, '.0%') if p.capture_fill is not None else ''}")
-        line = Text(rates)
-        short = [fs for fs in ((p.storage or {}).get("filesystems") or []) if not fs.get("fits")]
-        for fs in short:  # --allow-partial ran it anyway: say where it will run out
-            line.append(f"\nstorage: {', '.join(fs.get('folders', []))} needs {_bytes(fs.get('needed_bytes', 0))}, "
-                        f"{_bytes(fs.get('free_bytes', 0))} free", style="yellow")
-        if p.servers:  # a job over several servers: one line each (state, done, rate, failures)
-            for row in p.servers:
-                style = "green" if row.get("state") == "live" else "yellow" if row.get("state") == "down" else "red"
-                line.append("\n" + server_row_text(row), style=style)
-        if errors:  # why the samples failed, from the job's errors.jsonl, most common first
-            line.append("\nwhy: " + " · ".join(f"{reason} ({count})" if count > 1 else reason
-                                               for reason, count in errors), style="red")
-        self.query_one("#rates", Static).update(line)
+        self.query_one("#rates", FitLines).show(job_lines(p, errors))
 
 
 class PipelineRow(ListItem):
-    """One pipeline (a regeneration, then the extraction of its output): a title, then a bar and a line of
-    rates per stage, each drawn as that stage's own job row draws it."""
+    """One pipeline (a regeneration, then the extraction of its output): a title, then a bar and the lines
+    of each stage, each drawn as that stage's own job row draws it."""
 
-    DEFAULT_CSS = """
-    PipelineRow { height: auto; padding: 0 1; }
-    PipelineRow > Vertical { height: auto; }
-    PipelineRow ProgressBar { width: 100%; }
-    PipelineRow ProgressBar Bar { width: 1fr; }
-    PipelineRow .job-rates { color: $text-muted; }
-    PipelineRow .stage { text-style: bold; }
-    """
+    DEFAULT_CSS = _ROW_CSS.format(row="PipelineRow") + "    PipelineRow .stage { text-style: bold; }\n"
 
     def __init__(self, progress: Any, errors: tuple[tuple[str, int], ...] = ()) -> None:
         super().__init__()
@@ -159,7 +134,7 @@ class PipelineRow(ListItem):
             for stage in ("regenerate", "extract"):
                 yield Static(classes="stage", id=f"{stage}-label", markup=False)
                 yield ProgressBar(total=1, show_eta=False, id=f"{stage}-bar")
-                yield Static(classes="job-rates", id=f"{stage}-rates", markup=False)
+                yield FitLines(classes="job-rates", id=f"{stage}-rates")
 
     def on_mount(self) -> None:
         self.show(self.progress, self.errors)
@@ -167,16 +142,7 @@ class PipelineRow(ListItem):
     def show(self, p: Any, errors: tuple[tuple[str, int], ...] = ()) -> None:
         self.progress = p
         self.errors = errors
-        title = Text()
-        title.append(p.name or p.job_id, style="bold")
-        title.append(f"  pipeline {p.job_id}  ")
-        title.append(p.state, style=_STATE_STYLE.get(p.state, "bold"))
-        title.append(f" ({p.stage})")
-        if p.state == "interrupted":
-            title.append(" · r resumes", style="bold")
-        if p.reason:
-            title.append(f"  {p.reason}", style="italic")
-        self.query_one("#title", Static).update(title)
+        self.query_one("#title", Static).update(job_title(p, kind="pipeline "))
         for stage, job in (("regenerate", p.regenerate), ("extract", p.extract)):
             label = Text(f"{'1 regenerate' if stage == 'regenerate' else '2 extract'}", style="bold")
             if job is not None:
@@ -187,24 +153,9 @@ class PipelineRow(ListItem):
             self.query_one(f"#{stage}-label", Static).update(label)
             self.query_one(f"#{stage}-bar", ProgressBar).update(
                 total=max(1, job.total if job else 1), progress=job.done if job else 0)
-            if job is None:
-                rates = Text("waits for the regeneration" if stage == "extract" else "")
-            elif stage == "regenerate":
-                rates = Text(regeneration_rates(job))
-            else:
-                rates = Text(extraction_rates(job))
-                if errors:
-                    rates.append("\nwhy: " + " · ".join(f"{reason} ({count})" if count > 1 else reason
-                                                        for reason, count in errors), style="red")
-            self.query_one(f"#{stage}-rates", Static).update(rates)
-
-
-def extraction_rates(p: Any) -> str:
-    """An extraction job's line of counts and rates (the pipeline card's second stage)."""
-    errors = f"{p.failed_lines} error{'' if p.failed_lines == 1 else 's'}"
-    return (f"{p.done}/{p.total} samples · {errors} · {p.tokens:,} tokens · {_bytes(p.bytes)}"
-            f" · {p.samples_per_s:.1f} samples/s · {p.tokens_per_s:,.0f} tok/s"
-            f"{' · ' + _eta(p.eta_s) if p.state == 'running' else ''}")
+            waiting = Text("waits for the regeneration" if stage == "extract" else "")
+            self.query_one(f"#{stage}-rates", FitLines).show(
+                job_lines(job, errors if stage == "extract" else ()) if job is not None else lambda _w, text=waiting: text)
 
 
 def regeneration_rates(p: Any) -> str:
@@ -213,7 +164,7 @@ def regeneration_rates(p: Any) -> str:
 
     text = (f"{p.done}/{p.total} rows · {p.ok} success · {p.failed_lines} error · {p.skipped} skipped"
             f" · {p.tokens:,} tokens · {p.samples_per_s:.1f} rows/s · {p.tokens_per_s:,.0f} tok/s"
-            f"{' · ' + _eta(p.eta_s) if p.state == 'running' else ''}")
+            f"{' · ' + eta_text(p.eta_s) if p.state == 'running' else ''}")
     return "\n".join([text, *shape_lines(p.stats)])
 
 
