@@ -8,7 +8,6 @@ dashboard then starts on its defaults, as before.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -36,11 +35,10 @@ def _name(value: object) -> str | None:
 
 def load_selection(home: Home) -> Selection:
     """The kept selection, or an empty one when there is none (or it cannot be read)."""
-    from sessions.safe_files import read_regular_bytes
+    from sessions.safe_files import Kind, read_json
 
     try:
-        data = json.loads(read_regular_bytes(home.state_root / SELECTION_FILE, "selection file",
-                                             nofollow=True, limit=MAX_BYTES + 1))
+        data = read_json(home.state_root / SELECTION_FILE, Kind("selection file", MAX_BYTES, private=True))
     except (OSError, ValueError):  # missing, a FIFO or a link, cut, not JSON: start on the defaults
         return Selection()
     if not isinstance(data, dict):

@@ -47,6 +47,7 @@ class Kind:
     what: str
     max_bytes: int | None  # None: read in bounded pieces by its reader (a log, a dataset), never whole
     private: bool = False  # written by eagle3-tui under its home: no symlink followed, no hard link
+    nofollow: bool | None = None  # None: as ``private``; False: a private kind reached through a symlink
     max_depth: int = 64  # JSON nesting allowed (our files nest 5 deep at most)
 
 
@@ -149,23 +150,7 @@ def open_fd(path: str | os.PathLike, kind: Kind) -> int:
 
     Other OSErrors (missing, no permission, a name too long) pass through for the caller to word
     (`describe_os_error`)."""
-    return _open_fd(path, kind.what, kind.private, kind.private)
-
-
-def open_regular_fd(path: str | os.PathLike, what: str = "file", nofollow: bool = False,
-                    single_link: bool | None = None) -> int:
-    """An fd (blocking again) of the regular file at ``path``; `SpecialFileError` for anything else.
-    ``nofollow`` refuses a symlink and, unless ``single_link`` says otherwise, a hard link: both are how a
-    file of ours is made to show another's content."""
-    return _open_fd(path, what, nofollow, nofollow if single_link is None else single_link)
-
-
-@contextmanager
-def open_regular(path: str | os.PathLike, what: str = "file", nofollow: bool = False) -> Iterator[BinaryIO]:
-    """``open(path, "rb")`` for regular files only (see `open_regular_fd`)."""
-    fd = open_regular_fd(path, what, nofollow)
-    with os.fdopen(fd, "rb") as fh:
-        yield fh
+    return _open_fd(path, kind.what, kind.private if kind.nofollow is None else kind.nofollow, kind.private)
 
 
 @contextmanager
@@ -195,6 +180,20 @@ def _read_capped(fh: BinaryIO, path: str | os.PathLike, what: str, limit: int | 
     if len(data) > limit:
         raise FileRefused(errno.EFBIG, f"{what} {path} is larger than {_size(limit)}; it is not read", "too large")
     return data
+
+
+def read_file_tail(path: str | os.PathLike, kind: Kind, max_bytes: int) -> tuple[bytes, int]:
+    """The last ``max_bytes`` of ``path`` (opened as ``kind`` allows) and the offset they start at: the
+    bounded read of a file that may be larger than anyone wants whole (a log, errors.jsonl)."""
+    with open_file(path, kind) as fh:
+        start = max(0, os.fstat(fh.fileno()).st_size - max_bytes)
+        fh.seek(start)
+        return fh.read(max_bytes), start
+
+
+def check_file(path: str | os.PathLike, kind: Kind) -> None:
+    """Raise `FileRefused` now when ``path`` exists and is no file ``kind`` allows (never opens a FIFO)."""
+    os.close(open_fd(path, kind))
 
 
 def read_bytes(path: str | os.PathLike, kind: Kind) -> bytes:
@@ -275,36 +274,6 @@ def _decode(data: bytes, where: str, errors: str) -> str:
 
 def _size(n: int) -> str:
     return f"{n >> 20} MiB" if n >= MiB else f"{n >> 10} KiB"
-
-
-# -- the older spellings, kept for their callers -----------------------------------------------------------
-
-
-def read_regular_bytes(path: str | os.PathLike, what: str = "file", nofollow: bool = False,
-                       limit: int | None = None) -> bytes:
-    with open_regular(path, what, nofollow) as fh:
-        return fh.read() if limit is None else fh.read(limit)
-
-
-def read_regular_text(path: str | os.PathLike, what: str = "file", nofollow: bool = False,
-                      errors: str = "strict") -> str:
-    with open_regular(path, what, nofollow) as fh:
-        return _decode(_read_capped(fh, path, what, 256 * MiB), f"{what} {path}", errors)
-
-
-def read_regular_tail(path: str | os.PathLike, max_bytes: int, what: str = "file",
-                      nofollow: bool = False) -> tuple[bytes, int]:
-    """The last ``max_bytes`` of a regular file and the offset they start at."""
-    with open_regular(path, what, nofollow) as fh:
-        size = os.fstat(fh.fileno()).st_size
-        start = max(0, size - max_bytes)
-        fh.seek(start)
-        return fh.read(max_bytes), start
-
-
-def check_regular(path: str | Path, what: str = "file") -> None:
-    """Raise `SpecialFileError` now when ``path`` exists and is not a regular file (never opens a FIFO)."""
-    os.close(open_regular_fd(path, what))
 
 
 # -- typed fields of a parsed record ---------------------------------------------------------------------

@@ -179,15 +179,12 @@ def error_reasons(output_dir: str | Path) -> tuple[tuple[str, int], ...]:
     record (`extract status` and the file itself have every line)."""
     path = Path(output_dir) / "errors.jsonl"
     try:
-        with safe_files.open_file(path, safe_files.OUTPUT_DATA) as fh:
-            size = fh.seek(0, 2)
-            fh.seek(max(0, size - ERRORS_TAIL_BYTES))
-            data = fh.read(ERRORS_TAIL_BYTES)
+        data, start = safe_files.read_file_tail(path, safe_files.OUTPUT_DATA, ERRORS_TAIL_BYTES)
     except OSError:
         return ()
     counts: Counter[str] = Counter()
     lines = data.splitlines()
-    if len(data) == ERRORS_TAIL_BYTES and lines:
+    if start and lines:
         lines = lines[1:]  # the first line may be cut
     for line in lines:
         try:

@@ -20,7 +20,7 @@ from sessions.diagnosis.model import BUNDLE_LOG_BYTES, Diagnosis, ProcessReport
 from sessions.diagnosis.report import format_report
 from sessions.home import atomic_write_bytes, write_new_file
 from sessions.redaction import collect_secrets, secret_values
-from sessions.safe_files import SpecialFileError, read_regular_text
+from sessions.safe_files import Kind, MiB, SpecialFileError, read_text
 
 
 def _stack_file_name(p: ProcessReport) -> str:
@@ -57,7 +57,7 @@ def write_bundle(diagnosis: Diagnosis, session: Any, path: str | Path) -> Path:
     for name in ("profile.toml", "command.json", "state.json"):
         # Regular files only, never through a link: a planted symlink must not carry /etc/shadow into the tar.
         try:
-            files[name] = read_regular_text(session_dir / name, name, nofollow=True, errors="replace")
+            files[name] = read_text(session_dir / name, Kind(name, 256 * MiB, private=True), errors="replace")
         except SpecialFileError as exc:
             files[f"{name}.refused"] = f"{exc.strerror}\n"
         except OSError:

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from sessions.safe_files import open_regular
+from sessions.safe_files import DATASET, open_file
 
 # ShareGPT speakers (`from`) and OpenAI roles, mapped to the roles chat templates understand.
 _ROLE_NAMES = {
@@ -233,7 +233,7 @@ def iter_dataset(path: Path, dataset_format: str = "auto", skip: frozenset[int] 
     ``limit`` counts non-blank lines, so a job with ``num_samples`` sees the same lines on every resume.
     """
     seen = 0
-    with open_regular(path, "dataset") as fh:
+    with open_file(path, DATASET) as fh:
         for index, raw in enumerate(fh):
             raw = raw.rstrip(b"\r\n")
             if not raw.strip():
@@ -249,7 +249,7 @@ def iter_dataset(path: Path, dataset_format: str = "auto", skip: frozenset[int] 
 def count_lines(path: Path, limit: int | None = None) -> int:
     """Non-blank lines (the job's total), without parsing them."""
     n = 0
-    with open_regular(path, "dataset") as fh:
+    with open_file(path, DATASET) as fh:
         for raw in fh:
             if raw.strip():
                 n += 1
@@ -264,7 +264,7 @@ def dataset_fingerprint(path: Path) -> dict[str, Any]:
 
     digest = hashlib.sha256()
     size = 0
-    with open_regular(path, "dataset") as fh:
+    with open_file(path, DATASET) as fh:
         while chunk := fh.read(1 << 20):
             digest.update(chunk)
             size += len(chunk)

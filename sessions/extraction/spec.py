@@ -353,11 +353,11 @@ def load_job_spec(path: Path | str, servers_given: bool = False) -> JobSpec:
 
 def check_paths(spec: JobSpec) -> list[SpecProblem]:
     """What exists on disk: the dataset file, the model dir (tokenizer), and an output dir we may use."""
-    from sessions.safe_files import SpecialFileError, check_regular
+    from sessions.safe_files import DATASET, SpecialFileError, check_file
 
     problems: list[SpecProblem] = []
     try:
-        check_regular(spec.dataset, "dataset")
+        check_file(spec.dataset, DATASET)
     except SpecialFileError as exc:
         problems.append(SpecProblem("job.dataset", exc.strerror or str(exc)))
     except OSError as exc:

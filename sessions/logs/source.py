@@ -14,7 +14,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from sessions.logs.lines import LogLine, make_line
-from sessions.safe_files import SpecialFileError, open_regular_fd
+from sessions.safe_files import Kind, SpecialFileError, open_fd
 
 READ_BLOCK_BYTES = 8 << 20
 HINT_LINE_CHARS = 8192  # a longer line keeps its head and its tail (hints look at both ends)
@@ -40,7 +40,7 @@ def open_log(path: str | Path, *, follow_symlinks: bool = True) -> int:
     """
     try:
         # single_link: a log with a second name (a hard link to /etc/shadow) is never read (issue 22)
-        return open_regular_fd(path, "log", nofollow=not follow_symlinks, single_link=True)
+        return open_fd(path, Kind("log", None, private=True, nofollow=not follow_symlinks))
     except FileNotFoundError:
         raise
     except SpecialFileError as exc:

@@ -51,11 +51,11 @@ def create_regen_job_from(spec: RegenSpec, where: str, home: Home | None = None,
     """`create_regen_job` of a spec already loaded (``where`` names it in errors); ``pipeline``: the id of
     the pipeline whose first stage this job is (its runner starts the extraction stage when done)."""
     from sessions.extraction.job import new_job_id
-    from sessions.safe_files import check_regular
+    from sessions.safe_files import DATASET, check_file
 
     home = (home or resolve_home()).ensure()
     try:
-        check_regular(spec.dataset, "dataset")
+        check_file(spec.dataset, DATASET)
     except OSError as exc:
         raise JobError(f"{where}: job.dataset: {spec.dataset}: {exc.strerror or exc}", code=2) from None
     for path in (spec.output, spec.error_path, spec.skipped_path):

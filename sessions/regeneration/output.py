@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from sessions.safe_files import read_regular_bytes
+from sessions.safe_files import Kind, open_file
 
 STATUSES = ("success", "error", "skipped")
 
@@ -50,7 +50,8 @@ class OutputFiles:
             self._fds[status] = fd
 
     def _repair_and_read(self, status: str, path: Path) -> None:
-        data = read_regular_bytes(path, f"{status} output")
+        with open_file(path, Kind(f"{status} output", None)) as fh:
+            data = fh.read()  # whole: a torn last line is cut off and the file rewritten from it
         keep = len(data)
         lines = data.split(b"\n")
         if lines and lines[-1]:  # the last write was torn: no newline at its end
@@ -105,4 +106,5 @@ def count_rows(path: Path) -> int:
     """Complete lines in one output file (what SpecForge's recipe counts with ``awk 'END {print NR}'``)."""
     if not path.exists():
         return 0
-    return read_regular_bytes(path, "output").count(b"\n")
+    with open_file(path, Kind("output", None)) as fh:  # in pieces: an output may be larger than memory
+        return sum(piece.count(b"\n") for piece in iter(lambda: fh.read(1 << 20), b""))

@@ -56,10 +56,10 @@ def is_pipeline_spec(text: str) -> bool:
 def is_pipeline_spec_file(path: Path | str) -> bool:
     """Whether the spec file at ``path`` is a pipeline spec (False when it cannot be read: the loader that
     runs next names the problem)."""
-    from sessions.safe_files import read_regular_text
+    from sessions.safe_files import JOB_SPEC, read_text
 
     try:
-        return is_pipeline_spec(read_regular_text(Path(path).expanduser(), "job spec"))
+        return is_pipeline_spec(read_text(Path(path).expanduser(), JOB_SPEC))
     except (OSError, UnicodeDecodeError):
         return False
 
@@ -152,10 +152,10 @@ def parse_pipeline_spec(text: str, source: str = "<pipeline spec>", base_dir: Pa
 def load_pipeline_spec(path: Path | str) -> PipelineSpec:
     """Read a pipeline spec file; raises ``JobSpecError`` (problems name the stage's key and line) or
     ``OSError``."""
-    from sessions.safe_files import read_regular_text
+    from sessions.safe_files import JOB_SPEC, read_text
 
     path = Path(path).expanduser()
-    text = read_regular_text(path, "job spec")
+    text = read_text(path, JOB_SPEC)
     spec = parse_pipeline_spec(text, source=str(path), base_dir=path.parent.resolve())
     source = path.resolve()
     return PipelineSpec(regenerate=replace(spec.regenerate, source_path=source),

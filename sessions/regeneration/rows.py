@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from sessions.safe_files import open_regular
+from sessions.safe_files import DATASET, open_file
 
 _ROLES = {"human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant", "chatgpt": "assistant",
           "bard": "assistant", "model": "assistant", "system": "system"}
@@ -63,7 +63,7 @@ def read_rows(path: Path, limit: int | None = None) -> Iterator[InputRow]:
     """Every non-blank line of the dataset (opened through `safe_files`: a FIFO or device is refused)."""
     seen: set[str] = set()
     index = 0
-    with open_regular(path, "dataset") as handle:
+    with open_file(path, DATASET) as handle:
         for number, raw_bytes in enumerate(handle, start=1):
             if not raw_bytes.strip():
                 continue

@@ -159,10 +159,10 @@ def is_regeneration_spec(text: str) -> bool:
 def is_regeneration_spec_file(path: Path | str) -> bool:
     """Whether the spec file at ``path`` is a regeneration spec (False when it cannot be read: the job's
     own loader then names the problem)."""
-    from sessions.safe_files import read_regular_text
+    from sessions.safe_files import JOB_SPEC, read_text
 
     try:
-        return is_regeneration_spec(read_regular_text(Path(path).expanduser(), "job spec"))
+        return is_regeneration_spec(read_text(Path(path).expanduser(), JOB_SPEC))
     except (OSError, UnicodeDecodeError):
         return False
 
@@ -224,9 +224,9 @@ def parse_regen_spec(text: str, source: str = "<job spec>", base_dir: Path | Non
 
 
 def load_regen_spec(path: Path | str) -> RegenSpec:
-    from sessions.safe_files import read_regular_text
+    from sessions.safe_files import JOB_SPEC, read_text
 
     path = Path(path).expanduser()
-    text = read_regular_text(path, "job spec")
+    text = read_text(path, JOB_SPEC)
     spec = parse_regen_spec(text, source=str(path), base_dir=path.parent.resolve())
     return replace(spec, source_path=path.resolve())

@@ -12,9 +12,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from sessions.safe_files import read_regular_bytes
+from sessions.safe_files import Kind, open_file
 
 ROWS_FILE = "rows.jsonl"
+ROW_STATISTICS = Kind("row statistics", None)  # read a line at a time
 
 
 @dataclass
@@ -54,17 +55,18 @@ class RegenStats:
         """Add the rows of earlier runs that are in ``ids`` (the rows the output files hold)."""
         if not self.path.exists():
             return
-        for raw in read_regular_bytes(self.path, "row statistics").split(b"\n"):
-            try:
-                data = json.loads(raw)
-            except json.JSONDecodeError:
-                continue  # a torn last line: that row's statistics are lost, not its data
-            if isinstance(data, dict) and data.get("id") in ids:
-                self._add(RowStats(data["id"], data.get("status", ""), data.get("server"),
-                                   list(data.get("before_chars") or []), list(data.get("after_chars") or []),
-                                   int(data.get("after_tokens") or 0), dict(data.get("finish") or {}),
-                                   int(data.get("empty") or 0)))
-                ids.discard(data["id"])
+        with open_file(self.path, ROW_STATISTICS) as fh:  # a line at a time: never the whole file at once
+            for raw in fh:
+                try:
+                    data = json.loads(raw)
+                except json.JSONDecodeError:
+                    continue  # a torn last line: that row's statistics are lost, not its data
+                if isinstance(data, dict) and data.get("id") in ids:
+                    self._add(RowStats(data["id"], data.get("status", ""), data.get("server"),
+                                       list(data.get("before_chars") or []), list(data.get("after_chars") or []),
+                                       int(data.get("after_tokens") or 0), dict(data.get("finish") or {}),
+                                       int(data.get("empty") or 0)))
+                    ids.discard(data["id"])
 
     def open_for_append(self) -> None:
         self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)

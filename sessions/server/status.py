@@ -567,10 +567,10 @@ def last_output_offset(log_path: Path, max_bytes: int = OUTPUT_SCAN_BYTES) -> in
     access lines: where the log went quiet.  Every reader of the same log gets the same number (the
     watchers' own probe lines after it do not move it), so it names one stall for all of them.  None when
     the log cannot be read; 0 when it holds nothing but probe lines within ``max_bytes`` of its end."""
-    from sessions.safe_files import read_regular_tail
+    from sessions.safe_files import Kind, read_file_tail
 
     try:
-        data, start = read_regular_tail(log_path, max_bytes, "log", nofollow=True)
+        data, start = read_file_tail(log_path, Kind("log", None, private=True), max_bytes)
     except OSError:  # (SpecialFileError is one): not a log to read
         return None
     for match in reversed(list(re.finditer(rb"[^\r\n]+", data))):
