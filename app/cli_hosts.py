@@ -15,6 +15,8 @@ import threading
 from collections.abc import Sequence
 from typing import IO, Any
 
+from app.cli_options import add_json_option, command
+
 SLOW_S = 3.0  # `hosts`: an answer slower than this is shown as slow
 HOSTS_TIMEOUT_S = 15.0
 
@@ -35,26 +37,28 @@ def forward_words(name: str, words: Sequence[str]) -> int:
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    p = subparsers.add_parser(
+    p = command(
+        subparsers,
         "hosts",
+        _hosts,
         help="list the hosts of <config>/hosts.toml: reachable, slow or unreachable, and their version",
         description="Reach every host of <config>/hosts.toml with ssh (BatchMode: never a prompt), run "
         "eagle3-tui --version there and compare it with this one.  Exit status: 0 every host is usable, "
         "1 one is unreachable or runs another version, 2 a bad hosts.toml.",
     )
-    p.add_argument("--json", action="store_true", help="print one JSON array of host objects")
+    add_json_option(p, "print one JSON array of host objects")
     p.add_argument("--timeout", type=float, default=HOSTS_TIMEOUT_S, metavar="S",
                    help=f"give each host S seconds ({HOSTS_TIMEOUT_S:g})")
-    p.set_defaults(func=_hosts)
 
-    p = subparsers.add_parser(
+    p = command(
+        subparsers,
         "gpus",
+        _gpus,
         help="show this machine's GPUs (NVML, else emulated GPUs); --json for other hosts' panels",
         description="One GPU reading: index, name, memory, utilisation and the processes on each GPU.",
     )
-    p.add_argument("--json", action="store_true", help="print the reading as one JSON object")
+    add_json_option(p, "print the reading as one JSON object")
     add_host_option(p)
-    p.set_defaults(func=_gpus)
 
 
 # --- handlers ---------------------------------------------------------------------------------------------

@@ -9,10 +9,14 @@ import argparse
 import json
 import sys
 
+from app.cli_options import add_grace_option, add_json_option, command
+
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    p = subparsers.add_parser(
+    p = command(
+        subparsers,
         "node-check",
+        _node_check,
         help="this host as node R of a multi-node profile: versions, checks, rendezvous port (JSON)",
         description="Run on each node before a multi-node launch: load PROFILE, build node R's command, "
         "validate it on this machine (model path, GPUs, port), report SGLang/torch/NCCL versions and whether "
@@ -26,20 +30,20 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--dist-init-addr", default=None, metavar="HOST:PORT")
     p.add_argument("--node-address", default="127.0.0.1", metavar="ADDR", help="this node's address")
     p.add_argument("--free-port", default=None, metavar="ADDR", help="print a free port on ADDR and exit")
-    p.add_argument("--json", action="store_true", help="print the report as JSON (the default is text)")
-    p.set_defaults(func=_node_check)
+    add_json_option(p, "print the report as JSON (the default is text)")
 
-    p = subparsers.add_parser(
+    p = command(
+        subparsers,
         "nodes",
+        _nodes,
         help="a server across nodes: status (per-node rank arrival), stop (node 0 first), diagnose",
         description="ID is a multi-node session id (or unique prefix) printed by 'launch' of a profile with "
         "server.nnodes > 1; its record is <state>/nodes/ID.json.",
     )
     p.add_argument("action", choices=("status", "stop", "diagnose"))
     p.add_argument("id", metavar="ID")
-    p.add_argument("--json", action="store_true", help="print JSON on stdout")
-    p.add_argument("--grace", type=float, default=30.0, metavar="S", help="stop: seconds per node after SIGTERM")
-    p.set_defaults(func=_nodes)
+    add_json_option(p, "print JSON on stdout")
+    add_grace_option(p, "stop: seconds per node after SIGTERM")
 
 
 def node_resolver(home):

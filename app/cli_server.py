@@ -10,6 +10,7 @@ import argparse
 import sys
 
 from app.cli_hosts import add_host_option
+from app.cli_options import add_grace_option, add_json_option, command
 
 # `wait` and `launch --wait-ready`: one exit code per outcome (sessions.server.waiting), so a script can
 # tell a hang from a crash without parsing text.  0-2 keep the CLI's meanings (ok, failed, bad input).
@@ -23,8 +24,10 @@ _WAIT_CODES_HELP = (
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    p = subparsers.add_parser(
+    p = command(
+        subparsers,
         "launch",
+        _launch,
         help="start a server from a profile, detached; prints the session id",
         description="Validate PROFILE, start its server detached (it outlives this command), and print "
         "the new session id on stdout.  With --wait-ready, wait until it is ready, stalled, crashed or "
@@ -62,10 +65,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--dist-init-addr", default=None, metavar="HOST:PORT", help="with --node-rank: the rendezvous")
     p.add_argument("--node-address", default="127.0.0.1", metavar="ADDR",
                    help="with --node-rank: this node's address (a worker binds its dummy health app there)")
-    p.set_defaults(func=_launch)
 
-    p = subparsers.add_parser(
+    p = command(
+        subparsers,
         "wait",
+        _wait,
         help="wait until a session is ready; a distinct exit code for stalled, crashed, stopped, timeout",
         description="Wait until SESSION (an id or unique prefix) is ready.  The wait ends at the first "
         "answer: a stall (the log silent past the session's stall limit) ends it at once.  State and "
@@ -74,10 +78,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("session", metavar="SESSION")
     p.add_argument("--until", choices=("ready",), default="ready", help="what to wait for (ready)")
     p.add_argument("--timeout", type=float, default=None, metavar="S", help="give up after S s (exit 6)")
-    p.set_defaults(func=_wait)
 
-    p = subparsers.add_parser(
+    p = command(
+        subparsers,
         "prune",
+        _prune,
         help="remove ended sessions' folders (never a running one; baselines' good starts are kept)",
         description="Remove the folders of ended sessions (stopped, crashed, exited).  A session whose server "
         "runs is never touched (its main process is checked by pid and create time).  The good starts that "
@@ -90,43 +95,45 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--include-baselines", action="store_true", help="remove the baselines' good starts too")
     p.add_argument("--dry-run", action="store_true", help="only list what would be removed")
     p.add_argument("--yes", "-y", action="store_true", help="do not ask for confirmation")
-    p.add_argument("--json", action="store_true", help="print the removed and kept sessions as JSON")
-    p.set_defaults(func=_prune)
+    add_json_option(p, "print the removed and kept sessions as JSON")
 
-    p = subparsers.add_parser("status", help="show sessions (state, phase, ranks, port)")
+    p = command(subparsers, "status", _status, help="show sessions (state, phase, ranks, port)")
     p.add_argument("session", nargs="?", metavar="SESSION", help="a session id or unique prefix (default: all)")
-    p.add_argument("--json", action="store_true", help="print one JSON array of session objects")
+    add_json_option(p, "print one JSON array of session objects")
     p.add_argument("--live", action="store_true", help="only sessions whose server is still running")
     p.add_argument("--no-http", action="store_true", help="do not probe /ready and /model_info")
     add_host_option(p)
-    p.set_defaults(func=_status)
 
-    p = subparsers.add_parser(
+    p = command(
+        subparsers,
         "stop",
+        _stop,
         help="stop a session (or a group of replicas): SIGTERM, grace period, then SIGKILL what remains",
         description="SIGTERM the server's main process, wait --grace seconds, SIGKILL the process group and "
         "anything of the session left behind, then check that nothing remains and the port is free.  "
         "SESSION may name a group of replicas (its g-... id): every member is stopped.",
     )
     p.add_argument("session", metavar="SESSION")
-    p.add_argument("--grace", type=float, default=30.0, metavar="S", help="seconds to wait after SIGTERM (30)")
-    p.add_argument("--json", action="store_true", help="print the stop report as JSON on stdout")
+    add_grace_option(p)
+    add_json_option(p, "print the stop report as JSON on stdout")
     add_host_option(p)
-    p.set_defaults(func=_stop)
 
-    p = subparsers.add_parser(
+    p = command(
+        subparsers,
         "restart",
+        _restart,
         help="stop a session and launch its profile as it is now; shows the flag diff first",
         description="Stop SESSION and launch its profile as it is now.  A member of a group restarts alone "
         "(same GPUs, port and group); a group id restarts every member.",
     )
     p.add_argument("session", metavar="SESSION")
     p.add_argument("--yes", "-y", action="store_true", help="do not ask for confirmation")
-    p.add_argument("--grace", type=float, default=30.0, metavar="S", help="seconds to wait after SIGTERM (30)")
-    p.set_defaults(func=_restart)
+    add_grace_option(p)
 
-    p = subparsers.add_parser(
+    p = command(
+        subparsers,
         "logs",
+        _logs,
         help="print a session's server log or a log file, filtered like grep (-f follows it)",
         description="Print the server log of SESSION (an id or unique prefix), or the log file PATH, "
         "secrets redacted.  --grep keeps lines containing TEXT (case-insensitive), or matching REGEX when "
@@ -141,7 +148,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--grep", default=None, metavar="TEXT|/REGEX/", help="only lines with TEXT, or matching REGEX")
     p.add_argument("--rank", default=None, metavar="N", help="only the lines of TP rank N ('main': no rank)")
     add_host_option(p)
-    p.set_defaults(func=_logs)
 
 
 # --- handlers ---------------------------------------------------------------------------------------------

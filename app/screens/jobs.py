@@ -88,26 +88,34 @@ _ROW_CSS = """
 """
 
 
-class JobRow(ListItem):
-    """One job: title and state, a progress bar, and its lines (`job_lines`)."""
+class ProgressRow(ListItem):
+    """A row of the jobs screen: the snapshot it draws (``progress``, kept for the actions) and the
+    failure reasons; `show` draws a new snapshot in place."""
 
-    DEFAULT_CSS = _ROW_CSS.format(row="JobRow")
-
-    def __init__(self, progress: JobProgress, errors: tuple[tuple[str, int], ...] = ()) -> None:
+    def __init__(self, progress: Any, errors: tuple[tuple[str, int], ...] = ()) -> None:
         # No DOM id: rows are keyed by job id in the screen's own map, so a row being removed while its
         # successor mounts can never clash (the DuplicateIds crash when the set of jobs changed).
         super().__init__()
         self.progress = progress
         self.errors = errors
 
+    def on_mount(self) -> None:
+        self.show(self.progress, self.errors)
+
+    def show(self, p: Any, errors: tuple[tuple[str, int], ...] = ()) -> None:
+        raise NotImplementedError
+
+
+class JobRow(ProgressRow):
+    """One job: title and state, a progress bar, and its lines (`job_lines`)."""
+
+    DEFAULT_CSS = _ROW_CSS.format(row="JobRow")
+
     def compose(self) -> ComposeResult:
         with Vertical():
             yield Static(id="title", markup=False)
             yield ProgressBar(total=max(1, self.progress.total), show_eta=False, id="bar")
             yield FitLines(classes="job-rates", id="rates")
-
-    def on_mount(self) -> None:
-        self.show(self.progress, self.errors)
 
     def show(self, p: JobProgress, errors: tuple[tuple[str, int], ...] = ()) -> None:
         self.progress = p
@@ -117,16 +125,11 @@ class JobRow(ListItem):
         self.query_one("#rates", FitLines).show(job_lines(p, errors))
 
 
-class PipelineRow(ListItem):
+class PipelineRow(ProgressRow):
     """One pipeline (a regeneration, then the extraction of its output): a title, then a bar and the lines
     of each stage, each drawn as that stage's own job row draws it."""
 
     DEFAULT_CSS = _ROW_CSS.format(row="PipelineRow") + "    PipelineRow .stage { text-style: bold; }\n"
-
-    def __init__(self, progress: Any, errors: tuple[tuple[str, int], ...] = ()) -> None:
-        super().__init__()
-        self.progress = progress
-        self.errors = errors
 
     def compose(self) -> ComposeResult:
         with Vertical():
@@ -135,9 +138,6 @@ class PipelineRow(ListItem):
                 yield Static(classes="stage", id=f"{stage}-label", markup=False)
                 yield ProgressBar(total=1, show_eta=False, id=f"{stage}-bar")
                 yield FitLines(classes="job-rates", id=f"{stage}-rates")
-
-    def on_mount(self) -> None:
-        self.show(self.progress, self.errors)
 
     def show(self, p: Any, errors: tuple[tuple[str, int], ...] = ()) -> None:
         self.progress = p
@@ -284,7 +284,7 @@ class JobsScreen(Screen):
         self._states: dict[str, str] = {}
         self._stall_notified: set[str] = set()
         self._first_poll = True
-        self._rows: dict[str, JobRow | PipelineRow] = {}  # job id -> its row, the one source for what is on screen
+        self._rows: dict[str, ProgressRow] = {}  # job id -> its row, the one source for what is on screen
         self._errors: dict[str, tuple[tuple[str, int], ...]] = {}
         self._show_lock = asyncio.Lock()
         self._poll_timer: Any = None
@@ -372,7 +372,7 @@ class JobsScreen(Screen):
                 if self.cursor_to in wanted:  # a new job gets the cursor, so r, p and c act on it
                     keep, self.cursor_to = self.cursor_to, None
                 rows = list(view.children)
-                index = next((i for i, r in enumerate(rows) if isinstance(r, (JobRow, PipelineRow))
+                index = next((i for i, r in enumerate(rows) if isinstance(r, ProgressRow)
                               and r.progress.job_id == keep), None)
                 view.index = index if index is not None else min(view.index or 0, len(rows) - 1)
             self._arm_poll()
@@ -405,7 +405,7 @@ class JobsScreen(Screen):
     def selected(self) -> Any:
         view = self.query_one("#jobs", ListView)
         item = view.highlighted_child
-        return item.progress if isinstance(item, (JobRow, PipelineRow)) else None
+        return item.progress if isinstance(item, ProgressRow) else None
 
     def action_pause(self) -> None:
         self._act("pause")
