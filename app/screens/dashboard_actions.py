@@ -64,7 +64,7 @@ class TargetActions:
         self.notify(message, title=what, severity="error", timeout=15)
         self.post_message(ActionFailed(what, message))
 
-    def run_action(self, name: str, work: Callable[..., None], *args: Any) -> None:
+    def run_action_worker(self, name: str, work: Callable[..., None], *args: Any) -> None:
         """How every dashboard action runs (this mixin's and `LaunchActions`'): ``work(*args)`` in a thread
         worker of the ``action`` group, off the UI thread; ``work`` reports its own failures
         (`report_failure`), so a worker error never ends the app."""
@@ -72,13 +72,14 @@ class TargetActions:
 
     def ask_then_run(self, question: str, detail: str, name: str, work: Callable[..., None], *args: Any,
                      notice: str | None = None) -> None:
-        """Ask ``question`` (y/N, ``detail`` below it); on yes, say ``notice`` (when given) and `run_action`."""
+        """Ask ``question`` (y/N, ``detail`` below it); on yes, say ``notice`` (when given) and
+        `run_action_worker`."""
 
         def answered(yes: bool | None) -> None:
             if yes:
                 if notice:
                     self.notify(notice, timeout=3)
-                self.run_action(name, work, *args)
+                self.run_action_worker(name, work, *args)
 
         self.app.push_screen(ConfirmModal(question, detail), answered)
 
@@ -122,7 +123,7 @@ class TargetActions:
         target = self.target_session("restart")
         if target is None:
             return
-        self.run_action("restart-diff", self._restart_diff, target)
+        self.run_action_worker("restart-diff", self._restart_diff, target)
 
     def _restart_diff(self, target: SessionEntry) -> None:
         from sessions.server import flag_diff
@@ -212,7 +213,7 @@ class TargetActions:
         if not name:
             self.notify("No profile selected.", severity="warning")
             return
-        self.run_action("capture-preview", self._capture_preview, name)
+        self.run_action_worker("capture-preview", self._capture_preview, name)
 
     def _capture_preview(self, name: str) -> None:
         from sessions.capture.toggle import toggle_summary, toggled

@@ -4,8 +4,9 @@ or stop the holder and launch), and `P` (prune ended sessions).
 
 A mixin of `DashboardScreen` (kept apart so the screen module stays readable): it uses the screen's
 ``feed``, ``notify`` and ``poll_now``, `Targeting`'s ``target_profile`` and ``select_session``, and
-`TargetActions`' ``report_failure``, ``run_action`` and ``ask_then_run``.  Every wait (the launch lock, the
-GPU check, the stops, prune's liveness checks) runs in a thread worker; the UI thread only asks and draws.
+`TargetActions`' ``report_failure``, ``run_action_worker`` and ``ask_then_run``.  Every wait (the launch
+lock, the GPU check, the stops, prune's liveness checks) runs in a thread worker; the UI thread only asks
+and draws.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ class LaunchActions:
         def notify(self, *args: Any, **kwargs: Any) -> Any: ...
         def post_message(self, message: Any) -> bool: ...
         def report_failure(self, what: str, exc: BaseException) -> None: ...
-        def run_action(self, name: str, work: Callable[..., None], *args: Any) -> None: ...
+        def run_action_worker(self, name: str, work: Callable[..., None], *args: Any) -> None: ...
         def ask_then_run(self, question: str, detail: str, name: str, work: Callable[..., None], *args: Any,
                          notice: str | None = None) -> None: ...
         def target_profile(self) -> str | None: ...
@@ -55,7 +56,7 @@ class LaunchActions:
         steps, the lock wait and the GPU check, so the card never looks frozen (issue 21 item 10)."""
         line = self.query_one(ActionLine)
         line.start(f"launch {name}")
-        self.run_action("launch", self._launch, name, line, force, stop_first)
+        self.run_action_worker("launch", self._launch, name, line, force, stop_first)
 
     def _launch(self, name: str, line: ActionLine, force: bool = False, stop_first: tuple[str, ...] = ()) -> None:
         from sessions.profiles import load_profile
@@ -158,7 +159,7 @@ class LaunchActions:
 
     def action_prune(self) -> None:
         """P: list the ended sessions prune would remove (in a worker: it checks every server), ask y/N."""
-        self.run_action("prune-plan", self._prune_plan)
+        self.run_action_worker("prune-plan", self._prune_plan)
 
     def _prune_plan(self) -> None:
         from sessions.server.prune import plan_prune

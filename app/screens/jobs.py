@@ -76,6 +76,11 @@ def job_lines(p: Any, errors: tuple[tuple[str, int], ...] = ()) -> Callable[[int
     return lambda width: extraction_text(p, errors, width)
 
 
+def fixed_lines(text: str) -> Callable[[int], Text]:
+    """The same text at every width."""
+    return lambda _width: Text(text)
+
+
 _ROW_CSS = """
     {row} {{ height: auto; padding: 0 1; }}
     {row} > Vertical {{ height: auto; }}
@@ -153,9 +158,9 @@ class PipelineRow(ProgressRow):
             self.query_one(f"#{stage}-label", Static).update(label)
             self.query_one(f"#{stage}-bar", ProgressBar).update(
                 total=max(1, job.total if job else 1), progress=job.done if job else 0)
-            waiting = Text("waits for the regeneration" if stage == "extract" else "")
+            waiting = "waits for the regeneration" if stage == "extract" else ""
             self.query_one(f"#{stage}-rates", FitLines).show(
-                job_lines(job, errors if stage == "extract" else ()) if job is not None else lambda _w, text=waiting: text)
+                job_lines(job, errors if stage == "extract" else ()) if job is not None else fixed_lines(waiting))
 
 
 def regeneration_rates(p: Any) -> str:
