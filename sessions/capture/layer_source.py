@@ -57,6 +57,7 @@ class ModelFiles:
 
 
 _CLASS_RE = re.compile(r"^class\s+(\w+)\s*[(:]", re.MULTILINE)
+_WORD_RE = re.compile(r"\w+")
 _INDEX_CACHE: dict[str, tuple[int, dict[str, list[str]]]] = {}
 _INDEX_LOCK = threading.Lock()
 
@@ -122,11 +123,39 @@ def find_method_class(root: str | os.PathLike, architecture: str, method: str,
 
 
 def supporting_architectures(root: str | os.PathLike) -> list[str]:
-    """Every model class in ``root``'s model zoo that has set_eagle3_layers_to_capture (itself or inherited)."""
-    index = class_index(Path(root) / MODELS_DIR)
-    files = ModelFiles(Path(root) / MODELS_DIR)
-    return sorted(name for name in index
-                  if find_method_class(root, name, "set_eagle3_layers_to_capture", files) is not None)
+    """Every model class in ``root``'s model zoo that has set_eagle3_layers_to_capture (itself or inherited).
+
+    Found from the method outwards, so that only the files that can matter are parsed (parsing is the cost:
+    asking `find_method_class` of every class parses the whole zoo, 200+ files).  A class defines the method
+    only in a file whose text names it; a class inherits it only from a base it names, so a file whose text
+    names no class known to have it defines no subclass of one.  Each round parses the files that name a
+    newly found class (a word match: conservative, the parse decides), until no class is added; every class
+    found is then confirmed by `find_method_class` over the same parsed files."""
+    models_dir = Path(root) / MODELS_DIR
+    index = class_index(models_dir)
+    files = ModelFiles(models_dir)
+    words: dict[str, frozenset[str]] = {}  # path -> the identifiers its text has
+    for paths in index.values():
+        for path in paths:
+            if path not in words:
+                try:
+                    words[path] = frozenset(_WORD_RE.findall(safe_files.read_text(Path(path), safe_files.SOURCE)))
+                except (OSError, UnicodeDecodeError, ValueError):
+                    words[path] = frozenset()
+    classes_in: dict[str, list[str]] = {}
+    for name, paths in index.items():
+        for path in paths:
+            classes_in.setdefault(path, []).append(name)
+    found: set[str] = set()
+    checked: set[str] = set()  # find_method_class's answer for a name does not change between rounds
+    names: set[str] = {METHOD}
+    while names:
+        candidates = {name for path, have in words.items() if not have.isdisjoint(names) for name in classes_in[path]}
+        candidates -= checked
+        checked |= candidates
+        names = {name for name in candidates if find_method_class(root, name, METHOD, files) is not None}
+        found |= names
+    return sorted(found)
 
 
 @dataclass(frozen=True)
