@@ -182,10 +182,15 @@ def _profiles(make_emulator_profile, llama, accept: float) -> None:
 
 
 def _compare(cli_env, *argv: str) -> dict:
+    return _compare_said(cli_env, *argv)[0]
+
+
+def _compare_said(cli_env, *argv: str) -> tuple[dict, list[str]]:
+    """The compare's JSON report and the progress lines it said on stderr."""
     out = subprocess.run([sys.executable, "-m", "app", *argv, "--json"], env=cli_env, capture_output=True,
                          text=True, timeout=400, check=False)
     assert out.returncode == 0, out.stderr
-    return json.loads(out.stdout)
+    return json.loads(out.stdout), out.stderr.splitlines()
 
 
 @pytest.mark.parametrize("accept", [1.3, 3.0])
@@ -271,8 +276,13 @@ def test_demo_compare_of_tiny_llama_against_its_drafter_at_low_acceptance(home, 
         profile = load_profile(name, demo)
         save_profile(profile.with_changes(server={"port": get_free_port()},
                                           emulator={"time_scale": 0.004, **extra}))
-    report = _compare(cli_env, "--demo", "bench", "compare", PLAIN_PROFILE, EAGLE3_PROFILE, "--output-len", "48",
-                      "--num-prompts", "2", "--concurrency", "1", "--rounds", "2")
+    report, said = _compare_said(cli_env, "--demo", "bench", "compare", PLAIN_PROFILE, EAGLE3_PROFILE,
+                                 "--output-len", "48", "--num-prompts", "2", "--concurrency", "1", "--rounds", "2")
+    # On GPUs of their own both are launched before A is waited for: the two starts overlap.
+    b_launched = next(n for n, line in enumerate(said) if line.startswith(f"{EAGLE3_PROFILE}: launched session"))
+    a_waits = next(n for n, line in enumerate(said) if line.startswith(f"{PLAIN_PROFILE}: session ")
+                   and "waiting for ready" in line)
+    assert b_launched < a_waits, said
     for session in list_sessions(demo):
         launched.track(session)
         assert session.status(probe_http=False).state == "stopped"

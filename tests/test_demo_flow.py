@@ -14,6 +14,7 @@ import signal
 import subprocess
 import sys
 import threading
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -39,6 +40,7 @@ from sessions.home import Home, resolve_home
 from widgets.confirm_modal import ConfirmModal
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
+FLOW_LINES = 120  # lines of the demo dataset that the flow's job runs (see the test)
 
 
 @pytest.fixture
@@ -223,12 +225,20 @@ def test_demo_user_launches_capture_sees_it_confirmed_runs_kills_resumes_and_ver
     # Faster than the demo's own pace, and a port free now; the job spec is written again for that port.
     profile = load_profile(CAPTURE_PROFILE, demo_home)
     save_profile(profile.with_changes(server={"port": _free_port()}, emulator={"time_scale": 0.004}))
-    demo_job_spec_path(demo_home).unlink()
+    spec_path = demo_job_spec_path(demo_home)
+    spec_path.unlink()
     ensure_demo_home(demo_home)
+    # The demo dataset's first FLOW_LINES lines (the spec's own num_samples): its 720 rows are there so that
+    # a person has time to watch the job, kill it and resume it; ten times as many samples as fit in the
+    # test's wait only made it run 10x longer (the kill still lands mid-run: after 2 of ~120 samples).
+    spec_doc = tomllib.loads(spec_path.read_text())
+    assert DEMO_MALFORMED_LINE < FLOW_LINES < len(demo_dataset_rows()) and "num_samples" not in spec_doc["job"]
+    spec_doc["job"]["num_samples"] = FLOW_LINES
+    spec_path.write_text(tomli_w.dumps(spec_doc))
     expected_points = list(capture_status(load_profile(CAPTURE_PROFILE, demo_home)).points)
     launched.home = demo_home
     out = demo_output_dir(demo_home)
-    rows = len(demo_dataset_rows())
+    rows = FLOW_LINES - 1  # the broken line is one of them
     killer = _KillAfter(demo_home, out, at_least=2)
     state: dict = {}
 

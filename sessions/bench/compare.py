@@ -16,7 +16,8 @@ median and range are the verdict's, and the verdict says "within noise" when the
 
 * ``running``: both sides were running already: A B A B ...;
 * ``together``: the GPUs the sides use (`sessions.gpus.launch_gpu_ids`) do not overlap, so each profile is
-  launched once and both stay up: A B A B ...; the idle side holds its memory and serves nothing;
+  launched once, both at the start (their starts overlap), and both stay up: A B A B ...; the idle side
+  holds its memory and serves nothing;
 * ``in turn``: they share GPUs, so only one can be up at a time: rounds go A B, B A, A B ... (ABBA), so
   each launch serves two consecutive runs and N rounds take N + 1 launches, not 2N; the order also cancels
   a linear drift of the machine.
@@ -142,6 +143,12 @@ def lookup_side(ref: str, home: Any) -> _Side:
 def bring_up(side: _Side, home: Any, say: Say, force: bool, retry_hint: str,
              stop_requested: StopRequested | None = None) -> None:
     """Make ``side`` ready: its session, or a launch of its profile (``force``: even on busy GPUs)."""
+    launch_side(side, home, say, force, retry_hint)
+    _wait_ready(side.session, side.ref, say, stop_requested=stop_requested)
+
+
+def launch_side(side: _Side, home: Any, say: Say, force: bool, retry_hint: str) -> None:
+    """Start ``side``'s profile when it has no session yet (returns once launched, not once ready)."""
     from sessions.server import AlreadyRunning, GpuBusy, LaunchError, ServerSession
 
     if side.session is None:
@@ -158,7 +165,6 @@ def bring_up(side: _Side, home: Any, say: Say, force: bool, retry_hint: str,
                 from None
         except LaunchError as exc:
             raise BenchError(f"{side.ref}: launch failed: {exc}") from None
-    _wait_ready(side.session, side.ref, say, stop_requested=stop_requested)
 
 
 def take_down(side: _Side, home: Any, say: Say) -> None:
@@ -347,6 +353,10 @@ def run_compare(a_ref: str, b_ref: str, options: BenchOptions, home: Any, say: S
     say(f"{rounds} round{'s' if rounds != 1 else ''}, {mode}: " + " ".join("AB"[i] for _, i in order))
     try:
         if mode == "together":
+            # Both launched before either is waited for: on GPUs of their own the two starts (minutes each for
+            # a big model) run at the same time, and the compare waits for the slower one, not for both in turn.
+            for side in sides:
+                launch_side(side, home, say, force, retry)
             for side in sides:
                 bring_up(side, home, say, force, retry, stop_requested)
         for n, (r, i) in enumerate(order):
