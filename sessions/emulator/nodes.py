@@ -246,6 +246,9 @@ class NodeLink:
         self._peers: dict[int, socket.socket] = {}  # node 0: the workers; a worker: {0: node 0}
         self._arrivals: dict[str, set[int]] = {}
         self._listener: socket.socket | None = None
+        # One writer at a time on the peer sockets: releases (rank reader threads) and mirrored requests (HTTP
+        # threads) would otherwise interleave the bytes of two JSON lines on one connection.
+        self._wire_lock = threading.Lock()
         self.closing = False
         self._closed = threading.Event()
 
@@ -313,7 +316,7 @@ class NodeLink:
             del self._arrivals[name]
             peers = list(self._peers.values())
         for conn in peers:
-            _send(conn, {"release": name})
+            self._send(conn, {"release": name})
         self.on_release(name)
 
     def mirror(self, message: tuple[Any, ...]) -> None:
@@ -322,7 +325,7 @@ class NodeLink:
         with self._lock:
             peers = list(self._peers.values())
         for conn in peers:
-            _send(conn, {"mirror": list(message)})
+            self._send(conn, {"mirror": list(message)})
 
     def joined(self) -> list[int]:
         with self._lock:
@@ -356,9 +359,9 @@ class NodeLink:
             self._peers[0] = conn
             pending = list(self._arrivals)
             self._arrivals.clear()
-        _send(conn, {"hello": self.layout.node_rank})
+        self._send(conn, {"hello": self.layout.node_rank})
         for name in pending:  # barriers the local ranks reached before the connection
-            _send(conn, {"arrive": name})
+            self._send(conn, {"arrive": name})
         peer = _peer_text(conn)
         reader = conn.makefile("r", encoding="utf-8")
         try:
@@ -396,7 +399,12 @@ class NodeLink:
             if conn is None:
                 self._arrivals[name] = {self.layout.node_rank}  # sent once connected
                 return
-        _send(conn, {"arrive": name})
+        self._send(conn, {"arrive": name})
+
+    def _send(self, conn: socket.socket, message: dict[str, Any]) -> None:
+        data = (json.dumps(message, separators=(",", ":")) + "\n").encode()
+        with self._wire_lock, contextlib.suppress(OSError):
+            conn.sendall(data)
 
     def close(self) -> None:
         self.closing = True
@@ -414,10 +422,6 @@ class NodeLink:
                 self._listener.close()
 
 
-def _send(conn: socket.socket, message: dict[str, Any]) -> None:
-    data = (json.dumps(message, separators=(",", ":")) + "\n").encode()
-    with contextlib.suppress(OSError):
-        conn.sendall(data)
 
 
 def _peer_text(conn: socket.socket) -> str:
@@ -452,19 +456,26 @@ class NodeCollectives(Collectives):
 
 
 class NodeSchedulerClient(SchedulerClient):
-    """Node 0's client: every request broadcast also goes to the other nodes' ranks."""
+    """Node 0's client: every request broadcast also goes to the other nodes' ranks.
+
+    The copy for the other nodes is sent under the same lock as the local ranks' (`SchedulerClient.broadcast`
+    calls `relay` inside it), so every rank of every node sees the requests in one order.  Mirrored after the
+    lock, two HTTP threads' requests A and B could reach node 0's ranks as A, B and node 1's as B, A: node 0's
+    ranks then wait in ``forward:A`` and node 1's in ``forward:B``, each collective for ever one node short (the
+    2-node extraction test's hang after a resume: two samples in flight, no answer, no error)."""
 
     link: NodeLink | None = None
 
-    def broadcast(self, *message: Any) -> None:
-        super().broadcast(*message)
+    def relay(self, message: tuple[Any, ...]) -> None:
         if self.link is not None and message[0] != "barrier_release" and self.link.layout.node_rank == 0:
             if message[0] == "shutdown":
                 self.link.closing = True  # the workers leave after this: not a lost peer
             self.link.mirror(message)
 
     def local_broadcast(self, *message: Any) -> None:
-        super().broadcast(*message)
+        """This node's ranks only: a release, or what node 0 mirrored here (read in order by one thread)."""
+        with self._broadcast_lock:
+            self.send_to_local_ranks(message)
 
 
 def wire_link(engine: Engine, client: NodeSchedulerClient, link: NodeLink) -> None:
