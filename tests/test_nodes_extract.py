@@ -151,7 +151,7 @@ def test_a_two_node_extraction_job_runs_on_node0s_host_and_survives_a_kill(captu
     assert done["state"] == "done", done
     assert_each_sample_once(out, ROWS)
     assert not [p for p in capture_dir.iterdir() if job_id in p.name]  # every dump collected, none left
-    verify = node0.call(["extract", "verify", str(out)])
+    verify = node0.call(["extract", "verify", str(out)], timeout_s=WAIT_S)
     assert verify.returncode == 0, verify.stdout + verify.stderr
     reference = start_on(node0, spec_for(tmp_path, "ref", session0, concurrency=2), jobs)
     assert wait_job(node0, reference)["state"] == "done"
