@@ -51,12 +51,39 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="use the demo home (emulated SGLang, no GPU needed); goes before any subcommand",
     )
+    parser.add_argument(
+        "--env-stdin",
+        action="store_true",
+        help="first read environment variables from one JSON line on stdin ({\"env\": {NAME: VALUE}}) and "
+        "set them here (how another host's hosts.toml env reaches this CLI without a command line); goes "
+        "before any subcommand",
+    )
     parser.add_argument("--version", action="version", version=f"eagle3-tui {_version()}",
                         help="print 'eagle3-tui VERSION' and exit (other hosts are checked against it)")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in _AREAS:  # every area is part of the product: a missing one is an ImportError, not a gap
         importlib.import_module(name).register(sub)
     return parser
+
+
+def _apply_env_stdin(words: list[str]) -> None:
+    """``--env-stdin``: the host's env from stdin's first line into this process (and so every server it
+    starts), its names in ``EAGLE3_TUI_HOST_ENV`` for the launch's secrets.  A variable the interpreter reads
+    only at start-up (``PYTHON*``) that changes makes this CLI start again with it, as ``env K=V eagle3-tui``
+    did: the rest of stdin is still unread for the new process."""
+    from sessions.remote.hosts import ENV_STDIN_FLAG, HOST_ENV_NAMES, EnvLineError, read_env_line
+
+    try:
+        env = read_env_line(sys.stdin.fileno())
+    except EnvLineError as exc:
+        raise CliError(str(exc), EXIT_BAD_INPUT) from None
+    restart = any(k.startswith("PYTHON") and os.environ.get(k) != v for k, v in env.items())
+    os.environ.update(env)
+    os.environ[HOST_ENV_NAMES] = ",".join(sorted(env))
+    if restart:
+        rest = [w for w in words if not (w.startswith("--env") and ENV_STDIN_FLAG.startswith(w))]
+        sys.stdout.flush()
+        os.execv(sys.executable, [sys.executable, "-m", "app", *rest])
 
 
 def _version() -> str:
@@ -79,6 +106,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.demo:
         os.environ["EAGLE3_TUI_DEMO"] = "1"
     try:
+        if args.env_stdin:
+            _apply_env_stdin(words)
         if args.demo and args.command is not None:
             # Every entry point creates the demo home on first use, as opening the TUI does; otherwise
             # `--demo profile list` on a fresh machine would list nothing.

@@ -30,6 +30,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--dist-init-addr", default=None, metavar="HOST:PORT")
     p.add_argument("--node-address", default="127.0.0.1", metavar="ADDR", help="this node's address")
     p.add_argument("--free-port", default=None, metavar="ADDR", help="print a free port on ADDR and exit")
+    p.add_argument("--gate-activate", default=None, metavar="HOST:PORT",
+                   help="send POST /gate/activate to SGLang's gated-launch control server at HOST:PORT and exit")
     add_json_option(p, "print the report as JSON (the default is text)")
 
     p = command(
@@ -40,8 +42,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         description="ID is a multi-node session id (or unique prefix) printed by 'launch' of a profile with "
         "server.nnodes > 1; its record is <state>/nodes/ID.json.",
     )
-    p.add_argument("action", choices=("status", "stop", "diagnose"))
+    p.add_argument("action", choices=("status", "stop", "diagnose", "gate"),
+                   help="gate: a gated launch (server.gated_launch = true): wait until every node's ranks are at "
+                   "the gate, then open it (exit 3 when it stays closed)")
     p.add_argument("id", metavar="ID")
+    p.add_argument("--timeout", type=float, default=None, metavar="S",
+                   help="gate: wait at most S seconds (default: the profile's watch.stall_after_s, or 300)")
     add_json_option(p, "print JSON on stdout")
     add_grace_option(p, "stop: seconds per node after SIGTERM")
 
@@ -74,7 +80,30 @@ def launch_across_nodes(profile, home=None, resolver=None) -> int:
     print(record.node_id, flush=True)
     print(f"launched {record.node_id}: {len(record.nodes)} nodes, rendezvous {record.dist_init_addr}",
           file=sys.stderr)
+    if record.gate is not None:  # server.gated_launch: open the gate once every node's ranks are at it
+        return _open_gate(record, resolver, home, profile.watch.stall_after_s)
     return 0
+
+
+EXIT_GATE_CLOSED = 3  # as a stalled start: the servers run on, held at the gate (`nodes gate ID` opens it)
+
+
+def _open_gate(record, resolver, home, timeout_s: float) -> int:
+    from app.cli import CliError
+    from sessions.server.nodes import NodesError
+    from sessions.server.nodes_gate import open_gate
+
+    print(f"gated launch: waiting for every node's ranks at the gate ({record.gate['host']}:{record.gate['port']} "
+          f"on node 0, at most {timeout_s:g} s)", file=sys.stderr, flush=True)
+    try:
+        result = open_gate(record, resolver, home, timeout_s)
+    except NodesError as exc:
+        raise CliError(str(exc)) from None
+    print(result.message, file=sys.stderr)
+    if not result.opened:
+        print(f"the servers keep running at the gate: 'eagle3-tui nodes gate {record.node_id}' opens it once every "
+              f"node is there, 'eagle3-tui nodes stop {record.node_id}' stops them", file=sys.stderr)
+    return 0 if result.opened else EXIT_GATE_CLOSED
 
 
 def _node_check(args: argparse.Namespace) -> int:
@@ -85,6 +114,15 @@ def _node_check(args: argparse.Namespace) -> int:
 
     if args.free_port:
         print(free_port(args.free_port))
+        return 0
+    if args.gate_activate:
+        from sessions.server.nodes import NodesError
+        from sessions.server.nodes_gate import post_activate
+
+        try:
+            print(post_activate(args.gate_activate))
+        except NodesError as exc:
+            raise CliError(str(exc)) from None
         return 0
     if not args.profile or not args.dist_init_addr:
         raise CliError("node-check needs PROFILE and --dist-init-addr HOST:PORT", EXIT_BAD_INPUT)
@@ -116,6 +154,16 @@ def _nodes(args: argparse.Namespace, resolver=None) -> int:
                                  progress=lambda text: print(text, file=sys.stderr, flush=True))
             print(json.dumps(reports) if args.json else f"stopped {record.node_id}: every node's GPUs free")
             return 0
+        if args.action == "gate":
+            from sessions.profiles import ProfileError, load_profile
+
+            timeout = args.timeout
+            if timeout is None:
+                try:
+                    timeout = load_profile(record.profile).watch.stall_after_s
+                except ProfileError:
+                    timeout = 300.0
+            return _open_gate(record, resolver, home, timeout)
         if args.action == "diagnose":
             from sessions.server.nodes_report import diagnose_nodes
 

@@ -130,9 +130,10 @@ def _is_sshd(proc: psutil.Process) -> bool:
 
 
 def cli_path(folder: Path) -> Path:
-    """The CLI the hosts run: a wrapper of this Python's ``-m app`` (this checkout, this version)."""
+    """The CLI the hosts run: a wrapper of this Python's ``-m app`` (this checkout, this version: ``-m`` finds
+    ``app`` in the working directory; hosts.toml's PYTHONPATH reaches it on stdin, ``--env-stdin``)."""
     path = folder / "eagle3-tui"
-    path.write_text(f"#!/bin/sh\nexec {sys.executable} -m app \"$@\"\n")
+    path.write_text(f"#!/bin/sh\ncd {REPO_ROOT} || exit 127\nexec {sys.executable} -m app \"$@\"\n")
     path.chmod(0o755)
     return path
 

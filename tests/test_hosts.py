@@ -72,8 +72,10 @@ def test_hosts_file_parses_targets_and_env(home) -> None:
     hosts = load_hosts(home)
     assert hosts["gpu2"].destination() == ("me@10.0.0.2", 2222)
     assert hosts["lab"].destination() == ("lab-alias", None)
-    assert hosts["gpu2"].remote_argv(["status", "--json"]) == [
-        "env", "EAGLE3_TUI_HOME=/scratch/e3", "/opt/e/bin/eagle3-tui", "status", "--json"]
+    # The env's values never go on a command line: the CLI there reads them from stdin (--env-stdin).
+    assert hosts["gpu2"].remote_argv(["status", "--json"]) == ["/opt/e/bin/eagle3-tui", "--env-stdin", "status", "--json"]
+    assert hosts["gpu2"].stdin_text("TOML") == '{"env":{"EAGLE3_TUI_HOME":"/scratch/e3"}}\nTOML'
+    assert hosts["lab"].remote_argv(["status"]) == ["eagle3-tui", "status"] and hosts["lab"].stdin_text(None) is None
     argv = SshLink(hosts["gpu2"], home).ssh_argv(["logs", "a b; rm -rf /"])
     assert argv[0] == "ssh" and "BatchMode=yes" in argv and "-T" in argv and "ControlMaster=auto" in argv
     # the remote words are quoted for the remote shell: the ';' is a character of the argument

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import signal
 import sys
 from pathlib import Path
@@ -15,6 +16,7 @@ from pathlib import Path
 import psutil
 import pytest
 import tomli_w
+import torch
 from _extract_support import chat_rows, wait_for, write_dataset, write_spec
 from _nodes_support import free_port_on, kill_node_sessions, local_nodes
 
@@ -43,7 +45,9 @@ def capture_cluster(tmp_path: Path, home, demo_model: Path):
     doc = {
         "server": {"launcher": "emulator", "python": sys.executable, "model_path": str(demo_model), "tp_size": 4,
                    "host": "127.0.0.1", "port": port, "nnodes": 2, "hosts": ["node0", "node1"],
-                   "chunked_prefill_size": 24},
+                   "chunked_prefill_size": 24,
+                   # ~a second a sample (modelled prefill speed): the job outlasts the kill -9 below
+                   "extra_args": ["--emulate-prefill-tokens-per-s", "40"]},
         "capture": {"enabled": True, "dir": str(capture_dir), "rid_prefix": "eagle3-"},
         "watch": {"stall_after_s": 300},
         "emulator": {"time_scale": 0.003, "fault": "none"},
@@ -113,7 +117,8 @@ def wait_job(node, job_id: str, states: tuple[str, ...] = ("done", "failed", "ca
                     f"job {job_id} on {node.name} in {states}", WAIT_S)
 
 
-def test_a_two_node_extraction_job_runs_on_node0s_host(capture_cluster, tmp_path: Path,
+@pytest.mark.timeout(900)  # two server starts and two jobs on a shared CPU; WAIT_S guards each wait
+def test_a_two_node_extraction_job_runs_on_node0s_host_and_survives_a_kill(capture_cluster, tmp_path: Path,
                                                                            home) -> None:
     record, table, capture_dir, jobs = capture_cluster
     node0, node1 = table["node0"], table["node1"]
@@ -131,18 +136,43 @@ def test_a_two_node_extraction_job_runs_on_node0s_host(capture_cluster, tmp_path
     here = node_id_refusal(spec_for(tmp_path, "here", record.node_id), home)
     assert f"every capture is written by TP0 on node 0, host 'node0' (127.0.0.1), into node 0's session {session0}" \
         in here and "--host node0" in here
-    # The job on node 0's host against node 0's session: every sample once, verify clean.
+    # The job on node 0's host against node 0's session, killed -9 mid-run and resumed: every sample once,
+    # verify clean, and each sample's tensors those of a run that was never killed.
     out = tmp_path / "out-n0"
     job_id = start_on(node0, spec_for(tmp_path, "n0", session0, concurrency=2), jobs)
+    pid = wait_for(lambda: job_status_on(node0, job_id).get("pid"), "the job's pid", WAIT_S)
+    wait_for(lambda: len(manifest(out)) >= 2, "2 samples recorded", WAIT_S, interval_s=0.002)
+    os.kill(pid, signal.SIGKILL)  # kill -9 of the job mid-run: its requests are still in the server
+    assert len(manifest(out)) < ROWS, "the job finished before it could be killed mid-run"
+    assert wait_job(node0, job_id, ("interrupted",))["state"] == "interrupted"
+    resumed = node0.call(["extract", "resume", job_id])
+    assert resumed.returncode == 0, resumed.stderr
     done = wait_job(node0, job_id)
     assert done["state"] == "done", done
     assert_each_sample_once(out, ROWS)
     assert not [p for p in capture_dir.iterdir() if job_id in p.name]  # every dump collected, none left
-    verify = node0.call(["extract", "verify", str(out)])
+    verify = node0.call(["extract", "verify", str(out)], timeout_s=WAIT_S)
     assert verify.returncode == 0, verify.stdout + verify.stderr
+    reference = start_on(node0, spec_for(tmp_path, "ref", session0, concurrency=2), jobs)
+    assert wait_job(node0, reference)["state"] == "done"
+    killed, unkilled = tensors_by_index(out), tensors_by_index(tmp_path / "out-ref")
+    assert sorted(killed) == sorted(unkilled) == list(range(ROWS))
+    for index, sample in unkilled.items():
+        assert set(killed[index]) == set(sample)
+        for key, value in sample.items():
+            assert torch.equal(killed[index][key], value), (index, key)
     # Node 1 holds TP2-3 only, so it has no writer rank (the rule the refusal above relies on).
     log1 = node1.call(["logs", session1]).stdout
     assert "TP0]" not in log1 and "TP2]" in log1
+
+
+def tensors_by_index(out: Path) -> dict[int, dict]:
+    """Each ok sample's tensors, by dataset index (sample ids name the job, so they are left out)."""
+    result = {}
+    for entry in manifest(out):
+        data = torch.load(out / entry["path"], weights_only=True)
+        result[entry["index"]] = {k: v for k, v in data.items() if isinstance(v, torch.Tensor)}
+    return result
 
 
 def node_id_refusal(spec: Path, home) -> str:

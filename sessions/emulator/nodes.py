@@ -54,6 +54,8 @@ PEER_LOSS_MIN_S = 0.3
 CONNECT_RETRY_S = 0.2
 CONNECT_WARN_EVERY_S = 5.0
 NCCL_VERSION = "2.27.7"
+GATE_POLL_S = 1.0  # gated_launch.py POLL_INTERVAL_SECONDS
+GATE_LOG_INTERVAL_S = 10.0  # gated_launch.py LOG_INTERVAL_SECONDS
 
 
 @dataclass(frozen=True)
@@ -246,6 +248,9 @@ class NodeLink:
         self._peers: dict[int, socket.socket] = {}  # node 0: the workers; a worker: {0: node 0}
         self._arrivals: dict[str, set[int]] = {}
         self._listener: socket.socket | None = None
+        # One writer at a time on the peer sockets: releases (rank reader threads) and mirrored requests (HTTP
+        # threads) would otherwise interleave the bytes of two JSON lines on one connection.
+        self._wire_lock = threading.Lock()
         self.closing = False
         self._closed = threading.Event()
 
@@ -313,7 +318,7 @@ class NodeLink:
             del self._arrivals[name]
             peers = list(self._peers.values())
         for conn in peers:
-            _send(conn, {"release": name})
+            self._send(conn, {"release": name})
         self.on_release(name)
 
     def mirror(self, message: tuple[Any, ...]) -> None:
@@ -322,7 +327,7 @@ class NodeLink:
         with self._lock:
             peers = list(self._peers.values())
         for conn in peers:
-            _send(conn, {"mirror": list(message)})
+            self._send(conn, {"mirror": list(message)})
 
     def joined(self) -> list[int]:
         with self._lock:
@@ -356,9 +361,9 @@ class NodeLink:
             self._peers[0] = conn
             pending = list(self._arrivals)
             self._arrivals.clear()
-        _send(conn, {"hello": self.layout.node_rank})
+        self._send(conn, {"hello": self.layout.node_rank})
         for name in pending:  # barriers the local ranks reached before the connection
-            _send(conn, {"arrive": name})
+            self._send(conn, {"arrive": name})
         peer = _peer_text(conn)
         reader = conn.makefile("r", encoding="utf-8")
         try:
@@ -396,7 +401,12 @@ class NodeLink:
             if conn is None:
                 self._arrivals[name] = {self.layout.node_rank}  # sent once connected
                 return
-        _send(conn, {"arrive": name})
+        self._send(conn, {"arrive": name})
+
+    def _send(self, conn: socket.socket, message: dict[str, Any]) -> None:
+        data = (json.dumps(message, separators=(",", ":")) + "\n").encode()
+        with self._wire_lock, contextlib.suppress(OSError):
+            conn.sendall(data)
 
     def close(self) -> None:
         self.closing = True
@@ -414,10 +424,6 @@ class NodeLink:
                 self._listener.close()
 
 
-def _send(conn: socket.socket, message: dict[str, Any]) -> None:
-    data = (json.dumps(message, separators=(",", ":")) + "\n").encode()
-    with contextlib.suppress(OSError):
-        conn.sendall(data)
 
 
 def _peer_text(conn: socket.socket) -> str:
@@ -452,19 +458,26 @@ class NodeCollectives(Collectives):
 
 
 class NodeSchedulerClient(SchedulerClient):
-    """Node 0's client: every request broadcast also goes to the other nodes' ranks."""
+    """Node 0's client: every request broadcast also goes to the other nodes' ranks.
+
+    The copy for the other nodes is sent under the same lock as the local ranks' (`SchedulerClient.broadcast`
+    calls `relay` inside it), so every rank of every node sees the requests in one order.  Mirrored after the
+    lock, two HTTP threads' requests A and B could reach node 0's ranks as A, B and node 1's as B, A: node 0's
+    ranks then wait in ``forward:A`` and node 1's in ``forward:B``, each collective for ever one node short (the
+    2-node extraction test's hang after a resume: two samples in flight, no answer, no error)."""
 
     link: NodeLink | None = None
 
-    def broadcast(self, *message: Any) -> None:
-        super().broadcast(*message)
+    def relay(self, message: tuple[Any, ...]) -> None:
         if self.link is not None and message[0] != "barrier_release" and self.link.layout.node_rank == 0:
             if message[0] == "shutdown":
                 self.link.closing = True  # the workers leave after this: not a lost peer
             self.link.mirror(message)
 
     def local_broadcast(self, *message: Any) -> None:
-        super().broadcast(*message)
+        """This node's ranks only: a release, or what node 0 mirrored here (read in order by one thread)."""
+        with self._broadcast_lock:
+            self.send_to_local_ranks(message)
 
 
 def wire_link(engine: Engine, client: NodeSchedulerClient, link: NodeLink) -> None:
@@ -585,6 +598,8 @@ class _GateHandler(http.server.BaseHTTPRequestHandler):
         body = b"OK" if status == 200 else b'{"detail":"Not Found"}'
         self.send_response(status)
         self.send_header("content-length", str(len(body)))
+        # PlainTextResponse("OK"), or FastAPI's JSON 404
+        self.send_header("content-type", "text/plain; charset=utf-8" if status == 200 else "application/json")
         self.end_headers()
         self.wfile.write(body)
 
@@ -605,22 +620,44 @@ class GateServer(http.server.ThreadingHTTPServer):
 
 def wait_for_gated_launch(console: Console, args: Mapping[str, Any], tp_rank: int,
                           all_reduce: Callable[[str], None]) -> None:
-    """``maybe_wait_for_gated_launch``: after ``Init parallel ends`` and before the memory baseline, every
-    rank waits until ``POST /gate/activate`` reaches ``--gated-launch-port`` on the first rank's host.  World
-    rank 0 serves the gate and logs the waits every 10 s; the others wait for it in a collective (SGLang
-    broadcasts rank 0's flag every second)."""
+    """``maybe_wait_for_gated_launch`` (distributed/gated_launch.py:23-66 in 0.5.23): after ``Init parallel
+    ends`` and before the memory baseline (bootstrap.py:200-202), world rank 0 starts the control server on
+    ``--host`` and ``--gated-launch-port``, then every rank logs ``Gated launch waiting for activation.
+    rank=N`` and waits until ``POST /gate/activate`` reached it: SGLang broadcasts rank 0's flag over the CPU
+    group every second, so no rank leaves before rank 0 saw the POST (here: one collective after it).  Every
+    rank logs ``Gated launch still waiting for activation. rank=N elapsed=S s`` every 10 s meanwhile.  A port
+    that cannot be bound is uvicorn's error in its server thread, and the gate then never opens."""
     port = args.get("gated_launch_port")
     if port is None:
         return
-    console.log(f"Gated launch waiting for activation. rank={tp_rank}")
-    tic = time.monotonic()
+    server: GateServer | None = None
     if tp_rank == 0:
         host = args.get("host") or "127.0.0.1"
-        server = GateServer(host, int(port))
-        threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
-        console.log(f"Gated launch control server started on {host}:{port}")
-        while not server.activated.wait(10.0):
+        try:
+            server = GateServer(host, int(port))
+        except OSError as exc:  # uvicorn.Server.run in its thread: logs, ends the thread, the ranks wait on
+            console.log(f"Gated launch control server started on {host}:{port}")  # logged as the thread starts
+            console.uvicorn(f"[Errno {exc.errno}] error while attempting to bind on address ({host!r}, {port}): "
+                            f"{(exc.strerror or str(exc)).lower()}", logging.ERROR)
+        else:
+            threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
+            console.log(f"Gated launch control server started on {host}:{port}")
+    console.log(f"Gated launch waiting for activation. rank={tp_rank}")
+    tic = time.monotonic()
+    released = threading.Event()
+
+    def still_waiting() -> None:
+        while not released.wait(GATE_LOG_INTERVAL_S):
             console.log(f"Gated launch still waiting for activation. rank={tp_rank} "
                         f"elapsed={time.monotonic() - tic:.0f} s")
-    all_reduce("gated_launch")
+
+    threading.Thread(target=still_waiting, name="gated-launch-log", daemon=True).start()
+    try:
+        if tp_rank == 0:
+            while server is None or not server.activated.wait(GATE_POLL_S):
+                if server is None:
+                    time.sleep(GATE_POLL_S)  # no server: nothing can open the gate
+        all_reduce("gated_launch")
+    finally:
+        released.set()
     console.log(f"Gated launch activated. elapsed={time.monotonic() - tic:.2f} s")

@@ -111,10 +111,20 @@ class SchedulerClient:
 
     def broadcast(self, *message: Any) -> None:
         # One lock around the whole broadcast: every rank must see the requests in the same order, or
-        # two concurrent forwards would each wait in a collective the other rank entered second.
+        # two concurrent forwards would each wait in a collective the other rank entered second.  That holds
+        # for ranks on other nodes too (`relay`): their copy goes out under the same lock.
         with self._broadcast_lock:
-            for rank in self.conns:
-                self.send(rank, *message)
+            self.send_to_local_ranks(message)
+            self.relay(message)
+
+    def send_to_local_ranks(self, message: tuple[Any, ...]) -> None:
+        """Every rank's pipe of this process, in rank order (the caller holds the broadcast lock)."""
+        for rank in self.conns:
+            self.send(rank, *message)
+
+    def relay(self, message: tuple[Any, ...]) -> None:
+        """Ranks beyond this process's pipes that must see the broadcasts in the same order: none here (the
+        nodes of a server across nodes, `sessions.emulator.nodes.NodeSchedulerClient`)."""
 
     def dispatch(self, message: tuple[Any, ...]) -> bool:
         """Handle a collective, a report or a reply; False for anything else (e.g. "ready")."""

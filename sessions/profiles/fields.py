@@ -419,6 +419,8 @@ def node_field_problems(profile: LaunchProfile, bad: set[str], line_of: Callable
     if s.nnodes == 1:
         if s.hosts and len(s.hosts) != 1:
             problem("server.hosts", f"names {len(s.hosts)} hosts but server.nnodes is 1")
+        if s.gated_launch:
+            problem("server.gated_launch", "holds the ranks until every node joined: it needs server.nnodes > 1")
         return problems
     if len(s.hosts) != s.nnodes:
         problem("server.hosts", f"must name {s.nnodes} hosts (node 0 first) for server.nnodes = {s.nnodes}, "
@@ -436,6 +438,10 @@ def node_field_problems(profile: LaunchProfile, bad: set[str], line_of: Callable
                     "data-parallel replicas; use attention DP (--attn-dp-size) across nodes")
         if profile.capture.enabled and pp != 1:
             problem("capture.enabled", f"capture needs pp_size = 1 (SGLang's capture mode), not --pp-size {pp}")
+        if s.gated_launch and any(str(a) == "--gated-launch-port" or str(a).startswith("--gated-launch-port=")
+                                  for a in s.extra_args):
+            problem("server.extra_args", "--gated-launch-port is set by server.gated_launch = true (a free port on "
+                    "node 0); remove one of them")
         for flag in ("--nnodes", "--node-rank", "--dist-init-addr", "--nccl-init-addr"):
             if any(str(a) == flag or str(a).startswith(flag + "=") for a in s.extra_args):
                 problem("server.extra_args", f"{flag} is set per node by server.nnodes/hosts/dist_init_addr; "

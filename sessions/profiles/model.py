@@ -147,6 +147,9 @@ class ServerSection:
     nnodes: int = 1
     hosts: tuple[str, ...] = ()
     dist_init_addr: str | None = None
+    # SGLang's --gated-launch-port across nodes: every rank waits after distributed init until the launch saw
+    # every node's ranks at the gate, then POSTs /gate/activate (the port: a free one on node 0).
+    gated_launch: bool = False
 
 
 @dataclass(frozen=True)
@@ -205,6 +208,7 @@ _KINDS: dict[str, dict[str, str]] = {
         "nnodes": "int",
         "hosts": "list[str]",
         "dist_init_addr": "str",
+        "gated_launch": "bool",
     },
     "capture": {"enabled": "bool", "layers": "list[int]", "dir": "str", "rid_prefix": "str"},
     "watch": {"stall_after_s": "float"},

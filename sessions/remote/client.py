@@ -84,6 +84,9 @@ class RemoteClient:
         result = self.call(["--version"])
         words = result.stdout.split()
         remote = words[-1] if result.returncode == 0 and len(words) == 2 and words[0] == "eagle3-tui" else None
+        if remote is None and "unrecognized arguments: --env-stdin" in result.stderr:
+            raise HostError(f"{self.host.eagle3_tui} on {self.host.name} is an eagle3-tui older than this "
+                            f"machine's {local_version()} (it has no --env-stdin, which hosts.toml's env needs)")
         if remote is None:
             said = (result.stdout.strip() or ssh_reason(result.stderr))[:200]
             raise HostError(f"{self.host.eagle3_tui} on {self.host.name} is not eagle3-tui "

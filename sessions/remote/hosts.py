@@ -5,14 +5,23 @@ One table per host::
     [hosts.gpu2]
     ssh = "gpu2"                          # a ~/.ssh/config alias, or user@host:port
     eagle3_tui = "/opt/venv/bin/eagle3-tui"  # the CLI there (default: eagle3-tui on its PATH)
-    env = { EAGLE3_TUI_HOME = "/scratch/me/e3" }  # put before the command as `env K=V`
+    env = { EAGLE3_TUI_HOME = "/scratch/me/e3" }  # set in our CLI's environment there (never argv)
     ssh_config = "~/.ssh/config.lab"      # optional: an ssh_config file (`ssh -F`)
 
 Bad input is an error naming the file, the line and what is wrong, as the profile loader does.  The name
 ``local`` is reserved for this machine.
+
+A host's ``env`` never travels on a command line (``ps`` shows every process's argv to every user of a
+host, and the local ``ssh`` process's argv holds the remote command): the remote command is
+``<eagle3_tui> --env-stdin ARGV`` and the variables go first on its stdin, as one JSON line (`env_line`),
+before whatever else the command reads there (a profile's TOML).  Our CLI there reads that line
+(`read_env_line`), sets the variables in its own environment (so in every server it starts) and names them
+in ``EAGLE3_TUI_HOST_ENV``, so a launch there records their secret values for redaction (`host_env_of`).
 """
 from __future__ import annotations
 
+import json
+import os
 import re
 import tomllib
 from collections.abc import Mapping
@@ -31,6 +40,9 @@ _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 # user@host, host, user@host:port, host:port, [v6]:port; no spaces, no leading "-" (it would be an option)
 _SSH_TARGET = re.compile(r"^(?!-)[^\s@]+@?[^\s@]*$")
 _KEYS = ("ssh", "eagle3_tui", "env", "ssh_config")
+ENV_STDIN_FLAG = "--env-stdin"  # our CLI's option: the first line of stdin is the host's env (JSON)
+HOST_ENV_NAMES = "EAGLE3_TUI_HOST_ENV"  # set there: the names that line set, comma separated
+_ENV_LINE_MAX = 1 << 20
 
 
 @dataclass(frozen=True)
@@ -55,9 +67,59 @@ class Host:
         return target, None
 
     def remote_argv(self, argv: list[str]) -> list[str]:
-        """The command run there: ``env K=V ... <eagle3_tui> ARGV``."""
-        env = [f"{k}={v}" for k, v in sorted(self.env.items())]
-        return (["env", *env] if env else []) + [self.eagle3_tui, *argv]
+        """The command run there: ``<eagle3_tui> [--env-stdin] ARGV``; the env's values are never in it."""
+        return [self.eagle3_tui, *([ENV_STDIN_FLAG] if self.env else []), *argv]
+
+    def stdin_text(self, input: str | None) -> str | None:
+        """What the command there gets on stdin: the env line first (with ``--env-stdin``), then ``input``."""
+        if not self.env:
+            return input
+        return env_line(self.env) + (input or "")
+
+
+def env_line(env: Mapping[str, str]) -> str:
+    """The one line ``--env-stdin`` reads: ``{"env": {...}}`` and a newline (JSON escapes any newline in a
+    value, so the line ends where the env ends)."""
+    return json.dumps({"env": dict(env)}, separators=(",", ":")) + "\n"
+
+
+class EnvLineError(ValueError):
+    """The ``--env-stdin`` line is missing or malformed; the message says what is wrong."""
+
+
+def read_env_line(fd: int = 0) -> dict[str, str]:
+    """Read the env line from ``fd`` one byte at a time (nothing after the newline is consumed: a profile's
+    TOML that follows is still there for the command) and check it."""
+    raw = bytearray()
+    while True:
+        byte = os.read(fd, 1)
+        if not byte:
+            raise EnvLineError(f"{ENV_STDIN_FLAG}: stdin ended before the environment line"
+                               + (f" ({len(raw)} bytes, no newline)" if raw else ""))
+        if byte == b"\n":
+            break
+        raw += byte
+        if len(raw) > _ENV_LINE_MAX:
+            raise EnvLineError(f"{ENV_STDIN_FLAG}: the environment line is over {_ENV_LINE_MAX} bytes")
+    try:
+        data = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise EnvLineError(f"{ENV_STDIN_FLAG}: the environment line is not JSON ({exc})") from None
+    env = data.get("env") if isinstance(data, dict) else None
+    if not isinstance(env, dict):
+        raise EnvLineError(f'{ENV_STDIN_FLAG}: the environment line must be {{"env": {{NAME: VALUE}}}}')
+    for name, value in env.items():
+        if not _ENV_NAME.match(name):
+            raise EnvLineError(f"{ENV_STDIN_FLAG}: {name!r} is not a variable name")
+        if not isinstance(value, str) or "\0" in value:
+            raise EnvLineError(f"{ENV_STDIN_FLAG}: the value of {name} must be a string without NUL")
+    return env
+
+
+def host_env_of(environ: Mapping[str, str]) -> dict[str, str]:
+    """The variables an ``--env-stdin`` line set in this process (by the names it recorded)."""
+    names = [n for n in environ.get(HOST_ENV_NAMES, "").split(",") if n]
+    return {n: environ[n] for n in names if n in environ}
 
 
 class HostsError(Exception):

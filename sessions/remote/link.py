@@ -1,9 +1,10 @@
 """How a command reaches a host: `SshLink` (the user's own OpenSSH client) or `LocalLink` (this machine).
 
 Both run an argv of our own CLI (``[\"status\", \"--json\"]``) and hand back a `CompletedProcess`; neither
-ever uses a shell here.  `SshLink` builds ``ssh [options] -- DEST 'env K=V eagle3-tui ARGV'`` where the
+ever uses a shell here.  `SshLink` builds ``ssh [options] -- DEST 'eagle3-tui --env-stdin ARGV'`` where the
 remote command is `shlex.join` of the argv (ssh always hands its command to the remote user's shell, so
-the words are quoted for that shell).
+the words are quoted for that shell), and the host's env goes first on the command's stdin
+(`sessions.remote.hosts.env_line`): never in an argv, where ``ps`` would show it on either host.
 
 Never a prompt: ``BatchMode=yes`` (no password, passphrase or host-key question), ``-T`` (no tty) and
 stdin from /dev/null (or the text we send), so a host that wants something typed fails at once with
@@ -162,13 +163,14 @@ class SshLink:
     def run(self, argv: list[str], timeout_s: float, input: str | None = None) -> subprocess.CompletedProcess[str]:
         # The master that ssh forks for ControlPersist keeps no pipe of ours open (it detaches its stdio),
         # so the wait ends with the command.
+        input = self.host.stdin_text(input)
         return subprocess.run(
             self.ssh_argv(argv), input=input, stdin=None if input is not None else subprocess.DEVNULL,
             capture_output=True, text=True, timeout=timeout_s, check=False, start_new_session=True,
         )
 
     def popen(self, argv: list[str], input: str | None = None) -> subprocess.Popen[str]:
-        return _started(self.ssh_argv(argv), input, start_new_session=True)
+        return _started(self.ssh_argv(argv), self.host.stdin_text(input), start_new_session=True)
 
     def close(self) -> None:
         """End the shared connection (its master exits); a host already gone is fine."""

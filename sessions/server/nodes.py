@@ -118,6 +118,21 @@ def default_dist_init_addr(profile: LaunchProfile, node0: NodeEndpoint) -> str:
     return f"{_url_host(node0.address)}:{port}"
 
 
+def gated_profile(profile: LaunchProfile, node0: NodeEndpoint) -> tuple[LaunchProfile, dict[str, Any]]:
+    """``server.gated_launch``: the profile every node gets, with ``--gated-launch-port P`` (a port node 0 says is
+    free on its ``--host``, where SGLang's world rank 0 serves the gate: gated_launch.py:31-33,
+    bootstrap.py:200-202), and the record's gate entry."""
+    host = str(profile.server.host or "127.0.0.1")
+    result = node0.call(["node-check", "--free-port", host])
+    port = result.stdout.strip()
+    if result.returncode != 0 or not port.isdigit():
+        raise NodesError(f"node 0 ({node0.name}): cannot pick a free gated-launch port on {host}: "
+                         f"{(result.stderr or result.stdout).strip()[:300]}")
+    extra = (*profile.server.extra_args, "--gated-launch-port", port)
+    sent = profile.with_changes(server={"gated_launch": False, "extra_args": extra})
+    return sent, {"host": host, "port": int(port), "state": "closed"}
+
+
 def _url_host(host: str) -> str:
     return f"[{host}]" if ":" in host else host
 
@@ -228,18 +243,22 @@ class MultiNodeRecord:
     nodes: list[NodeEntry]
     started_at: float = field(default_factory=time.time)
     stopped_at: float | None = None
+    # server.gated_launch: where world rank 0's gate listens on node 0 (its --host, a free port), and whether
+    # this launch sent POST /gate/activate yet ("closed" / "open"); None without a gate.
+    gate: dict[str, Any] | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {"id": self.node_id, "profile": self.profile, "tp_size": self.tp_size, "nnodes": len(self.nodes),
                 "dist_init_addr": self.dist_init_addr, "nodes": [n.to_json() for n in self.nodes],
-                "started_at": self.started_at, "stopped_at": self.stopped_at}
+                "started_at": self.started_at, "stopped_at": self.stopped_at, "gate": self.gate}
 
     @classmethod
     def from_json(cls, data: dict) -> MultiNodeRecord:
         nodes = [NodeEntry(int(n["rank"]), str(n["host"]), str(n["address"]), n.get("session_id"))
                  for n in data["nodes"]]
+        gate = data.get("gate") if isinstance(data.get("gate"), dict) else None
         return cls(str(data["id"]), str(data["profile"]), int(data["tp_size"]), str(data["dist_init_addr"]),
-                   nodes, float(data.get("started_at") or 0.0), data.get("stopped_at"))
+                   nodes, float(data.get("started_at") or 0.0), data.get("stopped_at"), gate)
 
     def save(self, home: Home) -> None:
         directory = home.state_root / NODES_DIR
@@ -316,10 +335,13 @@ def launch_nodes(home: Home, profile: LaunchProfile, resolver: NodeResolver,
     node starts (a failure part way leaves a record that `stop_nodes` can clean up)."""
     endpoints = resolve_nodes(profile, resolver)
     dist_init_addr = default_dist_init_addr(profile, endpoints[0])
+    gate = None
+    if profile.server.gated_launch:
+        profile, gate = gated_profile(profile, endpoints[0])
     preflight(profile, endpoints, dist_init_addr)
     node_id = f"{NODE_ID_PREFIX}{profile.name[:60]}-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(2)}"
     record = MultiNodeRecord(node_id, profile.name, int(profile.server.tp_size), dist_init_addr,
-                             [NodeEntry(r, e.name, e.address) for r, e in enumerate(endpoints)])
+                             [NodeEntry(r, e.name, e.address) for r, e in enumerate(endpoints)], gate=gate)
     record.save(home)
     text = profile_text_for_host(profile)
     for rank, node in enumerate(endpoints):

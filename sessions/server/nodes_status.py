@@ -71,6 +71,7 @@ class MultiNodeStatus:
     def to_json(self) -> dict[str, Any]:
         return {"id": self.record.node_id, "profile": self.record.profile, "state": self.state,
                 "verdict": self.verdict, "hints": list(self.hints), "dist_init_addr": self.record.dist_init_addr,
+                "gate": self.record.gate,
                 "nodes": [n.to_json() for n in self.nodes]}
 
 

@@ -27,6 +27,7 @@ from sessions.home import Home, atomic_write_json, atomic_write_text, ensure_pri
 from sessions.phases import StartupPhase
 from sessions.profiles import LaunchProfile, Problem, build_command, validate_profile
 from sessions.redaction import Redactor, collect_secrets, redact_argv, redact_env, write_secrets_file
+from sessions.remote.hosts import host_env_of
 from sessions.server.diff import flag_diff
 from sessions.server.group import (
     GROUP_KEY,
@@ -234,7 +235,8 @@ class ServerSession(SessionReader):
         }
         env_changes = dict(command.env_changes) | added_env
         # The exact secret values of this launch (0600, never shown): every later reader hides them by value.
-        secret_list = collect_secrets(command.argv, env_changes)
+        # The server also inherits what another host's hosts.toml env set in this CLI (`--env-stdin`).
+        secret_list = collect_secrets(command.argv, host_env_of(os.environ) | env_changes)
         write_secrets_file(session_dir, secret_list)
         redactor = Redactor(secret_list)
         redacted_argv = [redactor.text(a) for a in redact_argv(command.argv)]
