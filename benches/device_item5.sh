@@ -7,7 +7,8 @@ set -u
 PARTS=",${1:-facts,collector,kimi,llama8b,scaling},"
 SAMPLES_KIMI=${SAMPLES_KIMI:-150}
 SAMPLES_LLAMA=${SAMPLES_LLAMA:-240}
-ROUNDS=${ROUNDS:-2}
+ROUNDS_KIMI=${ROUNDS_KIMI:-2}
+ROUNDS_LLAMA=${ROUNDS_LLAMA:-1}
 export PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 SPY=$(command -v py-spy || true)
@@ -23,23 +24,24 @@ if [[ $PARTS == *,facts,* ]]; then
     done
   } 2>&1 | tee "$OUT/facts.txt"
 fi
-if [[ $PARTS == *,collector,* ]]; then
-  echo "== collector path vs cp, kimi shape"
-  timeout -s INT -k 15 120 python3 benches/bench_extract.py --only collector --shape kimi --collector-samples 120 2>&1 \
-    | tee "$OUT/collector_kimi.txt" | tail -8
-fi
 for shape in kimi llama8b; do
   [[ $PARTS == *,$shape,* ]] || continue
-  n=$SAMPLES_KIMI; [[ $shape == llama8b ]] && n=$SAMPLES_LLAMA
-  echo "== extraction at the $shape shape, $n samples, $ROUNDS rounds"
-  timeout -s INT -k 15 200 python3 benches/bench_extract.py --device cuda --only extraction --shape $shape --samples $n \
-    --rounds $ROUNDS --warmups 1 ${SPY:+--py-spy $SPY --py-spy-idle --py-spy-out $OUT/pyspy_$shape.raw} 2>&1 \
-    | grep -v "Token indices" | tee "$OUT/extract_$shape.txt" | tail -16
+  n=$SAMPLES_KIMI; rounds=$ROUNDS_KIMI; limit=115
+  [[ $shape == llama8b ]] && n=$SAMPLES_LLAMA rounds=$ROUNDS_LLAMA limit=125
+  echo "== extraction at the $shape shape, $n samples, $rounds rounds"
+  timeout -s INT -k 10 $limit python3 benches/bench_extract.py --device cuda --only extraction --shape $shape --samples $n \
+    --rounds $rounds --warmups 1 ${SPY:+--py-spy $SPY --py-spy-idle --py-spy-out $OUT/pyspy_$shape.raw} 2>&1 \
+    | grep --line-buffered -v "Token indices" | tee "$OUT/extract_$shape.txt" | tail -16
 done
 if [[ $PARTS == *,scaling,* ]]; then
   echo "== one job over 1, 2, 4 real-model replicas on the one GPU"
-  timeout -s INT -k 15 200 python3 benches/bench_extract_scaling.py --device cuda --servers 1,2,4 --samples ${SAMPLES_SCALING:-480} \
+  timeout -s INT -k 10 ${SCALING_LIMIT:-60} python3 benches/bench_extract_scaling.py --device cuda --servers 1,2,4 --samples ${SAMPLES_SCALING:-160} \
     --concurrency 16 --hidden-size ${SCALING_HIDDEN:-1024} --answer-words 40 2>&1 | tee "$OUT/scaling_cuda.txt" | tail -12
+fi
+if [[ $PARTS == *,collector,* ]]; then
+  echo "== collector path vs cp, kimi shape"
+  timeout -s INT -k 10 40 python3 benches/bench_extract.py --only collector --shape kimi --collector-samples 120 2>&1 \
+    | tee "$OUT/collector_kimi.txt" | tail -8
 fi
 ps -eo pid,pgid,etimes,args | grep -E "emulator|extraction" | grep -v grep | tee "$OUT/leftovers.txt"
 ls -la "$OUT"
