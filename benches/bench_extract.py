@@ -80,18 +80,26 @@ def launch(home, name: str, model_dir: Path, capture_dir: Path | None, env_devic
     return session
 
 
-async def fire(url: str, payloads: list[dict], concurrency: int, cpu: list | None = None) -> float:
+async def fire(url: str, payloads: list[dict], concurrency: int, cpu: list | None = None,
+               finished: list | None = None) -> float:
     """Send every payload through our client's request path; returns requests/s (``cpu`` gets the
-    client's own CPU seconds, so its capacity can be told apart from the server's)."""
+    client's own CPU seconds, so its capacity can be told apart from the server's; ``finished`` gets
+    (seconds since the start, answers so far) at each answer, for `steady_rate`)."""
     from sessions.extraction.client import ExtractionClient
 
     client = ExtractionClient(url, concurrency=concurrency, request_timeout_s=120)
     queue = list(reversed(payloads))
 
+    answered = 0
+
     async def worker() -> None:
+        nonlocal answered
         while queue:
             payload = queue.pop()
             await client.post_generate(payload["rid"], payload["input_ids"])
+            answered += 1
+            if finished is not None:
+                finished.append((time.perf_counter() - started, answered))
 
     started, cpu_started = time.perf_counter(), time.process_time()
     await asyncio.gather(*(worker() for _ in range(concurrency)))
@@ -243,6 +251,24 @@ def disk_durable_rate(where: str, megabytes: int) -> float:
         shutil.rmtree(target.parent, ignore_errors=True)
 
 
+def steady_rate(timeline: list[tuple[float, int]], total: int, low: float = 0.1, high: float = 0.9) -> float:
+    """Samples/s between the moments ``low`` and ``high`` of ``total`` were done: the rate without the
+    fixed costs at either end (the first forward, the last flush), which weigh ~10 % in a 4-s round."""
+    first = next(((t, n) for t, n in timeline if n >= low * total), None)
+    last = next(((t, n) for t, n in timeline if n >= high * total), None)
+    if first is None or last is None or last[0] <= first[0]:
+        return float("nan")
+    return (last[1] - first[1]) / (last[0] - first[0])
+
+
+def manifest_lines(path: Path) -> int:
+    try:
+        with open(path, "rb") as fh:
+            return fh.read().count(b"\n")
+    except FileNotFoundError:
+        return 0
+
+
 def rows_for_tokens(renderer, count: int, tokens: int, path: Path) -> tuple[Path, list[list[int]]]:
     """A dataset at ``path`` whose rendered samples average ``tokens`` (the answer length found by bisection)."""
     sys.path.insert(0, str(REPO_ROOT / "tests"))
@@ -335,6 +361,8 @@ def bench_extraction(home, args) -> None:
             asyncio.run(fire(url, [{"rid": f"warm-{warm}-{i}", "input_ids": list(x)} for i, x in enumerate(ids)],
                              args.concurrency))
         plain, job, capture_only, cpu_per_sample, written = [], [], [], [], 0.0
+        job_steady: list[float] = []
+        capture_steady: list[float] = []
         for r in range(args.rounds):
             plain.append(asyncio.run(fire(url, [{"rid": f"plain-{r}-{i}", "input_ids": list(x)}  # no capture prefix
                                                 for i, x in enumerate(ids)], args.concurrency)))
@@ -344,32 +372,44 @@ def bench_extraction(home, args) -> None:
             deadline = time.monotonic() + 1800
             watch = CpuWatch()
             profiler = None
+            timeline: list[tuple[float, int]] = []  # (wall clock, manifest lines): the commits as they land
+            manifest = work / f"out-{r}" / "manifest.jsonl"
             while (progress := job_status(job_id, home)).state not in ("done", "failed", "cancelled", "interrupted"):
                 if time.monotonic() > deadline:
                     raise SystemExit(f"job {job_id} did not finish")
                 watch.poll(progress.pid, progress.state == "running")
                 if args.py_spy and r == 0 and profiler is None and progress.state == "running" and progress.pid:
                     profiler = subprocess.Popen([args.py_spy, "record", "--nonblocking", "--threads", "--rate", "50",
+                                                 *(["--idle"] if args.py_spy_idle else []),
                                                  "-f", "raw", "-o", str(Path(args.py_spy_out).resolve()),
                                                  "--pid", str(progress.pid)],
                                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-                time.sleep(0.2)
+                for _ in range(10):  # the manifest every 20 ms, the job's state every 200 ms
+                    timeline.append((time.time(), manifest_lines(manifest)))
+                    time.sleep(0.02)
             if profiler is not None:
                 profiler.wait(timeout=60)  # it ends with the job process
             if progress.state != "done":
                 raise SystemExit(f"job {job_id} {progress.state}: {progress.reason}")
             raw = json.loads((Path(progress.job_dir) / "progress.json").read_text())
             job.append(raw["done_this_run"] / (raw["last_progress_at"] - raw["pipeline_started_at"]))
+            job_steady.append(steady_rate([(t - raw["pipeline_started_at"], n) for t, n in timeline],
+                                          raw["done_this_run"]))
             cpu_per_sample.append(watch.seconds / max(1, raw["done_this_run"]))
             written = raw["bytes"]
             shutil.rmtree(work / f"out-{r}")
             # The same requests with the capture rid prefix: the server dumps, nobody collects (deleted after).
+            answers: list[tuple[float, int]] = []
             capture_only.append(asyncio.run(fire(url, [{"rid": f"eagle3-capture-only-{r}-{i}", "input_ids": list(x)}
-                                                       for i, x in enumerate(ids)], args.concurrency)))
+                                                       for i, x in enumerate(ids)], args.concurrency,
+                                                 finished=answers)))
+            capture_steady.append(steady_rate(answers, len(ids)))
             for entry in capture.iterdir():
                 shutil.rmtree(entry, ignore_errors=True)
             print(f"round {r + 1}: plain {plain[-1]:.2f}, extraction {job[-1]:.2f}, capture-only "
-                  f"{capture_only[-1]:.2f} samples/s; job CPU {1e3 * cpu_per_sample[-1]:.0f} ms a sample", flush=True)
+                  f"{capture_only[-1]:.2f} samples/s; job CPU {1e3 * cpu_per_sample[-1]:.0f} ms a sample; "
+                  f"steady (10-90 %): extraction {job_steady[-1]:.2f}, capture-only {capture_steady[-1]:.2f}",
+                  flush=True)
         med_plain, med_job, med_capture = (statistics.median(v) for v in (plain, job, capture_only))
         disk_mbps = disk_durable_rate(args.scratch, args.dd_mb)
         sample_mb = written / args.samples / 1e6
@@ -398,6 +438,10 @@ def bench_extraction(home, args) -> None:
               f"{args.scratch}")
         print(f"disk_durable_sps       {disk_sps:9.2f}  samples/s the disk takes durably at {sample_mb:.1f} MB a "
               "sample")
+        steady_job, steady_capture = statistics.median(job_steady), statistics.median(capture_steady)
+        print(f"steady_ratio           {steady_job / steady_capture:9.3f}  the same between 10 % and 90 % of each "
+              f"run's samples (extraction {steady_job:.2f}, capture-only {steady_capture:.2f}): the per-sample "
+              "cost without either end's fixed cost")
         verdict = "ok" if med_job >= 0.95 * limit else "BELOW"
         print(f"vs_limit               {med_job / limit:9.3f}  extraction vs min(capture-only {med_capture:.2f}, "
               f"disk {disk_sps:.2f}) = {limit:.2f}; 0.95 x limit = {0.95 * limit:.2f}: {verdict}  [target >= 0.95]")
@@ -431,6 +475,7 @@ def main() -> None:
                         help="2 attention heads and a 64-wide MLP at the real hidden size (default: on for cpu)")
     parser.add_argument("--dd-mb", type=int, default=1024, help="MB that the durable disk rate is measured on")
     parser.add_argument("--py-spy", default=None, help="py-spy binary: record the first round's job process")
+    parser.add_argument("--py-spy-idle", action="store_true", help="py-spy --idle: threads waiting too")
     parser.add_argument("--py-spy-out", default="bench-extract-job.pyspy.txt", help="where py-spy writes (raw)")
     parser.add_argument("--scratch", default=tempfile.gettempdir(), help="where output files are written")
     args = parser.parse_args()

@@ -246,3 +246,67 @@ def test_a_failed_group_commit_stops_the_job_and_records_nothing(tmp_path: Path,
     assert run.abort_reason is not None and "Input/output error" in run.abort_reason
     assert "extract resume" in run.abort_reason and run._render_stop.is_set()
     run.output.release()
+
+
+def test_the_writer_thread_never_waits_for_the_disk_queue(tmp_path: Path, monkeypatch) -> None:
+    """``sync_file_range`` blocks until the pages are queued at the disk (py-spy on the H200: 37-50 % of a
+    collector thread's busy time was there): it runs in the writeback thread, never in the writer's, and
+    every descriptor handed over is closed again."""
+    import threading
+
+    from sessions.extraction import output as output_module
+
+    seen: list[str] = []
+    real = output_module._start_writeback
+
+    def recording(fd: int) -> None:
+        seen.append(threading.current_thread().name)
+        real(fd)
+
+    monkeypatch.setattr(output_module, "_start_writeback", recording)
+    fds_before = len(os.listdir("/proc/self/fd"))
+    out = OutputDir(tmp_path / "out")
+    out.acquire("job", fresh=True)
+    for index in range(5):
+        out.write_sample(index, sample_dict(index, tokens=64))
+    out.release()  # waits for the writeback thread
+    assert seen == ["writeback"] * 5
+    assert threading.current_thread().name not in seen
+    assert len(os.listdir("/proc/self/fd")) == fds_before  # the dup'd descriptors and the lock are closed
+    out.acquire("job", fresh=False)  # a dir used again starts a new writeback thread
+    out.write_sample(5, sample_dict(5))
+    out.release()
+    assert seen == ["writeback"] * 6
+
+
+def test_writeback_hints_are_dropped_not_waited_for_when_the_disk_is_behind(tmp_path: Path) -> None:
+    import threading
+
+    from sessions.extraction.output import WritebackStarter
+
+    starter = WritebackStarter(max_pending=0)  # as if 64 files already waited for the disk
+    path = tmp_path / "f"
+    path.write_bytes(b"x" * 4096)
+    fds_before = len(os.listdir("/proc/self/fd"))
+    threads_before = set(threading.enumerate())
+    with open(path, "rb") as fh:
+        starter.submit(fh.fileno())
+    assert starter.dropped == 1
+    assert set(threading.enumerate()) <= threads_before  # none was started for it
+    assert len(os.listdir("/proc/self/fd")) == fds_before
+    starter.close()
+
+
+def test_may_have_dumps_sees_any_leftover_of_a_rid(capture: Path) -> None:
+    from sessions.capture.writer import CaptureDirError
+    from sessions.extraction.collector import may_have_dumps, remove_dumps
+
+    assert not may_have_dumps(capture, "eagle3-j-1")
+    dump(capture, "eagle3-j-1", [1, 2, 3, 4])
+    assert may_have_dumps(capture, "eagle3-j-1")
+    remove_dumps(capture, "eagle3-j-1")
+    assert not may_have_dumps(capture, "eagle3-j-1")
+    write_error_marker(capture, "eagle3-j-2", "lost")  # only a marker: still something to clear
+    assert may_have_dumps(capture, "eagle3-j-2")
+    with pytest.raises(CaptureDirError):
+        may_have_dumps(capture, "../escape")

@@ -116,9 +116,13 @@ class OutputBookkeeping(RunReport):
     async def _commit_loop(self, stop: asyncio.Event) -> None:
         # Stopped by the event, never cancelled: a cancel inside ``to_thread`` would record a batch
         # without counting it.
+        # The interval runs from one commit's start to the next: when a flush takes longer than the interval
+        # (the disk is the limit), the next one starts at once, so the disk never idles between commits.
+        last_start = time.monotonic()
         while not stop.is_set() or self._waiting_for_space():
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), COMMIT_INTERVAL_S)
+                await asyncio.wait_for(stop.wait(), max(0.0, last_start + COMMIT_INTERVAL_S - time.monotonic()))
+            last_start = time.monotonic()
             if stop.is_set() and self._waiting_for_space():
                 self._read_control()  # a cancel while the disk is full ends the wait: a resume redoes them
                 self.write_progress()

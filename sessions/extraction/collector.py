@@ -8,6 +8,7 @@ before its last chunk is renamed into place: the collector waits for the chunks 
 """
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -162,3 +163,12 @@ def _first_difference(a: torch.Tensor, b: torch.Tensor) -> str:
 
 def remove_dumps(capture_dir: Path, rid: str) -> None:
     _writer().remove_chunks(capture_dir, rid)
+
+
+def may_have_dumps(capture_dir: Path, rid: str) -> bool:
+    """Whether anything of ``rid`` is in the capture dir (one ``lstat``, cheap enough for the event loop).
+
+    Before a request's first attempt there is almost never anything: the job cleared stale dumps at its
+    start.  The clearing (`remove_dumps`) runs in the collector pool, behind every sample being written;
+    skipping the hop when there is nothing to clear keeps a new request from waiting for the disk."""
+    return os.path.lexists(os.path.join(capture_dir, _writer().validate_rid(rid)))

@@ -42,6 +42,7 @@ from sessions.extraction.client import (
     SampleFailed,
     Stopped,
 )
+from sessions.extraction.collector import may_have_dumps
 from sessions.extraction.datasets import DatasetLineError, count_lines, dataset_fingerprint, iter_dataset
 from sessions.extraction.job import (
     CONTROL_FILE,
@@ -476,7 +477,8 @@ class JobRun(OutputBookkeeping):
                  for e in self.endpoints]
 
         async def clear(lane: ServerLane, rid: str) -> None:
-            await loop.run_in_executor(self.pool, _remove_quietly, lane.endpoint.capture_dir, rid)
+            if may_have_dumps(lane.endpoint.capture_dir, rid):
+                await loop.run_in_executor(self.pool, _remove_quietly, lane.endpoint.capture_dir, rid)
 
         self.scheduler = scheduler = SampleScheduler(
             lanes, job_id=self.job_id, retry=retry, max_straight_failures=spec.max_consecutive_failures,
@@ -602,7 +604,8 @@ class JobRun(OutputBookkeeping):
             return await self._collect_in_pool(sample, rid, capture_dir)
 
         async def clear() -> None:
-            await loop.run_in_executor(self.pool, _remove_quietly, capture_dir, rid)
+            if may_have_dumps(capture_dir, rid):
+                await loop.run_in_executor(self.pool, _remove_quietly, capture_dir, rid)
 
         try:
             async with self.gate.reserve(len(sample.input_ids) * self.dump_bytes_per_token):
