@@ -292,7 +292,7 @@ class LogFile:
         if self._fd is None or offset <= 0:
             return None
         start = max(0, offset - CONTEXT_BYTES)
-        parts = self._pread(offset - start, start).split(b"\n")
+        parts = self._pread(offset - start, start, "context").split(b"\n")
         if parts and parts[-1] == b"":
             parts.pop()
         if start > 0 and parts:
@@ -414,11 +414,11 @@ class LogFile:
             size = self._fstat().st_size
             counted = self._newlines_before_indexed()
             if self._indexed_to >= size:
-                last = self._pread(1, size - 1) if size else b"\n"
+                last = self._pread(1, size - 1, "count") if size else b"\n"
                 return counted + (0 if last == b"\n" else 1)
             if self._indexed_to >= (1 << 20):
                 return counted + round((size - self._indexed_to) * counted / self._indexed_to)
-            sample = self._pread(min(size, 1 << 20), max(0, size - (1 << 20)))
+            sample = self._pread(min(size, 1 << 20), max(0, size - (1 << 20)), "count")
             per_byte = max(sample.count(b"\n"), 1) / max(len(sample), 1)
             return counted + round((size - self._indexed_to) * per_byte)
 
@@ -432,7 +432,7 @@ class LogFile:
         start = block * BLOCK_BYTES
         if offset == start:
             return self._cum[block]
-        return self._cum[block] + self._pread(offset - start, start).count(b"\n")
+        return self._cum[block] + self._pread(offset - start, start, "locate").count(b"\n")
 
     def line_number_at(self, offset: int) -> int | None:
         """How many lines come before byte ``offset`` (a line start), once the index has counted that far."""
@@ -454,7 +454,7 @@ class LogFile:
         block = bisect_left(self._cum, k) - 1  # the last boundary with fewer than k newlines before it
         start = block * BLOCK_BYTES
         need = k - self._cum[block]
-        data = self._pread(min(BLOCK_BYTES, self._indexed_to - start), start)
+        data = self._pread(min(BLOCK_BYTES, self._indexed_to - start), start, "locate")
         pos = -1
         for _ in range(need):
             pos = data.find(b"\n", pos + 1)
@@ -543,14 +543,15 @@ class LogFile:
     def _last_newline_end(self, size: int) -> int:
         """The offset after the file's last newline (0 when it has none), read backwards from the end."""
         assert self._fd is not None
-        pos = size
+        pos, step = size, 4096  # a log's last line is short: read back a page first, then more
         while pos > 0:
-            start = max(0, pos - TAIL_SCAN_BYTES)
-            chunk = self._pread(pos - start, start)
+            start = max(0, pos - step)
+            chunk = self._pread(pos - start, start, "open")
             nl = chunk.rfind(b"\n")
             if nl >= 0:
                 return start + nl + 1
             pos = start
+            step = min(step * 4, TAIL_SCAN_BYTES)
         return 0
 
     def tail_lines(self, n: int) -> list[LogLine]:
@@ -563,7 +564,7 @@ class LogFile:
             pos = self._follow_offset - 1  # skip the newline that ends the last complete line
             while pos > 0 and len(starts) < n:
                 lo = max(0, pos - TAIL_SCAN_BYTES)
-                chunk = self._pread(pos - lo, lo)
+                chunk = self._pread(pos - lo, lo, "tail")
                 cut = len(chunk)
                 while len(starts) < n:
                     nl = chunk.rfind(b"\n", 0, cut)
@@ -673,7 +674,10 @@ class LogFile:
         for listener in self._listeners:
             listener.log_data(self, data, start)
         if self._next_number is None:
-            before = self._newlines_before(self._follow_offset)
+            # the bytes from the follow point to the index's end are the unterminated line: no newline in
+            # them, so the index's count is the number (no read back to the block start)
+            before = (self._newlines_before_indexed()
+                      if self._follow_offset <= self._indexed_to <= start else self._newlines_before(self._follow_offset))
             if before is not None:
                 self._next_number = before + 1
         out: list[LogLine] = []
@@ -782,7 +786,7 @@ class LogFile:
                 size = self._fstat().st_size
                 if offset >= size:
                     return
-                data = self._pread(min(chunk_bytes, size - offset), offset)
+                data = self._pread(min(chunk_bytes, size - offset), offset, "filter")
                 last_nl = data.rfind(b"\n")
                 if last_nl < 0:  # one line longer than the chunk, or the unterminated last line
                     one, after, terminated = self._read_line_at(offset, size)

@@ -89,14 +89,14 @@ class LogTracking:
         ``offset`` (where the reader's first bytes start) through the reader's head and tail windows."""
         self._synced = True
         size = log.last_size
-        fresh = False  # the serving view has not seen the log up to the progress's offset
+        fresh = checked = False  # fresh: the serving view has not seen the log up to the progress's offset
         if not self._checkpoint_read:
             self._checkpoint_read = fresh = True
-            saved = log_checkpoint.load(self.session_dir, log, size)
+            saved = log_checkpoint.load(self.session_dir, log, size)  # (checked against this file)
             if saved is not None:
-                self.progress = saved
+                self.progress, checked = saved, True
                 self._saved_offset, self._saved_at = saved.offset, time.monotonic()
-        if not log_checkpoint.still_valid(self.progress, log, size):  # truncated, replaced, rewritten
+        if not checked and not log_checkpoint.still_valid(self.progress, log, size):  # truncated, replaced
             self.progress = log_checkpoint.LogProgress(StartupTracker())
             self._saved_offset = -1
             fresh = True
@@ -106,7 +106,9 @@ class LogTracking:
         if progress.offset < offset:
             chunk, _ = log_checkpoint.advance(progress, log, offset)
             progress.offset = offset
-            progress.fingerprint = log_checkpoint.fingerprint_at(log, offset)
+            fingerprint = chunk[-log_checkpoint.FINGERPRINT_BYTES:]
+            progress.fingerprint = (fingerprint if len(fingerprint) == min(offset, log_checkpoint.FINGERPRINT_BYTES)
+                                    else log_checkpoint.fingerprint_at(log, offset))
             self._note(chunk, log.last_mtime, exact=False)
             fresh = True
         if fresh:  # the serving view is not saved: its figures are the latest lines', read from the tail
