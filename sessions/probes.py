@@ -586,7 +586,9 @@ class ProcessTreeWatch:
         self._names = names
         self._remember_titles(infos)
         self._last = infos
-        self._ticks = {}
+        # the stat line's baseline, so that the next read's CPU% is the time since this walk
+        now = time.monotonic()
+        self._ticks = {i.pid: (f[5], f[2], now) for i in infos if (f := _stat_fields(i.pid)) is not None}
         return infos
 
     def _remember_titles(self, infos: list[ProcInfo]) -> None:
