@@ -14,7 +14,6 @@ it returns a value that says so, as nvitop does for NVML.  Three rules come from
 from __future__ import annotations
 
 import dataclasses
-
 import errno
 import functools
 import os

@@ -31,12 +31,13 @@ from array import array
 from bisect import bisect_left
 from collections import OrderedDict
 from collections.abc import Iterator
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from pathlib import Path
-from typing import Protocol, Self
+from typing import Self
 
 from sessions.logs.filter import LogFilter
 from sessions.logs.lines import INHERIT, LogLine, clean, own_rank, rank_from_context
+from sessions.logs.poll import LogListener, PollResult, ReadStats
 from sessions.logs.source import open_log
 
 BLOCK_BYTES = 256 * 1024  # index granularity: one newline count per block
@@ -56,43 +57,6 @@ _MARK = " \u2026 ".encode()
 _CLEANING_BYTES_RE = re.compile(rb"[\x00-\x08\x0b-\x1f\x7f]")
 _UNKNOWN = object()
 VIEW_QUEUE_LINES = 100_000  # lines queued for a view that does not take them: past this, it restarts
-
-
-@dataclass(frozen=True, slots=True)
-class PollResult:
-    """What ``poll()`` found since the last call."""
-
-    lines: tuple[LogLine, ...] = ()  # new complete lines, in order
-    truncated: bool = False  # the file shrank (or was rewritten) under us: reading restarted at 0
-    rotated: bool = False  # another file now has the path: the old one was drained, the new one is read
-    partial: str | None = None  # the unterminated last line as shown (a tqdm bar being drawn)
-    more: bool = False  # more bytes are waiting beyond this poll's budget
-    exists: bool = True  # False while the path does not exist (the server has not created it yet)
-    gap: bool = False  # (``view_poll``) lines were dropped while the view did not take them: start over
-
-
-@dataclass
-class ReadStats:
-    """What a `LogFile` has read, all of it through its own ``_pread``/``_fstat``: a test or a bench asks
-    how often each byte was read without mocking the file system."""
-
-    bytes_read: int = 0  # content bytes read (lines, windows, counts)
-    reads: int = 0
-    probe_bytes: int = 0  # bytes read only to check the file (the byte before the offset: truncation)
-    stats: int = 0  # stat/fstat calls
-    polls: int = 0
-    by_purpose: dict[str, int] = field(default_factory=dict)  # bytes per purpose ("poll", "index", ...)
-
-
-class LogListener(Protocol):
-    """A consumer of a log's raw bytes (the status tracker): called by ``poll()``, under the log's lock."""
-
-    def log_data(self, log: LogFile, data: bytes, offset: int) -> None:
-        """``data`` are the file's bytes at ``offset``: every byte ``poll()`` read, in order."""
-
-    def log_reset(self, log: LogFile) -> None:
-        """The file was truncated or another file took the path: what follows is read from offset 0."""
-
 
 
 def _cut(data: bytes) -> bytes:
