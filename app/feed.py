@@ -145,6 +145,7 @@ class DashboardFeed:
                 if member_status.pid:
                     owners.setdefault(member_status.pid, f"r{member.group_index} main")
         log = None
+        self._park_other_feeds(str(status.log_path) if status is not None and request.read_log else None)
         if status is not None and request.read_log:
             feed = self.log_feed(str(status.log_path), status)
             try:
@@ -182,6 +183,14 @@ class DashboardFeed:
             problems.append(f"capture status of {name}: {exc}")
             return None
 
+    def _park_other_feeds(self, shown_path: str | None) -> None:
+        """A session's reader builds lines only for a view that is on screen: the feeds of the other logs
+        let go of their session's reader (back on screen, a feed starts again from the log's tail)."""
+        with self._lock:
+            others = [feed for path, feed in self._feeds.items() if path != shown_path]
+        for feed in others:
+            feed.park()
+
     def log_feed(self, path: str, status: SessionStatus | None = None) -> LogFeed:
         with self._lock:
             feed = self._feeds.get(path)
@@ -189,7 +198,9 @@ class DashboardFeed:
                 session = self._sessions.get(status.session_id) if status is not None else None
                 # By value: the launch's secrets file and the profile's secrets (an unreadable one adds none).
                 secrets = Redactor.for_session(session).known if session is not None else ()
-                feed = LogFeed(Path(path), secrets)
+                # The session's own reader, which its status tracker reads too: one read of each new byte.
+                shared = session.session_log if session is not None and Path(path) == session.log_path else None
+                feed = LogFeed(Path(path), secrets, shared)
                 self._feeds[path] = feed
             return feed
 
@@ -225,7 +236,7 @@ class DashboardFeed:
                     self._sessions.setdefault(session.session_id, session)
                 live_ids = {s.session_id for s in found}
                 for gone in set(self._sessions) - live_ids:  # folder deleted
-                    self._sessions.pop(gone, None)
+                    self._sessions.pop(gone).close_log()
                     self._final.pop(gone, None)
         with self._lock:
             sessions = list(self._sessions.values())
@@ -387,11 +398,15 @@ class LogFeed:
     ``file_id``, and shows each line through the core's display path (cleaned, secrets redacted).
     """
 
-    def __init__(self, path: Path, known_secrets: list[str] | tuple[str, ...] = ()) -> None:
+    def __init__(self, path: Path, known_secrets: list[str] | tuple[str, ...] = (),
+                 shared: Callable[[], LogFile | None] | None = None) -> None:
         self.path = Path(path)
         self._secrets = tuple(known_secrets)
         self._lock = threading.Lock()
         self._log: LogFile | None = None  # opened on the first poll
+        # the session's one reader (`SessionReader.session_log`), which its status tracker polls too; a
+        # log of no session gets a reader of its own
+        self._shared = shared
         self._file_id = 0
         self._total = 0  # complete lines delivered so far, in the view's numbering
         self._base: int | None = 0  # true 0-based number of provisional line 0; None while counting
@@ -403,7 +418,18 @@ class LogFeed:
     def close(self) -> None:
         with self._lock:
             if self._log is not None:
-                self._log.close()
+                if self._shared is not None:
+                    self._log.detach_view()  # the session's reader: its status goes on reading it
+                else:
+                    self._log.close()
+                self._log = None
+
+    def park(self) -> None:
+        """Off screen: a session's shared reader stops building lines for this feed (its own reader, a
+        plain file's, stays open and unread until the next poll)."""
+        with self._lock:
+            if self._log is not None and self._shared is not None:
+                self._log.detach_view()
                 self._log = None
 
     def _show(self, line: LogLine) -> str:
@@ -427,11 +453,12 @@ class LogFeed:
         with self._lock:
             fresh = self._log is None
             if fresh:
-                self._log = LogFile(self.path, follow_from="end")
+                self._log = self._open()
             log = self._log
             assert log is not None
-            result = log.poll()
-            if fresh or result.truncated or result.rotated:
+            # The lines of the polls since the last one (the status's poll read them), or a poll now.
+            result = log.view_poll()
+            if fresh or result.truncated or result.rotated or result.gap:
                 return self._restart(log, log_filter, tail)
             self._settle()
             new = list(result.lines)
@@ -455,6 +482,14 @@ class LogFeed:
                 str(self.path), self._file_id, self._total, lines, log_filter, matches,
                 counting=self._base is None, shift=shift,
             )
+
+    def _open(self) -> LogFile:
+        shared = self._shared() if self._shared is not None else None
+        if shared is None:
+            self._shared = None
+            return LogFile(self.path, follow_from="end")
+        shared.attach_view()
+        return shared
 
     def _restart(self, log: LogFile, log_filter: LogFilter | None, tail: int) -> LogChunk:
         """(Re)start on a file: show its tail at once; count its lines now when small, else in the

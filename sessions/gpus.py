@@ -142,6 +142,7 @@ class NvmlSource:
         self._initialised = False
         self._init_error: str | None = None
         self._init_failed_at = 0.0
+        self._devices: dict[int, tuple[Any, Any]] = {}  # index -> (handle, name), while NVML is initialised
 
     # -- the caller's side ------------------------------------------------------------------------------
 
@@ -217,6 +218,7 @@ class NvmlSource:
         if not hasattr(nvml, "nvmlInit"):  # another package overwrote pynvml.py (nvitop's check)
             return self._fail("NVML not available: pynvml is not nvidia-ml-py (reinstall nvidia-ml-py)")
         try:
+            self._devices.clear()  # handles of an earlier initialisation are not this one's
             nvml.nvmlInit()
         except Exception as exc:  # noqa: BLE001 - every failure here means "no GPU readings"
             code = getattr(exc, "value", None)  # NVMLError's return code; other exceptions have none
@@ -244,18 +246,29 @@ class NvmlSource:
         samples = tuple(self._read_device(nvml, index) for index in range(count))
         return GpuSnapshot(samples, "nvml", True, None, time.time())
 
-    @staticmethod
-    def _read_device(nvml: ModuleType, index: int) -> GpuSample:
-        try:
-            handle = nvml.nvmlDeviceGetHandleByIndex(index)
-        except Exception as exc:  # noqa: BLE001
-            lost = getattr(exc, "value", None) == _NVML_GPU_IS_LOST
-            name = "ERROR: GPU is lost" if lost else f"ERROR: {exc}"
-            return GpuSample(index, name, None, None, None, lost=True)
-        name = _query(nvml.nvmlDeviceGetName, handle)
-        if isinstance(name, bytes):
-            name = name.decode("utf-8", errors="replace")
+    def _read_device(self, nvml: ModuleType, index: int) -> GpuSample:
+        # A device's handle and name do not change while NVML is initialised: asked once, not every
+        # second (a quarter of the driver calls of a reading).  A device whose memory cannot be read is
+        # asked for its handle again, which says when it is lost.
+        known = self._devices.get(index)
+        if known is None:
+            try:
+                handle = nvml.nvmlDeviceGetHandleByIndex(index)
+            except Exception as exc:  # noqa: BLE001
+                lost = getattr(exc, "value", None) == _NVML_GPU_IS_LOST
+                name = "ERROR: GPU is lost" if lost else f"ERROR: {exc}"
+                return GpuSample(index, name, None, None, None, lost=True)
+            name = _query(nvml.nvmlDeviceGetName, handle)
+            if isinstance(name, bytes):
+                name = name.decode("utf-8", errors="replace")
+        else:
+            handle, name = known
         memory = _query(nvml.nvmlDeviceGetMemoryInfo, handle)
+        if memory is None and known is not None:
+            self._devices.pop(index, None)
+            return self._read_device(nvml, index)
+        if memory is not None and name is not None:
+            self._devices[index] = (handle, name)
         utilization = _query(nvml.nvmlDeviceGetUtilizationRates, handle)
         temperature = _query(nvml.nvmlDeviceGetTemperature, handle, getattr(nvml, "NVML_TEMPERATURE_GPU", 0))
         power_mw = _query(nvml.nvmlDeviceGetPowerUsage, handle)

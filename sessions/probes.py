@@ -13,7 +13,9 @@ it returns a value that says so, as nvitop does for NVML.  Three rules come from
 """
 from __future__ import annotations
 
+import dataclasses
 import errno
+import functools
 import os
 import re
 import socket
@@ -540,12 +542,21 @@ class ProcessTreeWatch:
         self._titles: dict[int, tuple[str, str]] = {}  # pid -> (title, name) of recognised SGLang roles
         self._walked_at = 0.0
         self.walks = 0  # how many times all of /proc was walked (tests and benches read it)
+        # Between walks of a settled tree (``full_scan`` off: a ready server's) each member is read from
+        # its /proc/PID/stat alone, one file instead of psutil's five: the last readings, and per pid
+        # (start ticks, CPU seconds, when) of its stat line.
+        self._last: list[ProcInfo] = []
+        self._ticks: dict[int, tuple[int, float, float]] = {}
 
     def read(self, full_scan: bool = False) -> list[ProcInfo]:
         """The tree as `process_tree` returns it: the root first, then its descendants; [] when gone."""
         members = self._members
         if full_scan or members is None or time.monotonic() - self._walked_at >= self.rescan_after_s:
             return self._walk()
+        if self._last and len(self._last) == len(members):
+            fast = self._read_stats()
+            if fast is not None:
+                return fast
         # read_proc gives None for a member that ended or whose pid is another process now: psutil's
         # ppid() compares the create_time it read first with the one it reads now (is_running()).
         infos = _read_tree(members, self._names, self.pid, self._titles)
@@ -573,12 +584,84 @@ class ProcessTreeWatch:
         self._members = [p for p in procs if p.pid in read_pids]
         self._names = names
         self._remember_titles(infos)
+        self._last = infos
+        # the stat line's baseline, so that the next read's CPU% is the time since this walk
+        now = time.monotonic()
+        self._ticks = {i.pid: (f[5], f[2], now) for i in infos if (f := _stat_fields(i.pid)) is not None}
         return infos
 
     def _remember_titles(self, infos: list[ProcInfo]) -> None:
         for info in infos:
             if info.pid not in self._titles and parse_title(info.title).role != "other":
                 self._titles[info.pid] = (info.title, info.name)
+
+    def _read_stats(self) -> list[ProcInfo] | None:
+        """The members again from their stat lines (state, ppid, CPU time, threads, RSS); None when one
+        ended, its pid is another process now (other start ticks), or the root is a zombie: walk then.
+        The title, name and children are the last walk's (a ready server's do not change; the walk every
+        ``rescan_after_s`` reads them again)."""
+        now = time.monotonic()
+        out: list[ProcInfo] = []
+        ticks: dict[int, tuple[int, float, float]] = {}
+        for info in self._last:
+            stat = _stat_fields(info.pid)
+            if stat is None:
+                return None
+            state, ppid, cpu_s, threads, rss, start = stat
+            kept = self._ticks.get(info.pid)
+            if kept[0] != start if kept is not None else abs(start / _CLOCK_TICKS + _boot_time() - info.create_time) > 1:
+                return None  # the pid belongs to another process now
+            status = _STATES.get(state, state)
+            if status == psutil.STATUS_ZOMBIE and (info.pid == self.pid or not out):
+                return None
+            cpu = info.cpu_percent
+            if kept is not None and now > kept[2]:
+                cpu = max(0.0, (cpu_s - kept[1]) / (now - kept[2]) * 100.0)
+            ticks[info.pid] = (start, cpu_s, now)
+            if status == psutil.STATUS_ZOMBIE:
+                continue  # (as `_read_tree`: a zombie child is not a member)
+            out.append(dataclasses.replace(info, status=status, ppid=ppid, cpu_percent=cpu, num_threads=threads,
+                                           rss_bytes=rss))
+        if len(out) != len(self._last):
+            return None  # a member became a zombie: the tree changed
+        self._ticks = ticks
+        self._last = out
+        return out
+
+
+_PAGE_SIZE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+_CLOCK_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+# /proc/PID/stat's state letter as psutil names it
+_STATES = {
+    "R": psutil.STATUS_RUNNING, "S": psutil.STATUS_SLEEPING, "D": psutil.STATUS_DISK_SLEEP,
+    "T": psutil.STATUS_STOPPED, "t": psutil.STATUS_TRACING_STOP, "Z": psutil.STATUS_ZOMBIE,
+    "X": psutil.STATUS_DEAD, "x": psutil.STATUS_DEAD, "K": "wake-kill",
+    "W": psutil.STATUS_WAKING, "I": psutil.STATUS_IDLE, "P": psutil.STATUS_PARKED,
+}
+
+
+@functools.cache
+def _boot_time() -> float:
+    return psutil.boot_time()  # what psutil adds to a process's start ticks for its create_time
+
+
+def _stat_fields(pid: int) -> tuple[str, int, float, int, int, int] | None:
+    """(state, ppid, CPU seconds (user + system), threads, RSS bytes, start ticks) of ``pid`` from
+    /proc/PID/stat (man 5 proc); None when it is gone or unreadable."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            raw = fh.read()
+    except OSError:
+        return None
+    close_at = raw.rfind(b")")  # comm may hold spaces and parentheses
+    fields = raw[close_at + 2:].split()
+    if close_at < 0 or len(fields) < 22:
+        return None
+    try:
+        return (fields[0].decode(), int(fields[1]), (int(fields[11]) + int(fields[12])) / _CLOCK_TICKS,
+                int(fields[17]), int(fields[21]) * _PAGE_SIZE, int(fields[19]))
+    except ValueError:
+        return None
 
 
 def processes_with_env(name: str, value: str, exclude_pids: Iterable[int] = ()) -> list[psutil.Process]:

@@ -284,9 +284,14 @@ class ServingTracker:
     history: deque[float] = field(default_factory=lambda: deque(maxlen=HISTORY_POINTS))
     lines_seen: int = 0
     _partial: bytes = b""
+    # every fed line may change the figures: the snapshot is built again only after one (the TUI asks
+    # every second, a quiet server logs nothing)
+    _changes: int = field(default=0, compare=False, repr=False)
+    _built: tuple[int, ServingSnapshot | None] | None = field(default=None, compare=False, repr=False)
 
     def feed_line(self, text: str, read_at: float | None = None) -> BatchLine | None:
         """One cleaned log line; returns what it parsed (None for any other line)."""
+        self._changes += 1
         line = parse_batch_line(text)
         if line is None:
             if READY_TEXT in text:
@@ -352,7 +357,16 @@ class ServingTracker:
         return float(sum(values) / len(values)) if values else None
 
     def snapshot(self) -> ServingSnapshot | None:
-        """The server's figures from the latest line of each DP rank (None before any stats line)."""
+        """The server's figures from the latest line of each DP rank (None before any stats line); the
+        same object again while no line was fed since."""
+        built = self._built
+        if built is not None and built[0] == self._changes:
+            return built[1]
+        snap = self._snapshot()
+        self._built = (self._changes, snap)
+        return snap
+
+    def _snapshot(self) -> ServingSnapshot | None:
         if not self.ranks:
             return None
         running = self._sum(lambda s: s.running_reqs)

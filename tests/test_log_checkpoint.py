@@ -19,6 +19,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from sessions.home import atomic_write_json, ensure_private_dir
+from sessions.logs import LogFile
 from sessions.phases import StartupTracker
 from sessions.server import ServerSession
 from sessions.server import log_checkpoint as lc
@@ -43,21 +44,19 @@ def _full(data: bytes) -> object:
 
 
 def _read(session_dir: Path, log: Path) -> lc.LogProgress:
-    """One process's read: resume from the checkpoint when valid, read to the end, save."""
-    fd = os.open(log, os.O_RDONLY)
-    try:
-        st_now = os.fstat(fd)
-        progress = lc.load(session_dir, fd, st_now) or lc.LogProgress(StartupTracker())
-        if not lc.still_valid(progress, fd, st_now):
+    """One process's read through the log's reader: resume from the checkpoint when valid, read to the
+    end, save."""
+    with LogFile(log, follow_from="start", lines=False) as reader:
+        size = reader.size_bytes
+        progress = lc.load(session_dir, reader, size) or lc.LogProgress(StartupTracker())
+        if not lc.still_valid(progress, reader, size):
             progress = lc.LogProgress(StartupTracker())
-        progress.identity = (st_now.st_dev, st_now.st_ino)
-        lc.advance(progress, fd, st_now.st_size)
-        progress.offset = st_now.st_size
-        progress.fingerprint = lc.fingerprint_at(fd, progress.offset)
+        progress.identity = reader.identity
+        lc.advance(progress, reader, size)
+        progress.offset = size
+        progress.fingerprint = lc.fingerprint_at(reader, progress.offset)
         assert lc.save(session_dir, progress)
         return progress
-    finally:
-        os.close(fd)
 
 
 # prefixes a deployment puts before every line (the tracker learns an unknown one: that state is saved too)

@@ -135,7 +135,7 @@ def test_flag_diff_lists_added_removed_and_changed_flags_with_secrets_hidden(emu
 
 
 def test_silence_ignores_the_access_lines_of_our_own_probes():
-    from sessions.server.status import _last_activity_at
+    from sessions.server.log_tracking import last_activity_at as _last_activity_at
 
     probe = b'[2026-01-01 10:00:20] INFO:     127.0.0.1:5 - "GET /ready HTTP/1.1" 503 Service Unavailable\n'
     info = b'[2026-01-01 10:00:21] INFO:     127.0.0.1:6 - "GET /model_info HTTP/1.1" 200 OK\n'

@@ -43,6 +43,7 @@ class _FakeNvml:
         self.block = threading.Event()
         self.block.set()
         self.shutdowns = 0
+        self.calls: dict[str, int] = {}
 
     def _maybe_fail(self, name: str) -> None:
         if name in self.fail:
@@ -60,15 +61,19 @@ class _FakeNvml:
         return self.count
 
     def nvmlDeviceGetHandleByIndex(self, index: int):
+        self.calls["handle"] = self.calls.get("handle", 0) + 1
         if index in self.lost:
             raise _NvmlError(15)  # NVML_ERROR_GPU_IS_LOST
         return index
 
     def nvmlDeviceGetName(self, handle: int) -> str:
+        self.calls["name"] = self.calls.get("name", 0) + 1
         self._maybe_fail("name")
         return "NVIDIA H200"
 
     def nvmlDeviceGetMemoryInfo(self, handle: int):
+        if handle in self.lost:  # every call on a lost GPU fails, as the driver's do
+            raise _NvmlError(15)
         self._maybe_fail("memory")
         return SimpleNamespace(total=143771 * 2**20, used=(handle + 1) * 10 * 2**30)
 
@@ -121,6 +126,23 @@ def test_a_failing_call_is_na_for_its_cell_only():
     assert sample.temperature_c is None
     assert sample.memory_used_bytes is None and sample.memory_total_bytes is None
     assert sample.name == "NVIDIA H200" and sample.power_w == 350.0  # the rest still reads
+
+
+def test_a_devices_handle_and_name_are_asked_once_and_a_gpu_lost_later_is_seen():
+    nvml = _FakeNvml(count=2)
+    source = NvmlSource(library=nvml)
+    try:
+        readings = [source.snapshot() for _ in range(3)]
+        assert all(r.available and [s.name for s in r.samples] == ["NVIDIA H200"] * 2 for r in readings)
+        assert nvml.calls == {"handle": 2, "name": 2}  # once per device, not once per reading
+        nvml.lost.add(1)
+        generation = readings[-1].taken_at
+        later = source.snapshot()
+        while later.taken_at == generation:  # a reading taken after the loss
+            later = source.snapshot()
+    finally:
+        source.close()
+    assert [s.lost for s in later.samples] == [False, True]
 
 
 def test_a_lost_gpu_gets_its_own_row_and_the_others_still_read():

@@ -11,6 +11,15 @@ and says so.  Every line is cleaned and ranked by `sessions.logs.lines` (a line 
 the rank of the lines before it), and filtered by `sessions.logs.filter.LogFilter`.  The file is opened
 by `sessions.logs.source.open_log`: a FIFO, a device, a directory or a socket is an error at once.
 
+It is also the one reader of a session's log (issue 23): the status tracker and the log view of one
+process share one `LogFile` (`sessions.server.status.SessionReader.session_log`).  ``poll()`` reads each
+new byte once and hands it to every listener (``add_listener``: the tracker gets raw bytes, with their
+offset, and hears of a truncation or rotation) and, when a view is attached (``attach_view``), queues the
+lines for ``view_poll``; the index counts the new bytes from memory, not by reading them again.  The
+tracker's head and tail windows (``read_range``, ``count_newlines``, ``line_start_after``) read through the
+same object, and every byte read is counted in ``stats`` (`ReadStats`).  Line numbers are 1-based ``\n``
+lines everywhere, as ``grep -n`` counts them.
+
 All public methods take one lock, so a worker thread may poll while another builds the index.
 """
 from __future__ import annotations
@@ -22,12 +31,13 @@ from array import array
 from bisect import bisect_left
 from collections import OrderedDict
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import replace
 from pathlib import Path
 from typing import Self
 
 from sessions.logs.filter import LogFilter
 from sessions.logs.lines import INHERIT, LogLine, clean, own_rank, rank_from_context
+from sessions.logs.poll import LogListener, PollResult, ReadStats
 from sessions.logs.source import open_log
 
 BLOCK_BYTES = 256 * 1024  # index granularity: one newline count per block
@@ -46,19 +56,7 @@ _MARK = " \u2026 ".encode()
 # tabs or control characters that cleaning would change): only the lines holding it are decoded.
 _CLEANING_BYTES_RE = re.compile(rb"[\x00-\x08\x0b-\x1f\x7f]")
 _UNKNOWN = object()
-
-
-@dataclass(frozen=True, slots=True)
-class PollResult:
-    """What ``poll()`` found since the last call."""
-
-    lines: tuple[LogLine, ...] = ()  # new complete lines, in order
-    truncated: bool = False  # the file shrank (or was rewritten) under us: reading restarted at 0
-    rotated: bool = False  # another file now has the path: the old one was drained, the new one is read
-    partial: str | None = None  # the unterminated last line as shown (a tqdm bar being drawn)
-    more: bool = False  # more bytes are waiting beyond this poll's budget
-    exists: bool = True  # False while the path does not exist (the server has not created it yet)
-
+VIEW_QUEUE_LINES = 100_000  # lines queued for a view that does not take them: past this, it restarts
 
 
 def _cut(data: bytes) -> bytes:
@@ -79,7 +77,7 @@ class LogFile:
     a tail does; ``"start"`` makes it deliver the whole file first, in ``POLL_MAX_BYTES`` steps.
     """
 
-    def __init__(self, path: str | Path, follow_from: str = "end") -> None:
+    def __init__(self, path: str | Path, follow_from: str = "end", *, lines: bool = True) -> None:
         if follow_from not in ("end", "start"):
             raise ValueError(f"follow_from must be 'end' or 'start', not {follow_from!r}")
         self.path = Path(path)
@@ -87,6 +85,15 @@ class LogFile:
         self._lock = threading.RLock()
         self._fd: int | None = None
         self._identity: tuple[int, int] | None = None
+        self.stats = ReadStats()
+        self._listeners: list[LogListener] = []
+        # ``poll()`` builds `LogLine`s only for someone who reads them (``lines``, or an attached view); the
+        # tracker alone needs the bytes, and a status of a session nobody views decodes no line.
+        self._build_lines = self._lines_wanted = lines
+        self._view_queue: list[PollResult] | None = None  # results not yet taken by the attached view
+        self._view_queued_lines = 0
+        self._last_size = 0  # the file's size at the last poll
+        self._last_mtime = 0.0
         self._reset_state()
         self._index_thread: threading.Thread | None = None
         self._stop_index = threading.Event()
@@ -111,12 +118,145 @@ class LogFile:
         self._cache_chars = 0
         self._rank: object = None  # rank of the last line poll() delivered (None at the file's start)
 
+    # -- reading, counted ---------------------------------------------------------------------------
+
+    def _pread(self, n: int, offset: int, purpose: str = "read") -> bytes:
+        assert self._fd is not None
+        data = os.pread(self._fd, n, offset)
+        stats = self.stats
+        stats.reads += 1
+        stats.bytes_read += len(data)
+        stats.by_purpose[purpose] = stats.by_purpose.get(purpose, 0) + len(data)
+        return data
+
+    def _fstat(self) -> os.stat_result:
+        assert self._fd is not None
+        self.stats.stats += 1
+        return os.fstat(self._fd)
+
+    def read_range(self, start: int, end: int, purpose: str = "window") -> bytes:
+        """The file's bytes in [start, end) (fewer at its end): the tracker's head and tail windows."""
+        with self._lock:
+            if self._fd is None or end <= start:
+                return b""
+            return self._pread(end - start, start, purpose)
+
+    def count_newlines(self, start: int, end: int, block: int = 16 << 20) -> int:
+        """Newlines in [start, end), counted at C speed in blocks, never decoded."""
+        count = 0
+        with self._lock:
+            while start < end and self._fd is not None:
+                data = self._pread(min(block, end - start), start, "count")
+                if not data:
+                    break
+                count += data.count(b"\n")
+                start += len(data)
+        return count
+
+    def line_start_after(self, offset: int, limit: int) -> int:
+        """The start of the first line that begins at or after ``offset`` (``limit`` when none does)."""
+        if offset <= 0:
+            return 0
+        pos = offset - 1
+        with self._lock:
+            while pos < limit and self._fd is not None:
+                data = self._pread(min(1 << 16, limit - pos), pos, "window")
+                nl = data.find(b"\n")
+                if nl >= 0:
+                    return pos + nl + 1
+                if not data:
+                    break
+                pos += len(data)
+        return limit
+
+    @property
+    def identity(self) -> tuple[int, int] | None:
+        """(st_dev, st_ino) of the file open now (None while there is none)."""
+        return self._identity
+
+    @property
+    def last_size(self) -> int:
+        """The file's size as of the last ``poll()`` (what it has read up to, with its unterminated line)."""
+        return self._last_size
+
+    @property
+    def last_mtime(self) -> float:
+        """The file's mtime as of the last ``poll()``."""
+        return self._last_mtime
+
+    @property
+    def read_offset(self) -> int:
+        """``poll()`` has read the file up to here (its listeners have had every byte before it)."""
+        return self._read_to
+
+    # -- consumers ---------------------------------------------------------------------------------
+
+    def add_listener(self, listener: LogListener) -> None:
+        with self._lock:
+            if listener not in self._listeners:
+                self._listeners.append(listener)
+
+    def attach_view(self) -> None:
+        """A log view reads this file from now on: polls build lines and queue them for ``view_poll``."""
+        with self._lock:
+            self._build_lines = True
+            if self._view_queue is None:
+                self._view_queue = []
+                self._view_queued_lines = 0
+
+    def detach_view(self) -> None:
+        with self._lock:
+            self._view_queue = None
+            self._view_queued_lines = 0
+            self._build_lines = self._lines_wanted
+
+    @property
+    def has_view(self) -> bool:
+        return self._view_queue is not None
+
+    def view_poll(self, max_bytes: int = POLL_MAX_BYTES) -> PollResult:
+        """What the view has not seen: the polls since it last asked, merged (a poll of its own when there
+        was none since: the file is read once per poll, whoever asks first)."""
+        with self._lock:
+            if self._view_queue is None:
+                self.attach_view()
+            if not self._view_queue:
+                self.poll(max_bytes)
+            queued = self._view_queue or []
+            self._view_queue = []
+            self._view_queued_lines = 0
+            if len(queued) == 1:
+                return queued[0]
+            if not queued:
+                return PollResult()
+            last = queued[-1]
+            return PollResult(
+                tuple(line for r in queued for line in r.lines),
+                truncated=any(r.truncated for r in queued),
+                rotated=any(r.rotated for r in queued),
+                partial=last.partial,
+                more=last.more,
+                exists=last.exists,
+                gap=any(r.gap for r in queued),
+            )
+
+    def _queue_for_view(self, result: PollResult) -> None:
+        queue = self._view_queue
+        if queue is None:
+            return
+        self._view_queued_lines += len(result.lines)
+        if self._view_queued_lines > VIEW_QUEUE_LINES:  # nobody takes them: the view starts over
+            queue[:] = [replace(result, lines=(), gap=True)]
+            self._view_queued_lines = 0
+        else:
+            queue.append(result)
+
     def _context_rank(self, offset: int) -> int | None:
         """The rank a continuation line at ``offset`` inherits, read back from the lines before it."""
         if self._fd is None or offset <= 0:
             return None
         start = max(0, offset - CONTEXT_BYTES)
-        parts = os.pread(self._fd, offset - start, start).split(b"\n")
+        parts = self._pread(offset - start, start, "context").split(b"\n")
         if parts and parts[-1] == b"":
             parts.pop()
         if start > 0 and parts:
@@ -137,6 +277,7 @@ class LogFile:
             fd = open_log(self.path)  # a FIFO, device, directory or socket: LogFileError, at once
         except (FileNotFoundError, NotADirectoryError):
             return False
+        self.stats.stats += 1
         st = os.fstat(fd)
         self._fd = fd
         self._identity = (st.st_dev, st.st_ino)
@@ -166,7 +307,7 @@ class LogFile:
     @property
     def size_bytes(self) -> int:
         with self._lock:
-            return os.fstat(self._fd).st_size if self._fd is not None else 0
+            return self._fstat().st_size if self._fd is not None else 0
 
     @property
     def delivered_offset(self) -> int:
@@ -184,12 +325,12 @@ class LogFile:
         with self._lock:
             if self._fd is None:
                 return True
-            size = os.fstat(self._fd).st_size
+            size = self._fstat().st_size
             stop = min(size, self._indexed_to + max_bytes)
             while self._indexed_to < stop:
                 boundary = (len(self._cum)) * BLOCK_BYTES  # the end of the block being counted
                 end = min(stop, boundary, self._indexed_to + (4 << 20))
-                data = os.pread(self._fd, end - self._indexed_to, self._indexed_to)
+                data = self._pread(end - self._indexed_to, self._indexed_to, "index")
                 if not data:
                     break
                 self._partial_nl += data.count(b"\n")
@@ -225,7 +366,7 @@ class LogFile:
     def indexed(self) -> bool:
         """Whether the index has counted the whole file (``line_count`` is then exact)."""
         with self._lock:
-            return self._fd is None or self._indexed_to >= os.fstat(self._fd).st_size
+            return self._fd is None or self._indexed_to >= self._fstat().st_size
 
     @property
     def line_count(self) -> int:
@@ -234,14 +375,14 @@ class LogFile:
         with self._lock:
             if self._fd is None:
                 return 0
-            size = os.fstat(self._fd).st_size
+            size = self._fstat().st_size
             counted = self._newlines_before_indexed()
             if self._indexed_to >= size:
-                last = os.pread(self._fd, 1, size - 1) if size else b"\n"
+                last = self._pread(1, size - 1, "count") if size else b"\n"
                 return counted + (0 if last == b"\n" else 1)
             if self._indexed_to >= (1 << 20):
                 return counted + round((size - self._indexed_to) * counted / self._indexed_to)
-            sample = os.pread(self._fd, min(size, 1 << 20), max(0, size - (1 << 20)))
+            sample = self._pread(min(size, 1 << 20), max(0, size - (1 << 20)), "count")
             per_byte = max(sample.count(b"\n"), 1) / max(len(sample), 1)
             return counted + round((size - self._indexed_to) * per_byte)
 
@@ -255,7 +396,7 @@ class LogFile:
         start = block * BLOCK_BYTES
         if offset == start:
             return self._cum[block]
-        return self._cum[block] + os.pread(self._fd, offset - start, start).count(b"\n")
+        return self._cum[block] + self._pread(offset - start, start, "locate").count(b"\n")
 
     def line_number_at(self, offset: int) -> int | None:
         """How many lines come before byte ``offset`` (a line start), once the index has counted that far."""
@@ -277,7 +418,7 @@ class LogFile:
         block = bisect_left(self._cum, k) - 1  # the last boundary with fewer than k newlines before it
         start = block * BLOCK_BYTES
         need = k - self._cum[block]
-        data = os.pread(self._fd, min(BLOCK_BYTES, self._indexed_to - start), start)
+        data = self._pread(min(BLOCK_BYTES, self._indexed_to - start), start, "locate")
         pos = -1
         for _ in range(need):
             pos = data.find(b"\n", pos + 1)
@@ -298,14 +439,14 @@ class LogFile:
         """(the line at ``start`` without its newline, cut to head … tail if huge; the offset after it;
         whether it ends with a newline).  Memory stays bounded whatever the line's length."""
         assert self._fd is not None
-        head = os.pread(self._fd, min(LINE_HEAD_BYTES + LINE_TAIL_BYTES + len(_MARK), size - start), start)
+        head = self._pread(min(LINE_HEAD_BYTES + LINE_TAIL_BYTES + len(_MARK), size - start), start)
         nl = head.find(b"\n")
         if nl >= 0:
             return head[:nl], start + nl + 1, True
         pos = start + len(head)
         end, terminated = size, False
         while pos < size:  # a long line: find its end without keeping it
-            chunk = os.pread(self._fd, min(TAIL_SCAN_BYTES, size - pos), pos)
+            chunk = self._pread(min(TAIL_SCAN_BYTES, size - pos), pos)
             if not chunk:
                 break
             nl = chunk.find(b"\n")
@@ -316,7 +457,7 @@ class LogFile:
         if end - start <= len(head):
             return head[: end - start], end + terminated, terminated
         tail_len = min(LINE_TAIL_BYTES, end - start)
-        tail = os.pread(self._fd, tail_len, end - tail_len)
+        tail = self._pread(tail_len, end - tail_len)
         return head[:LINE_HEAD_BYTES] + _MARK + tail, end + terminated, terminated
 
     def _remember(self, line: LogLine) -> None:
@@ -345,7 +486,7 @@ class LogFile:
             if number >= first + count:
                 return out
             start = self._line_start(number)
-            size = os.fstat(self._fd).st_size
+            size = self._fstat().st_size
             previous: object = out[-1].rank if out else _UNKNOWN
             while start is not None and start < size and number < first + count:
                 data, after, terminated = self._read_line_at(start, size)
@@ -366,14 +507,15 @@ class LogFile:
     def _last_newline_end(self, size: int) -> int:
         """The offset after the file's last newline (0 when it has none), read backwards from the end."""
         assert self._fd is not None
-        pos = size
+        pos, step = size, 4096  # a log's last line is short: read back a page first, then more
         while pos > 0:
-            start = max(0, pos - TAIL_SCAN_BYTES)
-            chunk = os.pread(self._fd, pos - start, start)
+            start = max(0, pos - step)
+            chunk = self._pread(pos - start, start, "open")
             nl = chunk.rfind(b"\n")
             if nl >= 0:
                 return start + nl + 1
             pos = start
+            step = min(step * 4, TAIL_SCAN_BYTES)
         return 0
 
     def tail_lines(self, n: int) -> list[LogLine]:
@@ -386,7 +528,7 @@ class LogFile:
             pos = self._follow_offset - 1  # skip the newline that ends the last complete line
             while pos > 0 and len(starts) < n:
                 lo = max(0, pos - TAIL_SCAN_BYTES)
-                chunk = os.pread(self._fd, pos - lo, lo)
+                chunk = self._pread(pos - lo, lo, "tail")
                 cut = len(chunk)
                 while len(starts) < n:
                     nl = chunk.rfind(b"\n", 0, cut)
@@ -399,7 +541,7 @@ class LogFile:
                 starts.append(0)  # the file's first line
             starts.reverse()
             before = self._newlines_before(starts[0])
-            size = os.fstat(self._fd).st_size
+            size = self._fstat().st_size
             out: list[LogLine] = []
             previous: object = _UNKNOWN
             for i, start in enumerate(starts):
@@ -413,35 +555,54 @@ class LogFile:
     # -- following -------------------------------------------------------------------------------------
 
     def poll(self, max_bytes: int = POLL_MAX_BYTES) -> PollResult:
-        """The lines completed since the last poll; notices truncation and rotation."""
+        """The lines completed since the last poll; notices truncation and rotation.  Every byte read is
+        handed to the listeners; with a view attached, the result is queued for ``view_poll`` too."""
         with self._lock:
-            truncated = rotated = False
-            drained: list[LogLine] = []
-            if self._fd is None and not self._open_if_there(from_start=True):
-                return PollResult(exists=False)  # (a file that appears later is read from its start)
-            try:
-                st_path = os.stat(self.path)
-            except (FileNotFoundError, NotADirectoryError):
-                st_path = None  # deleted: keep reading the open file until a new one appears
-            if st_path is not None and (st_path.st_dev, st_path.st_ino) != self._identity:
-                # rotated: finish the old file (its unterminated last line counts), then read the new one
-                more, budget = True, ROTATION_DRAIN_BYTES
-                while more and budget > 0:  # the old file is gone for good after this: drain it
-                    got, more = self._read_new(min(max_bytes, budget))
-                    drained += got
-                    budget -= max_bytes
-                if self._pending:
-                    drained.append(self._pending_as_line())
-                os.close(self._fd)  # type: ignore[arg-type]
-                self._fd = None
-                rotated = True
-                if not self._open_if_there(from_start=True):
-                    return PollResult(tuple(drained), rotated=True, exists=False)
-            elif self._is_truncated():
-                self._reset_state()
-                truncated = True
-            got, more = self._read_new(max_bytes)
-            return PollResult(tuple(drained + got), truncated, rotated, self._partial_text(), more)
+            result = self._poll(max_bytes)
+            self.stats.polls += 1
+            self._queue_for_view(result)
+            return result
+
+    def _poll(self, max_bytes: int) -> PollResult:
+        truncated = rotated = False
+        drained: list[LogLine] = []
+        if self._fd is None and not self._open_if_there(from_start=True):
+            return PollResult(exists=False)  # (a file that appears later is read from its start)
+        try:
+            self.stats.stats += 1
+            st_path: os.stat_result | None = os.stat(self.path)
+        except (FileNotFoundError, NotADirectoryError):
+            st_path = None  # deleted: keep reading the open file until a new one appears
+        if st_path is not None and (st_path.st_dev, st_path.st_ino) != self._identity:
+            # rotated: finish the old file (its unterminated last line counts), then read the new one
+            more, budget = True, ROTATION_DRAIN_BYTES
+            while more and budget > 0:  # the old file is gone for good after this: drain it
+                got, more = self._read_new(min(max_bytes, budget), self._fstat())
+                drained += got
+                budget -= max_bytes
+            if self._pending:
+                line = self._pending_as_line()
+                if self._build_lines:
+                    drained.append(line)
+            os.close(self._fd)  # type: ignore[arg-type]
+            self._fd = None
+            rotated = True
+            self._tell_reset()
+            if not self._open_if_there(from_start=True):
+                return PollResult(tuple(drained), rotated=True, exists=False)
+            st_path = None
+        # the path's stat is the open file's own when it names it (one call, not two)
+        st = st_path if st_path is not None else self._fstat()
+        if self._is_truncated(st.st_size):
+            self._reset_state()
+            truncated = True
+            self._tell_reset()
+        got, more = self._read_new(max_bytes, st)
+        return PollResult(tuple(drained + got), truncated, rotated, self._partial_text(), more)
+
+    def _tell_reset(self) -> None:
+        for listener in self._listeners:
+            listener.log_reset(self)
 
     def follow(self, interval_s: float = 0.05, stop: threading.Event | None = None) -> Iterator[PollResult]:
         """``poll()`` until ``stop`` is set, yielding every result that has news; it sleeps only when the
@@ -454,27 +615,33 @@ class LogFile:
             if not result.more:
                 stop.wait(interval_s)
 
-    def _is_truncated(self) -> bool:
+    def _is_truncated(self, size: int) -> bool:
         assert self._fd is not None
-        if os.fstat(self._fd).st_size < self._read_to:
+        if size < self._read_to:
             return True
         # copytruncate, then refilled past our offset: the byte before the offset is no longer a newline
-        return self._follow_offset > 0 and os.pread(self._fd, 1, self._follow_offset - 1) != b"\n"
+        return self._follow_offset > 0 and self._pread(1, self._follow_offset - 1, "probe") != b"\n"
 
-    def _read_new(self, max_bytes: int) -> tuple[list[LogLine], bool]:
-        """(complete lines from the bytes after ``_read_to``, whether more bytes wait)."""
+    def _read_new(self, max_bytes: int, st: os.stat_result) -> tuple[list[LogLine], bool]:
+        """(complete lines from the bytes after ``_read_to``, whether more bytes wait).  The bytes are read
+        once: the listeners, the lines and the index all take them from this read."""
         assert self._fd is not None
-        size = os.fstat(self._fd).st_size
+        size = st.st_size
+        self._last_size, self._last_mtime = size, st.st_mtime
         start = self._read_to
         if start >= size:
             return [], False
-        data = os.pread(self._fd, min(max_bytes, size - start), start)
+        data = self._pread(min(max_bytes, size - start), start, "poll")
         if not data:
             return [], False
         read_to = start + len(data)
-        index_caught_up = self._indexed_to >= start
+        for listener in self._listeners:
+            listener.log_data(self, data, start)
         if self._next_number is None:
-            before = self._newlines_before(self._follow_offset)
+            # the bytes from the follow point to the index's end are the unterminated line: no newline in
+            # them, so the index's count is the number (no read back to the block start)
+            before = (self._newlines_before_indexed()
+                      if self._follow_offset <= self._indexed_to <= start else self._newlines_before(self._follow_offset))
             if before is not None:
                 self._next_number = before + 1
         out: list[LogLine] = []
@@ -483,20 +650,40 @@ class LogFile:
         if self._pending and last_nl >= 0:
             first_nl = data.find(b"\n")
             self._add_pending(data[:first_nl])
-            out.append(self._pending_as_line())
+            pending_line = self._pending_as_line()
+            if self._build_lines:
+                out.append(pending_line)
             pos = first_nl + 1
-        while pos <= last_nl:
-            nl = data.find(b"\n", pos)
-            out.append(self._delivered(self._line(self._take_number(), data[pos:nl], start + pos, self._rank)))
-            pos = nl + 1
+        if self._build_lines:
+            while pos <= last_nl:
+                nl = data.find(b"\n", pos)
+                out.append(self._delivered(self._line(self._take_number(), data[pos:nl], start + pos, self._rank)))
+                pos = nl + 1
+        elif pos <= last_nl:  # nobody reads the lines: count them, decode none
+            if self._next_number is not None:
+                self._next_number += data.count(b"\n", pos, last_nl + 1)
+            self._rank = _UNKNOWN  # a later continuation line reads its rank back from the file
+            pos = last_nl + 1
         if last_nl >= 0:
             self._follow_offset = start + last_nl + 1
         if pos < len(data):
             self._add_pending(data[pos:])
         self._read_to = read_to
-        if index_caught_up:
-            self.index_step(read_to - self._indexed_to)
+        if start <= self._indexed_to < read_to:
+            self._index_data(data, self._indexed_to - start)
         return out, read_to < size
+
+    def _index_data(self, data: bytes, pos: int) -> None:
+        """Count ``data[pos:]`` (the bytes at ``_indexed_to``, just read by a poll) into the index."""
+        while pos < len(data):
+            boundary = len(self._cum) * BLOCK_BYTES
+            take = min(len(data) - pos, boundary - self._indexed_to)
+            self._partial_nl += data.count(b"\n", pos, pos + take)
+            self._indexed_to += take
+            pos += take
+            if self._indexed_to == boundary:
+                self._cum.append(self._cum[-1] + self._partial_nl)
+                self._partial_nl = 0
 
     def _delivered(self, line: LogLine) -> LogLine:
         self._rank = line.rank
@@ -560,10 +747,10 @@ class LogFile:
             with self._lock:
                 if self._fd is None:
                     return
-                size = os.fstat(self._fd).st_size
+                size = self._fstat().st_size
                 if offset >= size:
                     return
-                data = os.pread(self._fd, min(chunk_bytes, size - offset), offset)
+                data = self._pread(min(chunk_bytes, size - offset), offset, "filter")
                 last_nl = data.rfind(b"\n")
                 if last_nl < 0:  # one line longer than the chunk, or the unterminated last line
                     one, after, terminated = self._read_line_at(offset, size)

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import functools
 import hashlib
-import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,6 +24,7 @@ from typing import Any
 import sessions.phases as phases_package
 from sessions import safe_files
 from sessions.home import atomic_write_json, read_json
+from sessions.logs import LogFile
 from sessions.logs import lines as lines_module
 from sessions.phases import StartupTracker
 from sessions.phases.checkpoint import CheckpointError, decode_tracker, encode_tracker
@@ -65,22 +65,21 @@ class LogProgress:
     tail: bytes = b""
 
 
-def fingerprint_at(fd: int, offset: int) -> bytes:
-    start = max(0, offset - FINGERPRINT_BYTES)
-    return os.pread(fd, offset - start, start)
+def fingerprint_at(log: LogFile, offset: int) -> bytes:
+    return log.read_range(max(0, offset - FINGERPRINT_BYTES), offset, "fingerprint")
 
 
-def still_valid(progress: LogProgress, fd: int, st: os.stat_result) -> bool:
+def still_valid(progress: LogProgress, log: LogFile, size: int) -> bool:
     """The file is the one read, at least as long, and unchanged before the offset."""
-    if progress.identity is not None and progress.identity != (st.st_dev, st.st_ino):
+    if progress.identity is not None and progress.identity != log.identity:
         return False
-    if st.st_size < progress.offset:
+    if size < progress.offset:
         return False
-    return fingerprint_at(fd, progress.offset) == progress.fingerprint
+    return fingerprint_at(log, progress.offset) == progress.fingerprint
 
 
-def load(session_dir: Path, fd: int, st: os.stat_result) -> LogProgress | None:
-    """The saved progress of the log open as ``fd``, when it is valid for it (else None: read afresh)."""
+def load(session_dir: Path, log: LogFile, size: int) -> LogProgress | None:
+    """The saved progress of the log ``log`` reads, when it is valid for it (else None: read afresh)."""
     try:
         doc = read_json(session_dir / CHECKPOINT_FILE, kind=safe_files.SESSION_RECORD)
     except OSError:  # a FIFO or a hard link in its place: not read, the log is read from the start
@@ -99,7 +98,7 @@ def load(session_dir: Path, fd: int, st: os.stat_result) -> LogProgress | None:
         )
     except (CheckpointError, KeyError, TypeError, ValueError, UnicodeError):
         return None
-    return progress if offset >= 0 and still_valid(progress, fd, st) else None
+    return progress if offset >= 0 and still_valid(progress, log, size) else None
 
 
 def save(session_dir: Path, progress: LogProgress) -> bool:
@@ -125,54 +124,27 @@ def save(session_dir: Path, progress: LogProgress) -> bool:
     return True
 
 
-def count_newlines(fd: int, start: int, end: int) -> int:
-    count = 0
-    while start < end:
-        data = os.pread(fd, min(COUNT_BLOCK_BYTES, end - start), start)
-        if not data:
-            break
-        count += data.count(b"\n")
-        start += len(data)
-    return count
-
-
-def line_start_after(fd: int, offset: int, limit: int) -> int:
-    """The start of the first line that begins at or after ``offset`` (``limit`` when none does)."""
-    if offset <= 0:
-        return 0
-    pos = offset - 1
-    while pos < limit:
-        data = os.pread(fd, min(1 << 16, limit - pos), pos)
-        nl = data.find(b"\n")
-        if nl >= 0:
-            return pos + nl + 1
-        if not data:
-            break
-        pos += len(data)
-    return limit
-
-
-def advance(progress: LogProgress, fd: int, size: int) -> tuple[bytes, bool]:
-    """Feed the tracker what the log gained up to ``size``; returns (the bytes read last, whether lines
-    were skipped).  The bytes read last are the whole increment, or the tail after a skip."""
+def advance(progress: LogProgress, log: LogFile, size: int) -> tuple[bytes, bool]:
+    """Feed the tracker the log from ``progress.offset`` up to ``size``, read through the session's one
+    reader ``log``; returns (the bytes read last, whether lines were skipped).  The bytes read last are the
+    whole increment, or the tail after a skip.  ``progress.offset`` is not moved: the caller does."""
     start = progress.offset
     if size - start <= SKIP_ABOVE_BYTES:
-        data = os.pread(fd, size - start, start) if size > start else b""
+        data = log.read_range(start, size, "catch-up")
         progress.tracker.feed_bytes(data)
         return data, False
     if start < HEAD_BYTES:  # startup lines come from the head
-        head = os.pread(fd, HEAD_BYTES - start, start)
+        head = log.read_range(start, HEAD_BYTES, "catch-up")
         progress.tracker.feed_bytes(head)
         start += len(head)
-    tail_from = max(start, line_start_after(fd, size - TAIL_BYTES, size))
-    skipped = count_newlines(fd, start, tail_from)
-    progress.tracker.skip_lines(skipped)
-    data = os.pread(fd, size - tail_from, tail_from)
+    tail_from = max(start, log.line_start_after(size - TAIL_BYTES, size))
+    progress.tracker.skip_lines(log.count_newlines(start, tail_from, COUNT_BLOCK_BYTES))
+    data = log.read_range(tail_from, size, "catch-up")
     progress.tracker.feed_bytes(data)
     return data, True
 
 
-def serving_tail(fd: int, size: int) -> bytes:
-    """The log's last `TAIL_BYTES` from a line start: what the serving view is read from afresh."""
-    start = line_start_after(fd, max(0, size - TAIL_BYTES), size)
-    return os.pread(fd, size - start, start)
+def serving_tail(log: LogFile, size: int) -> bytes:
+    """The log's last `TAIL_BYTES` before ``size``, from a line start: what the serving view is read from
+    afresh."""
+    return log.read_range(log.line_start_after(max(0, size - TAIL_BYTES), size), size, "serving-tail")

@@ -7,8 +7,8 @@ start goes to the history (the baseline of the next start).
 """
 from __future__ import annotations
 
-import os
 import re
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,9 +18,9 @@ from typing import Any
 from sessions import probes, safe_files, start_facts
 from sessions.history import last_good, record_start
 from sessions.home import Home, read_json
-from sessions.logs import LogFileError, open_log
-from sessions.phases import StartupPhase, StartupSummary, StartupTracker
-from sessions.server import log_checkpoint
+from sessions.logs import LogFile, LogFileError
+from sessions.phases import StartupPhase, StartupSummary
+from sessions.server.log_tracking import PROBE_ACCESS_LINE, LogTracking
 from sessions.server.model import (
     _LAUNCH_STALE_S,
     COMMAND_FILE,
@@ -35,13 +35,10 @@ from sessions.serving import SessionServing, decode_log_interval_of
 from sessions.stall import StallVerdict, is_compiler_name, stall_verdict
 from sessions.state_file import StateRead
 
-_TAIL_KEEP_BYTES = 8192
 PORT_RECHECK_S = 5.0  # a ready server's port is connected to this often between HTTP probes
 TREE_RESCAN_READY_S = 30.0  # all of /proc is walked this often for a ready server's tree
+_POLLS_PER_STATUS = 4  # reader steps (`sessions.logs.file.POLL_MAX_BYTES` each) one status reads at most
 _LOG_TIME_FORMAT = "%Y-%m-%d %H:%M:%S"
-_LINE_TIME = re.compile(rb"\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d)")
-# uvicorn's access line for one of our probes: `INFO:     127.0.0.1:5433 - "GET /ready HTTP/1.1" 503 ...`
-_PROBE_ACCESS_LINE = re.compile(rb'"GET /(?:ready|model_info|get_model_info)(?:\?[^ "]*)? HTTP/1\.[01]" \d{3}')
 
 
 @dataclass(frozen=True)
@@ -83,12 +80,11 @@ class SessionReader(SessionRecord):
 
     def __init__(self, session_dir: Path, home: Home) -> None:
         super().__init__(session_dir, home)
-        # the tracker, how far the log was read, the wall clock of its last write that was not a probe
-        self._progress = log_checkpoint.LogProgress(StartupTracker())
-        self._log_opened = False  # the first read in this process resumes from the checkpoint
-        self._saved_offset = -1
-        self._saved_at = 0.0
         self._serving = SessionServing()  # Decode/Prefill batch lines (+ /metrics) once it serves
+        # the tracker, how far the log was read, the wall clock of its last write that was not a probe
+        self._tracking = LogTracking(session_dir, self._serving)
+        self._log: LogFile | None = None  # the session's one log reader, opened by the first status
+        self._log_lock = threading.Lock()
         self._model_info: dict | None = None
         self._tree_watch: probes.ProcessTreeWatch | None = None  # the main process's tree, between polls
         self._last_lines_cache: tuple[tuple[int, int], tuple[str, ...]] | None = None
@@ -136,6 +132,9 @@ class SessionReader(SessionRecord):
         rec, state = self._settle_state(read, rec, summary, tree, live)
         if net.port_owner:
             problems.append(f"{net.port_owner}: it is not this session's server")
+        log = self._log
+        if not alive and log is not None and not log.has_view:
+            self.close_log()  # an ended session's log: no file kept open for it (a later status reopens)
         return SessionStatus(
             session_id=self.session_id,
             profile=self.profile_name_in(rec),
@@ -304,82 +303,61 @@ class SessionReader(SessionRecord):
         watch.rescan_after_s = probes.TREE_RESCAN_S if full_scan else TREE_RESCAN_READY_S
         return watch.read(full_scan=full_scan)
 
+    def session_log(self) -> LogFile | None:
+        """This session's one log reader in this process (`sessions.logs.LogFile`): the status tracker
+        listens to it (`sessions.server.log_tracking`) and the log view reads its lines from it, so each
+        new byte is read once per poll and a line has one number everywhere.  None while the log cannot be
+        opened (a FIFO or a device in its place is refused, never waited on)."""
+        with self._log_lock:
+            if self._log is None:
+                try:
+                    log = LogFile(self.log_path, follow_from="end", lines=False)
+                except LogFileError:
+                    return None  # not a log file: nothing to learn (diagnose says why)
+                log.add_listener(self._tracking)
+                self._tracking.opened()
+                self._log = log
+            return self._log
+
+    def close_log(self) -> None:
+        """Let go of the log's file (an ended session nobody views); a later status opens it again and
+        goes on from where the tracker is."""
+        with self._log_lock:
+            log, self._log = self._log, None
+        if log is not None:
+            log.close()
+
     def _read_log(self) -> StartupSummary:
-        """Feed what the log gained since the last call into the tracker; the first call in a process
-        resumes from the session's checkpoint (`sessions.server.log_checkpoint`), so its cost does not
-        grow with the log."""
-        try:  # the log core opens it: a FIFO or a device in its place is refused, never waited on
-            fd = open_log(self.log_path)
-        except (FileNotFoundError, NotADirectoryError):
-            return self._progress.tracker.summary()
-        except LogFileError:
-            return self._progress.tracker.summary()  # not a log file: nothing to learn (diagnose says why)
+        """Poll the session's reader: the tracker gets what the log gained since the last call; the first
+        call in a process resumes from the session's checkpoint (`sessions.server.log_checkpoint`), so its
+        cost does not grow with the log."""
+        log = self.session_log()
+        tracking = self._tracking
+        if log is None:
+            return tracking.progress.tracker.summary()
         try:
-            st = os.fstat(fd)
-            return self._read_log_fd(fd, st)
-        finally:
-            os.close(fd)
-
-    def _read_log_fd(self, fd: int, st: os.stat_result) -> StartupSummary:
-        first_read = not self._log_opened
-        if first_read:
-            self._log_opened = True
-            saved = log_checkpoint.load(self.session_dir, fd, st)
-            if saved is not None:
-                self._progress = saved
-                self._saved_offset, self._saved_at = saved.offset, time.monotonic()
-        progress = self._progress
-        if not log_checkpoint.still_valid(progress, fd, st):  # truncated, replaced, rewritten: start over
-            progress = self._progress = log_checkpoint.LogProgress(StartupTracker())
-            self._serving.reset()
-            self._saved_offset = -1
-            first_read = True
-        progress.identity = (st.st_dev, st.st_ino)
-        if st.st_size <= progress.offset and not first_read:
-            return progress.tracker.summary()
-        chunk, skipped = log_checkpoint.advance(progress, fd, st.st_size)
-        if first_read or skipped:  # the serving view comes from the tail (its figures are the latest lines')
-            self._serving.reset()
-            self._serving.feed_bytes(log_checkpoint.serving_tail(fd, st.st_size))
-        else:
-            self._serving.feed_bytes(chunk)
-        progress.offset = st.st_size
-        progress.fingerprint = log_checkpoint.fingerprint_at(fd, progress.offset)
-        if chunk:
-            progress.tail = (progress.tail + chunk[-_TAIL_KEEP_BYTES:])[-_TAIL_KEEP_BYTES:]
-            # exact: what it gained since this process's last look was written by its mtime
-            activity_at = _last_activity_at(chunk, st.st_mtime, exact=not first_read and not skipped)
-            if activity_at is not None:
-                progress.activity_at = max(activity_at, progress.activity_at or 0.0)
-        self._save_progress(progress, first_read)
-        return progress.tracker.summary()
-
-    def _save_progress(self, progress: log_checkpoint.LogProgress, first_read: bool) -> None:
-        """Save the checkpoint when the log was read further: on a process's first read, then after
-        `SAVE_EVERY_BYTES` more or `SAVE_EVERY_S` (a watcher polls every second: it must not write a file
-        every second; a status that found nothing new writes nothing)."""
-        now = time.monotonic()
-        due = progress.offset != self._saved_offset and (
-            first_read
-            or progress.offset - self._saved_offset >= log_checkpoint.SAVE_EVERY_BYTES
-            or now - self._saved_at >= log_checkpoint.SAVE_EVERY_S
-        )
-        if due and self.session_dir.is_dir() and log_checkpoint.save(self.session_dir, progress):
-            self._saved_offset, self._saved_at = progress.offset, now
+            for _ in range(_POLLS_PER_STATUS):  # a backlog is read in the reader's steps, bounded
+                if not log.poll().more:
+                    break
+        except LogFileError:
+            return tracking.progress.tracker.summary()
+        tracking.sync(log)
+        tracking.save_if_due()
+        return tracking.progress.tracker.summary()
 
     def _last_lines(self, count: int = 5) -> tuple[str, ...]:
         """The latest non-empty log lines (tqdm renders split at ``\r``), for stall's DeepGEMM check."""
-        key = (self._progress.offset, count)
+        key = (self._tracking.progress.offset, count)
         if self._last_lines_cache is not None and self._last_lines_cache[0] == key:
             return self._last_lines_cache[1]  # the log did not grow since the last poll
-        text = self._progress.tail.decode("utf-8", errors="replace")
+        text = self._tracking.progress.tail.decode("utf-8", errors="replace")
         lines = tuple([line for line in re.split(r"[\r\n]", text) if line.strip()][-count:])
         self._last_lines_cache = (key, lines)
         return lines
 
     def _silent_for_s(self, rec: dict) -> float:
         """Seconds since the server last wrote something other than the access lines of our probes."""
-        activity_at = self._progress.activity_at
+        activity_at = self._tracking.progress.activity_at
         last = activity_at if activity_at is not None else rec.get("started_at") or time.time()
         return max(0.0, time.time() - last)
 
@@ -575,34 +553,9 @@ def last_output_offset(log_path: Path, max_bytes: int = OUTPUT_SCAN_BYTES) -> in
         return None
     for match in reversed(list(re.finditer(rb"[^\r\n]+", data))):
         segment = match.group(0)
-        if segment.strip() and not _PROBE_ACCESS_LINE.search(segment):
+        if segment.strip() and not PROBE_ACCESS_LINE.search(segment):
             return start + match.end()
     return start
-
-
-def _last_activity_at(chunk: bytes, mtime: float, exact: bool) -> float | None:
-    """When the server last wrote something in ``chunk`` other than the access lines of /ready and
-    /model_info probes (uvicorn logs each request): those would keep a hung warmup looking busy.
-
-    ``exact``: the chunk is what the log gained since the previous look, so its non-probe text was
-    written by ``mtime``.  A first read of a whole log dates its last non-probe line by its own
-    timestamp when probe lines follow it.  None: nothing but probe lines.
-    """
-    segments = [s for s in re.split(rb"[\r\n]", chunk) if s.strip()]
-    for i in range(len(segments) - 1, -1, -1):
-        if _PROBE_ACCESS_LINE.search(segments[i]):
-            continue
-        if exact or i == len(segments) - 1:
-            return mtime
-        match = _LINE_TIME.match(segments[i])
-        if match:
-            try:
-                stamp = time.mktime(time.strptime(match.group(1).decode(), _LOG_TIME_FORMAT))
-            except ValueError:
-                return mtime
-            return min(stamp, mtime)
-        return mtime
-    return None
 
 
 def _event_wall_time(log_time: str | None, started_at: float, now: float) -> float:
