@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from sessions.capture.toggle import CaptureStatus, capture_status
+from sessions.profiles.capture_toggle import CaptureStatus, capture_status
 from sessions.gpus import GpuSnapshot, GpuSource
 from sessions.logs import LogFile, LogFilter, LogLine, shown
 from sessions.profiles import ProfileError, list_profiles, load_profile

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from sessions.capture.plugin.eagle3_capture.spec import ENV_NAME, CaptureSpec
-from sessions.capture.toggle import (
+from sessions.profiles.capture_toggle import (
     CUDA_GRAPH_NOTE,
     capture_additions,
     capture_problems,

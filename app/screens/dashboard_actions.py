@@ -230,7 +230,7 @@ class TargetActions:
         )
 
     def _capture_preview(self, name: str) -> None:
-        from sessions.capture.toggle import toggle_summary, toggled
+        from sessions.profiles.capture_toggle import toggle_summary, toggled
         from sessions.profiles import load_profile
         from sessions.server import flag_diff
 
@@ -265,7 +265,7 @@ class TargetActions:
         self.app.push_screen(ConfirmModal(f"Turn capture {verb} for {name}?", detail), answered)
 
     def _toggle_capture(self, name: str, was_on: bool) -> None:
-        from sessions.capture.toggle import toggle_capture
+        from sessions.profiles.capture_toggle import toggle_capture
         from sessions.profiles import load_profile
 
         try:

@@ -33,7 +33,7 @@ from sessions.profiles.model import (
     ServerSection,
     WatchSection,
 )
-from sessions.profiles.model_config import ModelConfigError, ModelShape, read_model_config
+from sessions.model_config import ModelConfigError, ModelShape, read_model_config
 from sessions.profiles.toml_io import list_profiles, load_profile, parse_profile, profile_path, save_profile
 from sessions.profiles.toml_lines import toml_key_lines
 from sessions.profiles.validation import (

@@ -20,7 +20,7 @@ from sessions.profiles.fields import (
     pp_size_of,
 )
 from sessions.profiles.model import _EMULATOR_FLAGS, _FIELD_FLAGS, _NEGATIVE_NUMBER, LaunchProfile, Problem
-from sessions.profiles.model_config import ModelConfigError, read_model_config
+from sessions.model_config import ModelConfigError, read_model_config
 from sessions.profiles.toml_lines import _did_you_mean
 
 # --- validation ------------------------------------------------------------------------------------------
