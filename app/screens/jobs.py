@@ -125,7 +125,7 @@ class JobRow(ListItem):
         for fs in short:  # --allow-partial ran it anyway: say where it will run out
             line.append(f"\nstorage: {', '.join(fs.get('folders', []))} needs {_bytes(fs.get('needed_bytes', 0))}, "
                         f"{_bytes(fs.get('free_bytes', 0))} free", style="yellow")
-        if p.servers:  # a job over several servers: one line each (state, done, rate, failures)
+        if p.servers and len(p.servers) > 1:  # several servers: one line each (state, done, rate, failures)
             for row in p.servers:
                 style = "green" if row.get("state") == "live" else "yellow" if row.get("state") == "down" else "red"
                 line.append("\n" + server_row_text(row), style=style)
