@@ -162,6 +162,9 @@ class SampleScheduler:
         self.straight_failures = 0  # job-wide, reset by any success
         self.abort_reason: str | None = None
         self.tasks: set[asyncio.Task[None]] = set()
+        self.ahead: deque[Any] = deque()  # samples read ahead while no lane had room (see `_read_ahead`)
+        self._source: tuple[Callable[[], Any], object, object, Record] = (lambda: None, None, None, lambda _e: None)
+        self._source_done = False
         self._changed = asyncio.Event()
         self._stopped = False
 
@@ -267,7 +270,7 @@ class SampleScheduler:
         ``take()`` returns the next item of the source without blocking: a sample, a ManifestEntry (a line
         that is no sample: recorded as it is), ``end`` or ``empty``."""
         loop = asyncio.get_running_loop()
-        source_done = False
+        self._source = (take, end, empty, record)
         for lane in self.lanes:
             lane.rates.start(lane.done, 0, 0)
             if lane.state != LIVE:
@@ -275,16 +278,12 @@ class SampleScheduler:
         while not stopped() and not self.abort_reason:
             if self.queue:
                 sample = self.queue.popleft()
-            elif not source_done:
-                item = take()
-                if item is empty:
+            elif self.ahead:
+                sample = self.ahead.popleft()
+            elif not self._source_done:
+                item = self._take_one()
+                if item is None:
                     await asyncio.sleep(0.002)
-                    continue
-                if item is end:
-                    source_done = True
-                    continue
-                if not hasattr(item, "input_ids"):  # a ManifestEntry of a line that cannot be a sample
-                    record(item)
                     continue
                 sample = item
             else:
@@ -303,6 +302,34 @@ class SampleScheduler:
             self.tasks.add(task)
             task.add_done_callback(self.tasks.discard)
 
+    def _take_one(self) -> Any:
+        """The next sample of the source, or None (nothing ready, or the source is spent).  A line that is no
+        sample (a ManifestEntry) is recorded as it is taken."""
+        take, end, empty, record = self._source
+        while not self._source_done:
+            item = take()
+            if item is empty:
+                return None
+            if item is end:
+                self._source_done = True
+                return None
+            if not hasattr(item, "input_ids"):  # a ManifestEntry of a line that cannot be a sample
+                record(item)
+                continue
+            return item
+        return None
+
+    def _read_ahead(self) -> bool:
+        """While no lane has room: take samples ahead (up to the lanes' ceilings together), so that the lines
+        that are no sample behind them are recorded even while every server is down, as they always were."""
+        if self._source_done or len(self.ahead) >= sum(lane.window.ceiling for lane in self.lanes):
+            return False
+        sample = self._take_one()
+        if sample is None:
+            return False
+        self.ahead.append(sample)
+        return True
+
     async def _wait_change(self, timeout_s: float) -> None:
         self._changed.clear()
         try:
@@ -315,7 +342,8 @@ class SampleScheduler:
             ready = [lane for lane in self.lanes if lane.has_room()]
             if ready:  # the most room relative to its window; a fast server's window is the larger
                 return min(ready, key=lambda lane: (lane.in_flight / lane.window.size, lane.in_flight))
-            await self._wait_change(0.2)
+            if not self._read_ahead():
+                await self._wait_change(0.2)
         return None
 
     async def _attempt(self, lane: ServerLane, sample: Any, record: Record, collect: Collect, fail: Fail) -> None:
