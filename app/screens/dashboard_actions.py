@@ -230,8 +230,8 @@ class TargetActions:
         )
 
     def _capture_preview(self, name: str) -> None:
-        from sessions.profiles.capture_toggle import toggle_summary, toggled
         from sessions.profiles import load_profile
+        from sessions.profiles.capture_toggle import toggle_summary, toggled
         from sessions.server import flag_diff
 
         try:
@@ -265,8 +265,8 @@ class TargetActions:
         self.app.push_screen(ConfirmModal(f"Turn capture {verb} for {name}?", detail), answered)
 
     def _toggle_capture(self, name: str, was_on: bool) -> None:
-        from sessions.profiles.capture_toggle import toggle_capture
         from sessions.profiles import load_profile
+        from sessions.profiles.capture_toggle import toggle_capture
 
         try:
             profile = load_profile(name, self.feed.home)
