@@ -88,7 +88,7 @@ def _check(args: argparse.Namespace) -> int:
 
 
 def _status(args: argparse.Namespace) -> int:
-    from sessions.capture.toggle import capture_status
+    from sessions.profiles.capture_toggle import capture_status
 
     status = capture_status(_load(args.profile))
     if args.json:
@@ -112,8 +112,8 @@ def _status(args: argparse.Namespace) -> int:
 
 def _toggle(args: argparse.Namespace) -> int:
     from app.cli import EXIT_BAD_INPUT, CliError
-    from sessions.capture.toggle import capture_problems, toggle_capture
     from sessions.profiles import ProfileError
+    from sessions.profiles.capture_toggle import capture_problems, toggle_capture
 
     try:
         profile = toggle_capture(_load(args.profile))

@@ -192,7 +192,8 @@ def _human(p: Any) -> str:
                      f"{_format_bytes(fs.get('free_bytes', 0))} free{'' if fs.get('fits') else ' (does not fit)'}")
     from sessions.extraction.progress import server_row_text
 
-    for row in p.servers or []:  # a job over several servers: one line each
+    for row in p.servers if p.servers and len(p.servers) > 1 else []:  # several servers: one line each;
+        # a one-server job's row says what its own line says
         line += f"\n    {server_row_text(row)}"
     if p.reason:
         line += f"\n    {p.reason}"

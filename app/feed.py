@@ -16,10 +16,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from sessions.capture.toggle import CaptureStatus, capture_status
 from sessions.gpus import GpuSnapshot, GpuSource
 from sessions.logs import LogFile, LogFilter, LogLine, shown
 from sessions.profiles import ProfileError, list_profiles, load_profile
+from sessions.profiles.capture_toggle import CaptureStatus, capture_status
 from sessions.profiles.fields import dp_replicas_of
 from sessions.redaction import Redactor
 from sessions.remote.monitor import HostMonitor, HostView

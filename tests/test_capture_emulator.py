@@ -176,7 +176,7 @@ def test_capture_launch_through_server_session_dumps_the_models_hidden_states(
     """Toggle capture on a profile, launch it as a session, send a job request, read the dump."""
     import httpx
 
-    from sessions.capture.toggle import capture_status, toggle_capture
+    from sessions.profiles.capture_toggle import capture_status, toggle_capture
 
     cap = tmp_path / "cap"
     profile = make_emulator_profile("capture-e2e", tp=2, model_path=str(demo_model), chunked_prefill_size=12,

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from textual.app import App, ComposeResult
 
-from sessions.capture.toggle import CUDA_GRAPH_NOTE, CaptureStatus
+from sessions.profiles.capture_toggle import CUDA_GRAPH_NOTE, CaptureStatus
 from tests._tui_support import run, screen_text, wait_until
 from widgets.capture_panel import CapturePanel
 
@@ -116,7 +116,7 @@ def test_the_capture_toggle_panel_and_check_never_import_torch_or_sglang(make_em
     code = f"""
 import json, sys
 from sessions.profiles import load_profile, build_command, validate_profile
-from sessions.capture.toggle import capture_status
+from sessions.profiles.capture_toggle import capture_status
 from sessions.capture.compat import check_sglang
 import widgets.capture_panel
 profile = load_profile("light")

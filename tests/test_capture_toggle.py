@@ -10,14 +10,14 @@ from pathlib import Path
 import pytest
 
 from sessions.capture.plugin.eagle3_capture.spec import ENV_NAME, CaptureSpec
-from sessions.capture.toggle import (
+from sessions.profiles import build_command, load_profile, save_profile
+from sessions.profiles.capture_toggle import (
     CUDA_GRAPH_NOTE,
     capture_additions,
     capture_problems,
     capture_status,
     toggle_capture,
 )
-from sessions.profiles import build_command, load_profile, save_profile
 
 KIMI_K25_CONFIG = {
     "architectures": ["KimiK25ForConditionalGeneration"],

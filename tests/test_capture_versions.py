@@ -250,7 +250,7 @@ def _errors(problems) -> list[str]:
 
 @pytest.mark.parametrize("version", OLD_VERSIONS)
 def test_old_sglang_without_a_draft_is_told_what_works_there(sglang_profile, version) -> None:
-    from sessions.capture.toggle import capture_additions, capture_problems, toggle_summary, toggled
+    from sessions.profiles.capture_toggle import capture_additions, capture_problems, toggle_summary, toggled
 
     p = sglang_profile(version, layers=[2, 16, 29])
     argv, _env = capture_additions(p)
@@ -267,7 +267,7 @@ def test_old_sglang_without_a_draft_is_told_what_works_there(sglang_profile, ver
 
 @pytest.mark.parametrize("version", OLD_VERSIONS)
 def test_old_sglang_with_a_draft_naming_the_layers_validates(sglang_profile, version, tmp_path) -> None:
-    from sessions.capture.toggle import capture_additions, capture_problems
+    from sessions.profiles.capture_toggle import capture_additions, capture_problems
     from sessions.profiles.validation import validate_profile
 
     draft = str(tmp_path / "draft")
@@ -296,7 +296,7 @@ def test_validation_refuses_capture_only_flags_through_the_flag_reader(sglang_pr
 def test_gpt_oss_ids_follow_each_versions_rule(sglang_profile) -> None:
     """The plan's rule comes from each version's own gpt_oss.py: unconditional +1 in 0.5.14, verbatim when
     max(ids) == L from 0.5.18 on (the table alone says the latter for every version)."""
-    from sessions.capture.toggle import layer_plan, layer_rule
+    from sessions.profiles.capture_toggle import layer_plan, layer_rule
 
     rules = {v: layer_rule(sglang_profile(v, GPT_OSS_CONFIG), "GptOssForCausalLM") for v in SGLANG_VERSIONS}
     assert rules == {"0.5.14": LayerRule.PLUS_ONE, "0.5.18": LayerRule.KEEP_IF_MAX_IS_L,
@@ -306,7 +306,7 @@ def test_gpt_oss_ids_follow_each_versions_rule(sglang_profile) -> None:
 
 
 def test_capture_only_flags_stay_on_0_5_23(sglang_profile) -> None:
-    from sessions.capture.toggle import capture_additions, capture_problems
+    from sessions.profiles.capture_toggle import capture_additions, capture_problems
 
     p = sglang_profile("0.5.23", layers=[2, 16, 29])
     argv, _env = capture_additions(p)

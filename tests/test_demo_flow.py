@@ -80,10 +80,10 @@ def _manifest_lines(out: Path) -> list[dict]:
 
 # -- the demo home ------------------------------------------------------------------------------------
 def test_the_demo_home_has_a_capture_profile_a_dataset_and_a_job_spec_that_check(demo_home) -> None:
-    from sessions.capture.toggle import capture_status
     from sessions.extraction.datasets import DatasetLineError, DatasetRecord, iter_dataset
     from sessions.extraction.spec import check_paths, load_job_spec
     from sessions.profiles import list_profiles, load_profile, read_model_config, validate_profile
+    from sessions.profiles.capture_toggle import capture_status
 
     names = list_profiles(demo_home)
     assert set(DEMO_PROFILES) | {CAPTURE_PROFILE} <= set(names)
@@ -216,8 +216,8 @@ def test_demo_user_launches_capture_sees_it_confirmed_runs_kills_resumes_and_ver
     from textual.widgets import Input
 
     from app.tui import Eagle3App
-    from sessions.capture.toggle import capture_status
     from sessions.profiles import load_profile, save_profile
+    from sessions.profiles.capture_toggle import capture_status
     from sessions.server import ServerSession
     from widgets.capture_panel import CapturePanel
 

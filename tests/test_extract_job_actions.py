@@ -102,12 +102,12 @@ def test_a_resumed_job_shows_its_name_and_last_counts_before_it_has_counted(home
     last = {**json.loads((path / "progress.json").read_text()), "state": "interrupted", "total": 4, "done": 3,
             "ok": 2, "failed_lines": 1, "tokens": 120, "bytes": 4096}
     (path / "progress.json").write_text(json.dumps(last))
-    JobRun(path, resume=True).write_progress()  # the new run's first write, before its start-up
+    JobRun(path, resume=True).report.write_progress()  # the new run's first write, before its start-up
     shown = read_progress(path)
     assert shown is not None
     assert (shown.name, shown.total, shown.done, shown.ok, shown.failed_lines, shown.tokens, shown.bytes) == (
         "again", 4, 3, 2, 1, 120, 4096)
-    fresh = JobRun(path, resume=False).snapshot()  # a fresh run carries the name only
+    fresh = JobRun(path, resume=False).report.snapshot()  # a fresh run carries the name only
     assert fresh["name"] == "again" and fresh["done"] == 0
 
 

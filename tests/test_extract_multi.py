@@ -108,7 +108,12 @@ def test_three_servers_share_one_queue_and_write_the_tensors_of_a_one_server_run
     finally:
         stop_job(one, home)
     assert single.state == "done", single.reason
-    assert single.servers is None  # one server: the job as it always ran
+    # Issue 24 item 6: a one-server job is the same scheduler over a list of one lane, so its status has the
+    # same per-server row as a job over several (the human status and the jobs screen name servers only
+    # when there are several: one server's row says what the job's own line says).
+    assert [row["name"] for row in single.servers or []] == [servers[0].session_id]
+    assert single.servers[0]["state"] == "live" and single.servers[0]["done"] == rows
+    assert f"server {servers[0].session_id}  live" not in run_cli(["extract", "status", one], cli_env).stdout
     many = start_job(job_spec(tmp_path, "many", rows, servers=[s.session_id for s in servers], concurrency=4),
                      cli_env)
     try:
@@ -133,6 +138,7 @@ def test_three_servers_share_one_queue_and_write_the_tensors_of_a_one_server_run
     status = json.loads(run_cli(["extract", "status", many, "--json"], cli_env).stdout)
     assert [r["name"] for r in status["servers"]] == [s.session_id for s in servers]
     assert {"state", "done", "samples_per_s", "failures"} <= set(status["servers"][0])
+    assert set(status["servers"][0]) == set(single.servers[0])  # the one-server job's row: the same fields
     text = run_cli(["extract", "status", many], cli_env).stdout
     assert all(f"server {s.session_id}  live" in text for s in servers)
     info = json.loads((tmp_path / "out-many" / "dataset.json").read_text())

@@ -219,33 +219,41 @@ def test_the_nan_inf_check_finds_every_kind_anywhere() -> None:
 
 
 def test_a_failed_group_commit_stops_the_job_and_records_nothing(tmp_path: Path, monkeypatch) -> None:
-    """The runner's side of a failed flush (EIO, a full disk at writeback): no manifest line, no count,
-    and the job stops sending with a reason that says how to continue."""
+    """The bookkeeping's side of a failed flush (EIO, a full disk at writeback): no manifest line, no count,
+    and the job stops sending with a reason that says how to continue.  The bookkeeping object is driven
+    alone, on a real output dir and a real job state (issue 24 item 6: it owns this concern)."""
     import asyncio
     import json
 
     import sessions.extraction.output as output_module
+    from sessions.extraction.bookkeeping import OutputBookkeeping
     from sessions.extraction.job import JOB_FILE
-    from sessions.extraction.runner import JobRun
+    from sessions.extraction.job_state import JobState
 
     job_dir = tmp_path / "job"
     job_dir.mkdir()
     (job_dir / JOB_FILE).write_text(json.dumps({"job_id": "j"}))
-    run = JobRun(job_dir, resume=False)
-    run.output = OutputDir(tmp_path / "out", file_group_size=4)
-    run.output.acquire("j", fresh=True)
-    run._record(_entry_for(run.output, 0))
-    assert run.counts["ok"] == 0  # written, waiting for the group commit
+    logged: list[str] = []
+    state = JobState(job_dir, {"job_id": "j"}, resume=False, log=logged.append)
+    stops: list[bool] = []
+    state.on_stop(lambda: stops.append(True))  # the runner's "send no more requests"
+    books = OutputBookkeeping(state)
+    output = OutputDir(tmp_path / "out", file_group_size=4)
+    output.acquire("j", fresh=True)
+    books.attach(output)
+    books.record(_entry_for(output, 0))
+    assert state.counts["ok"] == 0  # written, waiting for the group commit
 
     def failing_syncfs(fd: int) -> bool:
         raise OSError(5, "syncfs failed: Input/output error")
 
     monkeypatch.setattr(output_module, "_syncfs", failing_syncfs)
-    asyncio.run(run._commit())
-    assert run.counts["ok"] == 0 and run.output.read_manifest() == ({}, 0)
-    assert run.abort_reason is not None and "Input/output error" in run.abort_reason
-    assert "extract resume" in run.abort_reason and run._render_stop.is_set()
-    run.output.release()
+    asyncio.run(books.commit())
+    assert state.counts["ok"] == 0 and output.read_manifest() == ({}, 0)
+    assert state.abort_reason is not None and "Input/output error" in state.abort_reason
+    assert "extract resume" in state.abort_reason and stops == [True]
+    assert any(line.startswith("aborting: ") for line in logged)
+    output.release()
 
 
 def test_the_writer_thread_never_waits_for_the_disk_queue(tmp_path: Path, monkeypatch) -> None:

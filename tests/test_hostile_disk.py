@@ -92,16 +92,13 @@ def test_torch_save_runtime_error_on_a_nearly_full_disk_pauses_and_retries(tmp_p
     """Fault injection at the write call: the RuntimeError torch.save raises on a full disk is a pause."""
     import shutil
     import threading
-    from types import SimpleNamespace
 
     from sessions.extraction import bookkeeping
-    from sessions.extraction.runner import JobRun
+    from sessions.extraction.bookkeeping import OutputBookkeeping
+    from sessions.extraction.job_state import JobState
 
-    run = JobRun.__new__(JobRun)
-    run.spec = SimpleNamespace(output_dir=tmp_path)
-    run.output = None
-    run.pause_reasons, run.cancel_requested, run.abort_reason = {}, False, None
-    run.job_id = "j"
+    state = JobState(tmp_path, {"job_id": "j"}, resume=False, log=lambda _line: None)
+    run = OutputBookkeeping(state, output_root=tmp_path)  # the bookkeeping alone (issue 24 item 6)
     free = {"bytes": 1000}
     calls: list[int] = []
 
@@ -115,13 +112,13 @@ def test_torch_save_runtime_error_on_a_nearly_full_disk_pauses_and_retries(tmp_p
                                    "writing file data/0: file write failed, unexpected pos 1234")
             return "rows_0-2000/data_0.ckpt", 10, "crc32:0"
 
-    run.output = Output()
+    run.output = Output()  # type: ignore[assignment]
     usage = shutil.disk_usage(tmp_path)
     monkeypatch.setattr(bookkeeping.shutil, "disk_usage",
                         lambda _p: usage._replace(free=free["bytes"]))
     monkeypatch.setattr(bookkeeping, "OUTPUT_FULL_RETRY_S", 0.01)
     result: list = []
-    worker = threading.Thread(target=lambda: result.append(run._write_until_space(0, {})))
+    worker = threading.Thread(target=lambda: result.append(run.write_until_space(0, {})))
     worker.start()
     wait_for(lambda: "output" in run.pause_reasons, "paused", 10, interval_s=0.01)
     assert "output filesystem full" in run.pause_reasons["output"] and "unexpected pos" in run.pause_reasons["output"]
@@ -136,9 +133,9 @@ def test_torch_save_runtime_error_on_a_nearly_full_disk_pauses_and_retries(tmp_p
         def write_sample(self, index: int, data: dict) -> tuple[str, int, str]:
             raise RuntimeError("something else")
 
-    run.output = Broken()
+    run.output = Broken()  # type: ignore[assignment]
     with pytest.raises(RuntimeError, match="something else"):
-        run._write_until_space(0, {})
+        run.write_until_space(0, {})
 
 
 def test_rates_are_this_runs_own_window_not_the_resumed_past() -> None:
@@ -153,26 +150,20 @@ def test_rates_are_this_runs_own_window_not_the_resumed_past() -> None:
 
 
 def test_no_eta_unless_running(tmp_path: Path) -> None:
-    from sessions.extraction.runner import JobRun
+    from sessions.extraction.job_state import JobState
+    from sessions.extraction.run_report import RunReport
 
-    run = JobRun.__new__(JobRun)
-    run.job_id, run.spec, run.gate, run.client = "j", None, None, None
-    run.counts = {"ok": 10, "skipped": 0, "error": 0, "failed": 0}
-    run.total, run.tokens, run.supervised_tokens, run.bytes = 100, 0, 0, 0
-    run.rates = RateMeter()
-    run.rates.start(0, 0, 0, now=time.monotonic() - 10)
-    run.rates.add(10, 0, 0)
-    run.started_at = time.time()
-    run.last_progress_at = run.estimated_output_bytes = run.pipeline_started_at = None
-    run.done_at_pipeline_start = 0
-    run.pause_reasons, run.reason = {}, None
-    run.carried, run.counted = {}, True  # a first run: nothing carried over from an earlier one
-    run.storage = None  # no storage estimate made
-    run.scheduler = None  # a one-server job: no scheduler over servers
+    job = JobState(tmp_path, {"job_id": "j"}, resume=False, log=lambda _line: None)
+    job.counts = {"ok": 10, "skipped": 0, "error": 0, "failed": 0}
+    job.total = 100
+    job.rates.start(0, 0, 0, now=time.monotonic() - 10)
+    job.rates.add(10, 0, 0)
+    job.counted = True  # a first run: nothing carried over from an earlier one
+    run = RunReport(job)  # no spec, no scheduler yet: nothing sent
     for state, expect_eta in (("running", True), ("cancelled", False), ("failed", False), ("done", False)):
-        run.state = state
+        job.state = state
         assert (run.snapshot()["eta_s"] is not None) is expect_eta, state
-    run.state, run.pause_reasons = "running", {"server": "server unreachable"}
+    job.state, job.pause_reasons = "running", {"server": "server unreachable"}
     snap = run.snapshot()
     assert snap["state"] == "paused" and snap["eta_s"] is None
 

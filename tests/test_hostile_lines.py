@@ -126,18 +126,11 @@ def test_a_record_the_tokenizer_or_template_rejects_is_a_bad_line_in_the_job(tmp
     """The job's render stage turns any exception of one line into an error entry (here: a message whose
     passthrough field makes the template raise a TypeError, as wrong types anywhere can)."""
     from sessions.extraction.rendering import ChatRenderer
-    from sessions.extraction.runner import JobRun
+    from sessions.extraction.sample_source import SampleSource
 
     model = make_tokenizer_dir(tmp_path / "tok", "llama3")
     renderer = ChatRenderer.load(model, max_length=4096, on_too_long="truncate")
-    run = JobRun.__new__(JobRun)
-    run.job_id = "j"
-    run.renderer = renderer
-    run.spec = None  # no spec: sample ids are line indices (not a regeneration's row ids)
-    run.row_ids = {}
-    import threading
-
-    run._render_stop = threading.Event()
+    source = SampleSource("j", row_ids_wanted=False)  # sample ids are line indices (not a regeneration's row ids)
     ok = parse_line(b'{"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]}', 0)
     hostile = DatasetRecord(index=1, line=2, kind="openai",
                             messages=({"role": "user", "content": "hi"}, {"role": "assistant", "content": 7}))
@@ -149,7 +142,7 @@ def test_a_record_the_tokenizer_or_template_rejects_is_a_bad_line_in_the_job(tmp
         def messages(self) -> tuple:
             raise RecursionError("maximum recursion depth exceeded")
 
-    out = list(run._rendered(iter([ok, hostile, Exploding()])))
+    out = list(source.rendered(iter([ok, hostile, Exploding()]), renderer))
     assert not isinstance(out[0], ManifestEntry)
     assert [(e.line, e.status) for e in out[1:]] == [(2, "error"), (3, "error")]
     assert all(len(e.reason) <= REASON_LIMIT for e in out[1:])

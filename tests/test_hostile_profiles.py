@@ -116,7 +116,7 @@ def test_capture_refuses_two_batch_overlap_on_deepseek_and_warns_when_one_forwar
     """Issue 14 item 7, at launch (validate_profile) and at toggle (capture_problems)."""
     import subprocess
 
-    from sessions.capture.toggle import capture_problems
+    from sessions.profiles.capture_toggle import capture_problems
 
     small = tmp_path / "shm"
     small.mkdir()

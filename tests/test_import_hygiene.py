@@ -253,7 +253,7 @@ def test_the_profiles_package_imports_nothing_that_works_on_profiles():
     (the one upward import).  The capture launch flags, layer plan and checks now live in
     `sessions.profiles.capture_launch`, which imports only capture's leaves; this keeps it that way: no module
     outside the package that a profiles module imports reaches the profile model or the package itself (a
-    leaf reader such as `sessions.profiles.model_config`, which imports nothing of the package, may be
+    leaf reader such as `sessions.model_config`, which imports nothing of the package, may be
     shared)."""
     modules, edges = _graph()
     graph: dict[str, set[str]] = {}
@@ -279,3 +279,17 @@ def test_the_profiles_package_imports_nothing_that_works_on_profiles():
            for src, dst, line in edges if inside(src) and dst in modules and not inside(dst)
            and reaches_profiles(dst)]
     assert not bad, "\n".join(bad)
+
+
+def test_capture_never_imports_profiles_the_tie_points_one_way():
+    """Issue 24 item 6: profiles → capture, never back.  `sessions.capture.toggle` (the toggle, working on
+    launch profiles) re-exported `sessions.profiles.capture_launch` and `sessions.capture.compat` read the
+    model's config through `sessions.profiles.model_config`: capture and profiles imported each other.  The
+    toggle now lives in `sessions.profiles.capture_toggle` and the config reader in `sessions.model_config`,
+    a leaf both import.  Function-level and type-only imports count too."""
+    modules, edges = _graph()
+    in_capture = lambda name: name == "sessions.capture" or name.startswith("sessions.capture.")
+    in_profiles = lambda name: name == "sessions.profiles" or name.startswith("sessions.profiles.")
+    bad = [f"{_where(modules, src, line)}: {src} imports {dst}" for src, dst, line in edges
+           if in_capture(src) and in_profiles(dst)]
+    assert not bad, "capture imports profiles back:\n" + "\n".join(bad)

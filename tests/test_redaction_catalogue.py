@@ -276,10 +276,8 @@ def test_a_crash_file_keeps_a_redacted_traceback(home) -> None:
 
 
 def test_a_job_log_line_is_redacted(capsys) -> None:
-    from sessions.extraction.run_report import RunReport
+    from sessions.extraction.run_report import log_line
 
-    report = RunReport()
-    report.job_id = "j"
-    report.log("connecting via http://user:Pw-Secret-9@127.0.0.1:30000 with Bearer abcdefgh12345678")
+    log_line("j", "connecting via http://user:Pw-Secret-9@127.0.0.1:30000 with Bearer abcdefgh12345678")
     out = capsys.readouterr().out
     assert "[j] connecting via http://user:***@127.0.0.1:30000" in out and "abcdefgh12345678" not in out

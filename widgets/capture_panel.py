@@ -1,6 +1,6 @@
 """CapturePanel: one profile's hidden-state capture at a glance (DESIGN §5).
 
-It draws a `sessions.capture.toggle.CaptureStatus`: on/off, the physical capture points next to the
+It draws a `sessions.profiles.capture_toggle.CaptureStatus`: on/off, the physical capture points next to the
 draft-config ids (with a warning when they are not the EAGLE-3 standard set for L), what the running
 server confirmed (the plugin's ``eagle3-capture active`` line, when the TUI passes it), the capture dir
 with its file count, size and filesystem fill, and why CUDA graphs may stay on (the seed accounts turned
@@ -18,7 +18,7 @@ from sessions.server import FINAL_STATES
 from widgets import units
 
 if TYPE_CHECKING:
-    from sessions.capture.toggle import CaptureStatus
+    from sessions.profiles.capture_toggle import CaptureStatus
 
 
 

@@ -103,7 +103,7 @@ def extraction_text(p: Any, errors: Sequence[tuple[str, int]], width: int) -> Te
         text.append(f"\nstorage: {', '.join(fs.get('folders', []))} needs "
                     f"{human_bytes(fs.get('needed_bytes', 0))}, {human_bytes(fs.get('free_bytes', 0))} free",
                     style="yellow")
-    if p.servers:
+    if p.servers and len(p.servers) > 1:  # a one-server job's one row says nothing its title does not
         text.append("\n")
         text.append_text(server_lines(p.servers, width))
     if errors:  # why the samples failed (the job's errors.jsonl), most common first

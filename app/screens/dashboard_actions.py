@@ -216,8 +216,8 @@ class TargetActions:
         self.run_action_worker("capture-preview", self._capture_preview, name)
 
     def _capture_preview(self, name: str) -> None:
-        from sessions.capture.toggle import toggle_summary, toggled
         from sessions.profiles import load_profile
+        from sessions.profiles.capture_toggle import toggle_summary, toggled
         from sessions.server import flag_diff
 
         try:
@@ -241,8 +241,8 @@ class TargetActions:
                           was_on)
 
     def _toggle_capture(self, name: str, was_on: bool) -> None:
-        from sessions.capture.toggle import toggle_capture
         from sessions.profiles import load_profile
+        from sessions.profiles.capture_toggle import toggle_capture
 
         try:
             profile = load_profile(name, self.feed.home)

@@ -375,7 +375,7 @@ def check_sglang(root: str | os.PathLike, model_path: str | os.PathLike | None =
         add(flag, "capture flag", flag_files, flag_test, instead=around)
 
     if model_path is not None:
-        from sessions.profiles.model_config import ModelConfigError, read_model_config
+        from sessions.model_config import ModelConfigError, read_model_config
 
         try:
             arch = read_model_config(Path(model_path)).architecture

@@ -1,4 +1,5 @@
-"""One job over many servers (issue 24 item 3): a shared queue of samples, one lane per server.
+"""The dispatch of every extraction job (issue 24 items 3 and 6): a shared queue of samples, one lane per
+server.  A one-server job is this scheduler over a list of one lane; there is no other dispatch loop.
 
     samples (render thread) ─┐
     samples given back ──────┴▶ SampleScheduler ─▶ the lane with the most room ─▶ /generate ─▶ collect ─▶ record
@@ -17,7 +18,11 @@
   once it answers and serves the job's model (a ``refused`` lane serves another model:
   `sessions.extraction.servers`).  The job pauses only while no lane is live; when every attempt on every
   server fails (``max_straight_failures`` × lanes in a row, no success between) the setup is wrong and the
-  job aborts, as a one-server job does.
+  job aborts.  While no lane is live each prober asks every ``PROBE_WAITING_S`` (the whole job waits on
+  them), and ``down_timeout_s`` (the spec's ``server_down_timeout_s``, 0 = forever) ends the wait.
+* **One server.**  The same rules, worded for one: the job's pause reason is the lane's own (``server
+  unreachable at URL: ...``, or why the server that answers is not the job's), and the abort after
+  ``max_straight_failures`` says ``N consecutive attempts failed``.
 """
 from __future__ import annotations
 
@@ -37,6 +42,7 @@ from sessions.redaction import redact_text
 LIVE, DOWN, LEFT_OUT, REFUSED = "live", "down", "left out", "refused"
 PROBE_FIRST_S = 0.5
 PROBE_MAX_S = 30.0
+PROBE_WAITING_S = 1.0  # while no lane is live (the one-server job's probe interval since issue 12)
 
 
 @dataclass
@@ -135,7 +141,8 @@ class SampleScheduler:
 
     def __init__(self, lanes: list[ServerLane], *, job_id: str, retry: RetryPolicy, max_straight_failures: int,
                  identity_check: IdentityCheck, on_change: Callable[[], None], log: Callable[[str], None],
-                 clear: Callable[[ServerLane, str], Awaitable[None]], dump_bytes_per_token: Callable[[], int]) -> None:
+                 clear: Callable[[ServerLane, str], Awaitable[None]], dump_bytes_per_token: Callable[[], int],
+                 down_timeout_s: float = 0.0) -> None:
         self.lanes = lanes
         self.job_id = job_id
         self.retry = retry
@@ -149,9 +156,15 @@ class SampleScheduler:
         self.backing_off = 0  # samples given back that wait out their backoff before they queue again
         self.attempts: dict[int, int] = {}  # failed attempts per sample index (ServerDown spends none)
         self.given_back = 0
+        self.retries = 0  # samples given back after a failed attempt (a server down spends no retry)
+        self.down_timeout_s = down_timeout_s
+        self.none_live_since: float | None = None  # monotonic time the last live lane went
         self.straight_failures = 0  # job-wide, reset by any success
         self.abort_reason: str | None = None
         self.tasks: set[asyncio.Task[None]] = set()
+        self.ahead: deque[Any] = deque()  # samples read ahead while no lane had room (see `_read_ahead`)
+        self._source: tuple[Callable[[], Any], object, object, Record] = (lambda: None, None, None, lambda _e: None)
+        self._source_done = False
         self._changed = asyncio.Event()
         self._stopped = False
 
@@ -160,9 +173,13 @@ class SampleScheduler:
         return [lane for lane in self.lanes if lane.state == LIVE]
 
     def no_server_reason(self) -> str | None:
-        """Why nothing can be sent (every lane out), naming each server; None while one is live."""
+        """Why nothing can be sent (every lane out), naming each server; None while one is live.  With one
+        server, its own reason (``server unreachable at ...``): there is no other to name."""
         if self.live():
             return None
+        if len(self.lanes) == 1:
+            lane = self.lanes[0]
+            return lane.reason or f"server {lane.name} {lane.state}"
         return "no server left: " + "; ".join(f"{lane.name} {lane.state}" + (f" ({lane.reason})" if lane.reason
                                                                             else "") for lane in self.lanes)
 
@@ -171,10 +188,20 @@ class SampleScheduler:
             return
         lane.state, lane.reason = state, reason
         self.log(f"server {lane.name}: {state}" + (f": {reason}" if reason else ""))
+        if self.live():
+            self.none_live_since = None
+        elif self.none_live_since is None:
+            self.none_live_since = time.monotonic()
         if state != LIVE:
             self._start_prober(lane)
         self._changed.set()
         self.on_change()
+
+    def lanes_checked(self) -> None:
+        """The start-up identity check set the lanes' first states: a job that starts with none live starts
+        its ``down_timeout_s`` clock now."""
+        if not self.live() and self.none_live_since is None:
+            self.none_live_since = time.monotonic()
 
     def eta_rate(self) -> float:
         """Samples/s of the live lanes together: what the ETA counts on."""
@@ -190,8 +217,12 @@ class SampleScheduler:
         delay = PROBE_FIRST_S
         while not self._stopped and lane.state != LIVE:
             await asyncio.sleep(delay)
-            delay = min(PROBE_MAX_S, delay * 2)
+            # Backing off only while other lanes carry the job; with none live the job waits on this one.
+            delay = min(PROBE_MAX_S, delay * 2) if self.live() else PROBE_WAITING_S
             if self._stopped:
+                return
+            self._check_down_timeout()
+            if self.abort_reason:
                 return
             try:
                 ready = await lane.client.probe_ready()
@@ -210,6 +241,27 @@ class SampleScheduler:
             self.log(f"server {lane.name} rejoins the job")
             return
 
+    def _check_down_timeout(self) -> None:
+        """Abort once no lane has been live for ``down_timeout_s`` (0: wait for ever)."""
+        if not self.down_timeout_s or self.none_live_since is None or self.abort_reason:
+            return
+        down_for = time.monotonic() - self.none_live_since
+        if down_for <= self.down_timeout_s:
+            return
+        what = (f"the server at {self.lanes[0].endpoint.url} stayed down" if len(self.lanes) == 1
+                else "no server was live")
+        self.abort_reason = f"{what} for {down_for:.0f} s (server_down_timeout_s = {self.down_timeout_s:g})"
+        self._changed.set()
+
+    def capture_blocked_reason(self) -> str | None:
+        """Why nothing can be admitted for the capture filesystems: every live lane's gate is blocked by a
+        fill over its threshold (with one server: its gate is)."""
+        live = self.live()
+        reasons = [lane.gate.blocked_reason for lane in live]
+        if not live or not all(reasons):
+            return None
+        return "; ".join(r for r in reasons if r)
+
     # -- the loop ------------------------------------------------------------------------------------------
     async def run(self, take: Callable[[], Any], end: object, empty: object, record: Record, collect: Collect,
                   fail: Fail, stopped: Callable[[], bool], held: Callable[[], bool]) -> None:
@@ -218,7 +270,7 @@ class SampleScheduler:
         ``take()`` returns the next item of the source without blocking: a sample, a ManifestEntry (a line
         that is no sample: recorded as it is), ``end`` or ``empty``."""
         loop = asyncio.get_running_loop()
-        source_done = False
+        self._source = (take, end, empty, record)
         for lane in self.lanes:
             lane.rates.start(lane.done, 0, 0)
             if lane.state != LIVE:
@@ -226,16 +278,12 @@ class SampleScheduler:
         while not stopped() and not self.abort_reason:
             if self.queue:
                 sample = self.queue.popleft()
-            elif not source_done:
-                item = take()
-                if item is empty:
+            elif self.ahead:
+                sample = self.ahead.popleft()
+            elif not self._source_done:
+                item = self._take_one()
+                if item is None:
                     await asyncio.sleep(0.002)
-                    continue
-                if item is end:
-                    source_done = True
-                    continue
-                if not hasattr(item, "input_ids"):  # a ManifestEntry of a line that cannot be a sample
-                    record(item)
                     continue
                 sample = item
             else:
@@ -254,6 +302,34 @@ class SampleScheduler:
             self.tasks.add(task)
             task.add_done_callback(self.tasks.discard)
 
+    def _take_one(self) -> Any:
+        """The next sample of the source, or None (nothing ready, or the source is spent).  A line that is no
+        sample (a ManifestEntry) is recorded as it is taken."""
+        take, end, empty, record = self._source
+        while not self._source_done:
+            item = take()
+            if item is empty:
+                return None
+            if item is end:
+                self._source_done = True
+                return None
+            if not hasattr(item, "input_ids"):  # a ManifestEntry of a line that cannot be a sample
+                record(item)
+                continue
+            return item
+        return None
+
+    def _read_ahead(self) -> bool:
+        """While no lane has room: take samples ahead (up to the lanes' ceilings together), so that the lines
+        that are no sample behind them are recorded even while every server is down, as they always were."""
+        if self._source_done or len(self.ahead) >= sum(lane.window.ceiling for lane in self.lanes):
+            return False
+        sample = self._take_one()
+        if sample is None:
+            return False
+        self.ahead.append(sample)
+        return True
+
     async def _wait_change(self, timeout_s: float) -> None:
         self._changed.clear()
         try:
@@ -266,7 +342,8 @@ class SampleScheduler:
             ready = [lane for lane in self.lanes if lane.has_room()]
             if ready:  # the most room relative to its window; a fast server's window is the larger
                 return min(ready, key=lambda lane: (lane.in_flight / lane.window.size, lane.in_flight))
-            await self._wait_change(0.2)
+            if not self._read_ahead():
+                await self._wait_change(0.2)
         return None
 
     async def _attempt(self, lane: ServerLane, sample: Any, record: Record, collect: Collect, fail: Fail) -> None:
@@ -284,7 +361,7 @@ class SampleScheduler:
             if lane.state == LIVE:
                 lane.window.on_failure()
                 lane.failures += 1
-                self.set_state(lane, DOWN, str(exc))
+                self.set_state(lane, DOWN, f"server unreachable at {lane.endpoint.url}: {exc}")
             return
         except AttemptFailed as exc:
             await self.clear(lane, rid)
@@ -295,6 +372,7 @@ class SampleScheduler:
             elif spent > self.retry.max_retries:
                 record(fail(sample, f"{spent} attempts failed; last: {exc.reason}"))
             else:
+                self.retries += 1
                 self._give_back(sample, self.retry.delay_s(spent))
             return
         except (Stopped, GateClosed):
@@ -319,8 +397,8 @@ class SampleScheduler:
         lane.window.on_failure()
         self.straight_failures += 1
         if self.straight_failures >= self.max_straight_failures * len(self.lanes) and not self.abort_reason:
-            self.abort_reason = (f"{self.straight_failures} consecutive attempts failed on every server; "
-                                 f"last: {reason}")
+            where = "" if len(self.lanes) == 1 else " on every server"
+            self.abort_reason = f"{self.straight_failures} consecutive attempts failed{where}; last: {reason}"
             return
         if lane.state == LIVE and lane.straight_failures >= self.max_straight_failures:
             self.set_state(lane, LEFT_OUT, f"{lane.straight_failures} straight failures; last: {reason}")
@@ -359,10 +437,10 @@ class SampleScheduler:
 
     # -- the progress file -----------------------------------------------------------------------------------
     def totals(self) -> dict[str, Any]:
-        """The job-wide figures the one-server run takes from its client and gate."""
+        """The job-wide dispatch figures of the progress file, and each server's row."""
         fills = [fill for lane in self.lanes if (fill := lane.gate.last_fill) is not None]
         return {"in_flight": sum(lane.in_flight for lane in self.lanes),
-                "retries": self.given_back,
+                "retries": self.retries,
                 "backpressure_waits": sum(lane.gate.waits for lane in self.lanes),
                 "peak_reserved_capture_bytes": max(lane.gate.peak_reserved_bytes for lane in self.lanes),
                 "capture_fill": round(max(fills), 4) if fills else None,

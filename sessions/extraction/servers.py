@@ -214,3 +214,87 @@ class ModelAgreement:
             return await asyncio.to_thread(server_identity, url)
         except IdentityUnavailable as exc:
             return f"unreachable at {url}: {exc}"
+
+
+class ServerIdentityCheck:
+    """The identity check of a one-server job: the whole server identity (`sessions.extraction.identity`),
+    not only its model, is held to the one recorded on first contact, and ``extract resume JOB
+    --accept-server`` lets one change in (kept on the record in job.json and, through ``on_accept``, the
+    output's dataset.json).  The same two calls as `ModelAgreement`: ``check`` before the first request,
+    ``problem`` when the server answers again."""
+
+    def __init__(self, meta: dict[str, Any], save: Callable[[], None], log: Callable[[str], None], job_id: str,
+                 control_path: Path, on_accept: Callable[[], None]) -> None:
+        self.meta = meta
+        self.save = save
+        self.log = log
+        self.job_id = job_id
+        self.control_path = control_path
+        self.on_accept = on_accept
+
+    async def check(self, urls: list[str]) -> list[tuple[str, str | None]]:
+        states: list[tuple[str, str | None]] = []
+        for url in urls:
+            unreachable, problem = await self._problem(url)
+            states.append(("live", None) if problem is None else ("down" if unreachable else "refused", problem))
+        return states
+
+    async def problem(self, url: str) -> str | None:
+        """None when the server at ``url`` is the one the job started with, else the pause reason naming
+        what differs."""
+        return (await self._problem(url))[1]
+
+    async def _problem(self, url: str) -> tuple[bool, str | None]:
+        """(unreachable, reason or None)."""
+        from sessions.extraction.identity import (
+            IdentityUnavailable,
+            identity_differences,
+            mismatch_reason,
+            server_identity,
+        )
+
+        try:
+            found = await asyncio.to_thread(server_identity, url)
+        except IdentityUnavailable as exc:
+            return True, f"server unreachable at {url}: {exc}"
+        expected = self.meta.get("server_identity")
+        if not isinstance(expected, dict):
+            self.meta["server_identity"] = found
+            self.save()
+            self.log("server identity: " + ", ".join(
+                f"{k} {v if k != 'weights' else f'{len(v or {})} checkpoint files'}" for k, v in found.items()))
+            return False, None
+        differences = identity_differences(expected, found)
+        accepted = self._take_acceptance()
+        if not differences:
+            return False, None
+        if not accepted:
+            return False, mismatch_reason(url, differences, self.job_id)
+        self._accept(found, differences)
+        return False, None
+
+    def _take_acceptance(self) -> bool:
+        """``--accept-server`` holds for one acceptance, for the server that answers now: a later change
+        pauses again, so the flag is cleared as it is read."""
+        from sessions.home import atomic_write_json, read_json
+
+        control = read_json(self.control_path, default={}) or {}
+        if not control.get("accept_server"):
+            return False
+        control["accept_server"] = False
+        atomic_write_json(self.control_path, control)
+        return True
+
+    def _accept(self, found: dict[str, Any], differences: list[str]) -> None:
+        """The server that answers now becomes the job's, and the change is kept on the record (job.json, and
+        the output's dataset.json: the dataset now holds states of both servers, and whoever trains on it can
+        see which changed and when)."""
+        import time
+
+        change = {"at": time.time(), "differences": differences, "previous": self.meta.get("server_identity"),
+                  "accepted": found, "by": "extract resume --accept-server"}
+        self.meta.setdefault("accepted_server_changes", []).append(change)
+        self.meta["server_identity"] = found
+        self.save()
+        self.log(f"server change accepted (--accept-server): {'; '.join(differences)}")
+        self.on_accept()

@@ -15,6 +15,7 @@ the submodules they need, never this facade.
 """
 from __future__ import annotations
 
+from sessions.model_config import ModelConfigError, ModelShape, read_model_config
 from sessions.profiles.command import LOOKUP, LaunchCommand, build_command
 from sessions.profiles.fields import field_problems
 from sessions.profiles.model import (
@@ -33,7 +34,6 @@ from sessions.profiles.model import (
     ServerSection,
     WatchSection,
 )
-from sessions.profiles.model_config import ModelConfigError, ModelShape, read_model_config
 from sessions.profiles.toml_io import list_profiles, load_profile, parse_profile, profile_path, save_profile
 from sessions.profiles.toml_lines import toml_key_lines
 from sessions.profiles.validation import (

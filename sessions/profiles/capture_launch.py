@@ -3,7 +3,9 @@ model's layer plan, and the checks (DESIGN §5).  Moved here from ``sessions.cap
 6): `sessions.profiles.build_command` and `validate_profile` need them, and a profile module importing
 capture's toggle (which itself works on profiles) was the one upward import of the tree.  This module
 imports only capture's leaves (`sessions.capture.layers`, ``inject``, ``compat``, ``layer_source``, the
-plugin's spec and writer); ``sessions.capture.toggle`` (the toggle and the status snapshot) imports it.
+plugin's spec and writer); the toggle and the status snapshot (`sessions.profiles.capture_toggle`, also
+moved from capture) import it.  Nothing in `sessions.capture` imports `sessions.profiles`: the dependency
+points one way, profiles → capture (tests/test_import_hygiene.py pins it).
 
 * `capture_additions` — the flags of SGLang's capture-only mode (``--enable-return-aux-hidden-states
   --speculative-algorithm EAGLE3 --disable-radix-cache [--return-aux-hidden-state-layer-ids ...]``,
@@ -79,7 +81,7 @@ class ModelFacts:
 
 
 def model_facts(model_path: str) -> ModelFacts:
-    from sessions.profiles.model_config import ModelConfigError, read_model_config
+    from sessions.model_config import ModelConfigError, read_model_config
 
     path = Path(os.path.expanduser(model_path or ""))
     if not model_path:

@@ -10,6 +10,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from sessions.model_config import ModelConfigError, read_model_config
 from sessions.profiles.command import _number, _server_env
 from sessions.profiles.fields import (
     _gpus,
@@ -20,7 +21,6 @@ from sessions.profiles.fields import (
     pp_size_of,
 )
 from sessions.profiles.model import _EMULATOR_FLAGS, _FIELD_FLAGS, _NEGATIVE_NUMBER, LaunchProfile, Problem
-from sessions.profiles.model_config import ModelConfigError, read_model_config
 from sessions.profiles.toml_lines import _did_you_mean
 
 # --- validation ------------------------------------------------------------------------------------------

@@ -1,7 +1,7 @@
 """The capture job's spec, passed to every SGLang process as JSON in ``EAGLE3_CAPTURE``.
 
 This file ships inside the self-contained plugin directory (DESIGN §5, "Injection without pip"), so it
-uses the standard library only.  The launcher (``sessions.capture.toggle``) writes the JSON; the plugin
+uses the standard library only.  The launcher (``sessions.profiles.capture_toggle``) writes the JSON; the plugin
 inside SGLang and the emulator's model backend read it with `CaptureSpec.from_environ`.
 """
 from __future__ import annotations
