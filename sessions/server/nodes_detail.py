@@ -16,7 +16,8 @@ its own thread, so a lost or hung host holds only its own panel and log:
   ``n1``).  A line without a timestamp (a traceback, a progress bar) keeps the time of the line before it
   on its node, so it stays with its line.  Lines wait in a buffer until every streaming node has logged
   something as late (the watermark), or `MERGE_GRACE_S` at most, so that one quiet or lost node never
-  holds the others' lines.  Hosts' clocks are taken as they are (multi-node hosts run NTP).
+  holds the others' lines; before a node's first answer (its ssh still connecting, its whole log still to
+  come) nothing goes, for `FIRST_GRACE_S` at most.  Hosts' clocks are taken as they are (multi-node hosts run NTP).
 
 The files are only this view's copy: they are rewritten each time a view opens and never read by anything
 but the log pane.
@@ -43,6 +44,7 @@ VIEW_DIR = "nodes-view"
 GPU_INTERVAL_S = 2.0
 CALL_TIMEOUT_S = 20.0
 MERGE_GRACE_S = 1.5  # a line waits at most this long for the other nodes before it goes to merged.log
+FIRST_GRACE_S = 30.0  # ... or this long while a node has not answered at all yet (ssh connecting)
 MERGE_TICK_S = 0.2
 BACKOFF_FIRST_S = 1.0
 BACKOFF_MAX_S = 30.0
@@ -94,6 +96,7 @@ class _Merger:
         self.buffer: list[tuple[str, int, int, float, str]] = []  # (time key, node, seq, received, text)
         self.latest: list[str | None] = [None] * nodes  # each node's latest time key
         self.streaming = [False] * nodes
+        self.answered = [False] * nodes  # its stream gave a line, or ended, at least once
         self.seq = 0
         self.written = 0
         self.out: IO[str] = open(path, "a", encoding="utf-8", opener=_private_opener)  # noqa: SIM115
@@ -103,19 +106,29 @@ class _Merger:
             self.seq += 1
             self.buffer.append((key, node, self.seq, time.monotonic(), text))
             self.latest[node] = key
+            self.answered[node] = True
+
+    def answer(self, node: int) -> None:
+        """``node``'s stream ended or failed: it no longer holds the others' lines back."""
+        with self.lock:
+            self.answered[node] = True
 
     def flush(self, force: bool = False) -> None:
         with self.lock:
             if not self.buffer:
                 return
+            # A node that never answered may still bring older lines (its ssh is connecting): nothing goes
+            # before its first answer (up to FIRST_GRACE_S); after that, the latest time of every node
+            # still streaming is the watermark.
             marks = [k for k, on in zip(self.latest, self.streaming, strict=True) if on and k is not None]
-            waiting = [on and k is None for k, on in zip(self.latest, self.streaming, strict=True)]
-            watermark = None if any(waiting) else (min(marks) if marks else None)
+            waiting = not all(self.answered)
+            watermark = None if waiting else (min(marks) if marks else None)
+            grace = FIRST_GRACE_S if waiting else MERGE_GRACE_S
             now = time.monotonic()
             self.buffer.sort()
             cut = 0
             for key, _node, _seq, received, _text in self.buffer:
-                if force or (watermark is not None and key <= watermark) or now - received > MERGE_GRACE_S:
+                if force or (watermark is not None and key <= watermark) or now - received > grace:
                     cut += 1
                 else:
                     break
@@ -212,21 +225,24 @@ class NodesDetail:
     def _gpu_loop(self, rank: int) -> None:
         entry = self.record.nodes[rank]
         while not self._stop.is_set():
+            # The reading first, shown at once; then the labels of the node's ranks (a slow status call must
+            # not hold the GPUs back, and a failed one keeps the last labels).
             try:
-                node = self._endpoint(rank)
-                reading = _ask_json(node, ["gpus", "--json"])
-                owners: dict[int, str] = {}
+                reading = snapshot_from_json(_ask_json(self._endpoint(rank), ["gpus", "--json"]))
+                self._set_gpus(rank, gpus=reading, error=None, answered_at=time.time())
                 if entry.session_id is not None:
-                    status = _ask_json(node, ["status", entry.session_id, "--json", "--no-http"])
+                    status = _ask_json(self._endpoint(rank), ["status", entry.session_id, "--json", "--no-http"])
                     status = status[0] if isinstance(status, list) and status else status
-                    owners = _owners(status if isinstance(status, dict) else {})
-                update = {"gpus": snapshot_from_json(reading), "owners": owners, "error": None,
-                          "answered_at": time.time()}
+                    self._set_gpus(rank, owners=_owners(status if isinstance(status, dict) else {}))
+            except subprocess.TimeoutExpired as exc:
+                self._set_gpus(rank, error=f"no answer within {exc.timeout:g} s")
             except Exception as exc:  # noqa: BLE001 - a lost host is this node's state; the others go on
-                update = {"error": str(exc)}
-            with self._lock:
-                self._gpus[rank] = dataclasses.replace(self._gpus[rank], **update)
+                self._set_gpus(rank, error=str(exc))
             self._stop.wait(self.interval_s)
+
+    def _set_gpus(self, rank: int, **changes: object) -> None:
+        with self._lock:
+            self._gpus[rank] = dataclasses.replace(self._gpus[rank], **changes)  # type: ignore[arg-type]
 
     # -- logs -----------------------------------------------------------------------------------------------
 
@@ -241,6 +257,8 @@ class NodesDetail:
         entry = self.record.nodes[rank]
         if entry.session_id is None:
             self._set_log(rank, error="never launched")
+            if self.merger is not None:
+                self.merger.answer(rank)
             return
         have = 0  # lines mirrored so far: a restarted stream skips these
         key = ""
@@ -252,6 +270,8 @@ class NodesDetail:
                     proc = self._endpoint(rank).link.popen(["logs", entry.session_id, "-f"])
                 except Exception as exc:  # noqa: BLE001 - no ssh, a bad host: said, retried
                     self._set_log(rank, streaming=False, error=str(exc))
+                    if self.merger is not None:
+                        self.merger.answer(rank)
                     self._stop.wait(backoff)
                     backoff = min(BACKOFF_MAX_S, backoff * 2)
                     continue
@@ -288,6 +308,8 @@ class NodesDetail:
                 why = (f"unreachable: {ssh_reason(stderr)}" if code == SSH_FAILED
                        else f"the log stream ended (exit {code}); asking again in {backoff:.0f} s")
                 self._set_log(rank, streaming=False, error=why)
+                if self.merger is not None:
+                    self.merger.answer(rank)
                 self._stop.wait(backoff)
                 backoff = min(BACKOFF_MAX_S, backoff * 2)
 
