@@ -381,11 +381,17 @@ fault = "{fault}"
 """)
 
 
-def _arrivals(app) -> str:
+def _shown(app, selector: str) -> str:
+    """What the multi-node view's card or arrival lines draw ("" before the view has composed)."""
     from app.screens.nodes import MultiNodeScreen
 
     screen = app.screen
-    return screen.query_one("#node-arrivals").shown.plain if isinstance(screen, MultiNodeScreen) else ""
+    found = screen.query(selector) if isinstance(screen, MultiNodeScreen) else None
+    return found.first().shown.plain if found else ""
+
+
+def _arrivals(app) -> str:
+    return _shown(app, "#node-arrivals")
 
 
 async def nodes_scenario(out: Path, sizes: list[tuple[int, int]], root: Path) -> list[Path]:
@@ -431,9 +437,9 @@ async def nodes_scenario(out: Path, sizes: list[tuple[int, int]], root: Path) ->
         await shot.wait(lambda: app.screen is app.dashboard, "back on the dashboard")
 
         await pilot.press("1", "down", "l")  # two-node-never-joins: gpu-b never reaches gpu-a's rendezvous
-        view = await shot.wait(lambda: isinstance(app.screen, MultiNodeScreen) and app.screen, "the view", 180)
+        await shot.wait(lambda: isinstance(app.screen, MultiNodeScreen), "the view", 180)
         started = clock.monotonic()
-        await shot.wait(lambda: "rendezvous:" in view.query_one("#node-card").shown.plain
+        await shot.wait(lambda: "rendezvous:" in _shown(app, "#node-card")
                         and clock.monotonic() - started > 10, "the rendezvous verdict", 240)
         await shot.shoot("nodes-never-joins")
         await pilot.press("escape")

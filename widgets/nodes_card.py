@@ -65,8 +65,10 @@ def nodes_text(views: tuple[NodesView, ...], wall: float | None = None, cursor: 
         status = nv.status
         if i:
             text.append("\n")
-        text.append(nv.node_id, style="bold reverse" if i == cursor else "bold")
-        text.append(f" {nv.profile} · TP{nv.tp_size} over {len(nv.nodes)} nodes · ", style="dim")
+        if node_lines:  # the multi-node view names the server in its title: its head starts at the profile
+            text.append(nv.node_id, style="bold reverse" if i == cursor else "bold")
+            text.append(" ")
+        text.append(f"{nv.profile} · TP{nv.tp_size} over {len(nv.nodes)} nodes · ", style="dim")
         text.append(status.state, style=_STATE_STYLE.get(status.state, "bold"))
         verdict = status.verdict.removeprefix(f"{status.state}: ")  # "ready: node 0 serves": said once
         if verdict and verdict != status.state:

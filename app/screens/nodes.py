@@ -71,6 +71,7 @@ class MultiNodeScreen(Screen):
     MultiNodeScreen.-narrow .pane { border: none; border-top: solid $panel-lighten-2; padding: 0; }
     MultiNodeScreen.-narrow .pane:focus-within { border: none; border-top: heavy $accent; }
     MultiNodeScreen.-narrow .node-gpu-pane { max-height: 3; }
+    MultiNodeScreen.-narrow #node-arrivals { border-top: none; }
     """
 
     def __init__(self, home: Home, node_id: str, monitor: Any) -> None:
@@ -147,6 +148,14 @@ class MultiNodeScreen(Screen):
             threading.Thread(target=detail.close, name="nodes-view-close", daemon=True).start()
         for feed in self._feeds.values():
             feed.close()
+
+    def on_resize(self) -> None:
+        # Narrow terminals: the footer's room goes to the view's keys (ctrl+p stays bound), as on the dashboard.
+        footer = self.query_one(Footer)
+        wide = self.size.width >= 110
+        if footer.show_command_palette != wide:
+            footer.show_command_palette = wide
+            footer.refresh(recompose=True)
 
     # -- drawing --------------------------------------------------------------------------------------------
 
