@@ -62,7 +62,6 @@ class MultiNodeScreen(Screen):
     }
     MultiNodeScreen .pane:focus-within { border: round $accent; }
     MultiNodeScreen #node-head { height: auto; }
-    MultiNodeScreen #node-arrivals { border-top: dashed $panel-lighten-2; }
     MultiNodeScreen #node-gpus { height: auto; }
     MultiNodeScreen .node-gpu-pane { width: 1fr; height: auto; max-height: 12; }
     MultiNodeScreen #node-log-pane { height: 1fr; min-height: 5; }
@@ -71,7 +70,6 @@ class MultiNodeScreen(Screen):
     MultiNodeScreen.-narrow .pane { border: none; border-top: solid $panel-lighten-2; padding: 0; }
     MultiNodeScreen.-narrow .pane:focus-within { border: none; border-top: heavy $accent; }
     MultiNodeScreen.-narrow .node-gpu-pane { max-height: 3; }
-    MultiNodeScreen.-narrow #node-arrivals { border-top: none; }
     """
 
     def __init__(self, home: Home, node_id: str, monitor: Any) -> None:
@@ -282,7 +280,11 @@ class MultiNodeScreen(Screen):
         field = self.query_one("#node-filter-input", Input)
         current = self.query_one(LogView).log_filter
         field.value = current.text if current else ""
-        self.query_one("#node-filter-bar").add_class("-open")
+        bar = self.query_one("#node-filter-bar")
+        bar.add_class("-open")
+        # Shown now, not at the next style pass: set_focus skips a hidden widget, and keys typed in the same
+        # burst as "/" ("/Init parallel" over tmux) then went to the log's keys (n, p switched the log).
+        bar.display = True
         self.set_focus(field, scroll_visible=False)
 
     @on(Input.Submitted, "#node-filter-input")
@@ -296,7 +298,9 @@ class MultiNodeScreen(Screen):
         self._close_filter_bar()
 
     def _close_filter_bar(self) -> None:
-        self.query_one("#node-filter-bar").remove_class("-open")
+        bar = self.query_one("#node-filter-bar")
+        bar.remove_class("-open")
+        bar.display = False
         self.query_one(LogView).focus()
 
     def _set_filter(self, log_filter: LogFilter | None, reset: bool = True) -> None:
