@@ -202,14 +202,18 @@ class MultiNodeScreen(Screen):
         return feed
 
     def _poll_log(self, path: str, log_filter: LogFilter | None) -> None:
+        chunk = None
         try:
             chunk = self._feed(path).poll(log_filter)
-        except OSError:
-            chunk = None
-        self.app.call_from_thread(self._log_polled, chunk)
+        except Exception:  # noqa: BLE001, S110 - the next tick polls again; a poll must always call back
+            pass
+        finally:  # or `_log_polling` stays set and the pane never reads its log again
+            self.app.call_from_thread(self._log_polled, chunk)
 
     def _log_polled(self, chunk: Any) -> None:
         self._log_polling = False
+        if not self.is_attached:  # closed while the poll ran
+            return
         log_view = self.query_one(LogView)
         if chunk is not None:
             log_view.apply_chunk(chunk)
