@@ -60,7 +60,8 @@ def nodes_text(views: tuple[NodesView, ...], wall: float | None = None, cursor: 
     """The cards; ``cursor``: the card the pane's cursor is on (its head reversed: Enter opens it);
     ``node_lines`` False: the head and the hint only (the multi-node view draws its own node lines)."""
     wall = time.time() if wall is None else wall
-    text = Text(no_wrap=True, overflow="ellipsis")
+    # The view (node_lines False) wraps its head: at 80 columns the verdict names the node that holds the start.
+    text = Text(no_wrap=True, overflow="ellipsis") if node_lines else Text(overflow="fold")
     for i, nv in enumerate(views):
         status = nv.status
         if i:

@@ -62,6 +62,7 @@ class MultiNodeScreen(Screen):
     }
     MultiNodeScreen .pane:focus-within { border: round $accent; }
     MultiNodeScreen #node-head { height: auto; }
+    MultiNodeScreen #node-card { text-wrap: wrap; text-overflow: fold; }
     MultiNodeScreen #node-gpus { height: auto; }
     MultiNodeScreen .node-gpu-pane { width: 1fr; height: auto; max-height: 12; }
     MultiNodeScreen #node-log-pane { height: 1fr; min-height: 5; }
