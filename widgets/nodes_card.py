@@ -130,10 +130,12 @@ class NodesCard(Static, can_focus=True):
         return self.views[self.cursor].node_id if 0 <= self.cursor < len(self.views) else None
 
     def update_nodes(self, views: tuple[NodesView, ...]) -> None:
-        chosen = self.selected_id
+        # While focused the cursor stays on its server; otherwise it is on the first card (the newest live one),
+        # so 5 then d or Enter acts on the server shown on top, not on one picked long ago.
+        chosen = self.selected_id if self.has_focus else None
         self.views = views
         ids = [v.node_id for v in views]
-        self.cursor = ids.index(chosen) if chosen in ids else min(self.cursor, max(0, len(views) - 1))
+        self.cursor = ids.index(chosen) if chosen in ids else 0
         self._draw()
 
     def _draw(self) -> None:
