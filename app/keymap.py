@@ -120,6 +120,14 @@ DASHBOARD_KEYS: tuple[KeySpec, ...] = (
     KeySpec("dashboard.focus_gpus", "3", "focus_pane(3)", "GPUs", show=False, help="Focus pane 3: GPUs."),
     KeySpec("dashboard.focus_log", "4", "focus_pane(4)", "Log", show=False, help="Focus pane 4: the log."),
     KeySpec(
+        "dashboard.focus_nodes",
+        "5",
+        "focus_pane(5)",
+        "Multi-node",
+        show=False,
+        help="Focus the Multi-node pane (up/down pick a server, Enter opens its view; s and d act on it).",
+    ),
+    KeySpec(
         "dashboard.diagnose",
         "d",
         "diagnose",
@@ -168,7 +176,28 @@ EDITOR_KEYS: tuple[KeySpec, ...] = (
     KeySpec("editor.close", "escape", "close", "Back", help="Close the editor (asks when unsaved)."),
 )
 
-ALL_KEYS: tuple[KeySpec, ...] = APP_KEYS + DASHBOARD_KEYS + LOG_KEYS + EDITOR_KEYS + CONFIRM_KEYS + CHOICE_KEYS
+# The multi-node view (app/screens/nodes.py): one server across nodes, its GPU panels and logs.
+NODES_KEYS: tuple[KeySpec, ...] = (
+    KeySpec("nodes.next_log", "n", "next_log(1)", "Next node", help="Show the next node's log (then the merged one)."),
+    KeySpec("nodes.prev_log", "p", "next_log(-1)", "Prev node", help="Show the previous node's log."),
+    KeySpec("nodes.merged_log", "m", "merged_log", "Merged",
+            help="Show the merged log: every node's lines in time order, each prefixed with its node (n0, n1)."),
+    KeySpec("nodes.stop", "s", "stop", "Stop",
+            help="Stop the server on every node (y/N): node 0 first, then the workers, then every node's GPUs "
+            "are checked free."),
+    KeySpec("nodes.diagnose", "d", "diagnose", "Diag",
+            help="Diagnose every node (py-spy of each rank there), with the hints across nodes."),
+    KeySpec("nodes.filter", "slash", "filter", "Filter", key_display="/", priority=True,
+            help="Filter the log shown by text or /regex/ (in the merged log, 'n1 ' keeps node 1's lines)."),
+    KeySpec("nodes.fullscreen", "f", "fullscreen", "Full", help="Show the log full-screen (f or Esc to come back)."),
+    KeySpec("nodes.wrap", "w", "wrap", "Wrap", show=False, help="Wrap long log lines."),
+    KeySpec("nodes.timestamps", "t", "timestamps", "Time", show=False, help="Show or hide log timestamps."),
+    KeySpec("nodes.back", "escape", "back", "Back", priority=True,
+            help="Close the filter bar, else clear the filter, else leave full-screen, else back to the dashboard."),
+)
+
+ALL_KEYS: tuple[KeySpec, ...] = (APP_KEYS + DASHBOARD_KEYS + LOG_KEYS + EDITOR_KEYS + NODES_KEYS + CONFIRM_KEYS
+                                 + CHOICE_KEYS)
 KEYS_BY_ID = {spec.id: spec for spec in ALL_KEYS}
 
 # Textual key names: letters, digits, names like "slash"/"f5"/"pageup", modifiers joined by "+".
@@ -279,6 +308,7 @@ PALETTE_NAMES: dict[str, str] = {
     "dashboard.focus_sessions": "Focus pane 2: sessions",
     "dashboard.focus_gpus": "Focus pane 3: GPUs",
     "dashboard.focus_log": "Focus pane 4: log",
+    "dashboard.focus_nodes": "Focus the Multi-node pane (Enter opens a server across nodes)",
     "dashboard.diagnose": "Diagnose session (stacks, hints)",
     "dashboard.capture": "Capture: toggle hidden-state capture",
     "dashboard.jobs": "Jobs: extraction jobs (extract)",

@@ -119,8 +119,12 @@ class Eagle3App(TypeAheadApp[int]):
         gpu_source: GpuSource | None = None,
         refresh_s: float = 1.0,
         watch_tty: bool | None = None,
+        node_resolver: Callable[[], Any] | None = None,
     ) -> None:
         super().__init__()
+        # How multi-node servers' nodes are reached (`sessions.server.nodes.NodeResolver`): hosts.toml over
+        # ssh unless given (the screenshots' nodes are local homes reached with LocalLink).
+        self._node_resolver = node_resolver
         self.home = home
         self.demo = demo
         self._gpu_source = gpu_source
@@ -206,7 +210,8 @@ class Eagle3App(TypeAheadApp[int]):
         from sessions.server.nodes import ssh_resolver
         from sessions.server.nodes_monitor import NodesMonitor
 
-        self.nodes_monitor = NodesMonitor(self.home, lambda: ssh_resolver(self.home)).start()
+        factory = self._node_resolver or (lambda: ssh_resolver(self.home))
+        self.nodes_monitor = NodesMonitor(self.home, factory).start()
         return self.nodes_monitor
 
     def _handle_exception(self, error: Exception) -> None:

@@ -440,7 +440,7 @@ async def replicas_job(app, pilot, shot: Shooter, jobs_screen) -> None:
 
 
 async def replicas_scenario(out: Path, sizes: list[tuple[int, int]]) -> list[Path]:
-    """Only the replicas scene (``--scene replicas``), on a fresh demo home."""
+    """Only the replicas scene (``--only replicas``), on a fresh demo home."""
     from app.screens.jobs import JobsScreen
     from app.tui import Eagle3App
     from sessions.demo import CAPTURE_PROFILE, capture_demo_missing, ensure_demo_home
@@ -457,6 +457,149 @@ async def replicas_scenario(out: Path, sizes: list[tuple[int, int]]) -> list[Pat
         await replicas_job(app, pilot, shot, JobsScreen)
         await pilot.press("q")
     return shot.made
+
+
+# -- one server across two nodes (issue 26) ---------------------------------------------------------------
+# The nodes are this machine with their own homes, reached with `LocalLink` (our own CLI as a subprocess,
+# exactly what ssh runs on a real host), at 127.0.0.1 and 127.0.0.2; hosts "gpu-a" and "gpu-b".
+
+NODE_ADDRESSES = ("127.0.0.1", "127.0.0.2")
+SMALL_MODEL = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 2048,
+               "num_hidden_layers": 16, "num_attention_heads": 32, "num_key_value_heads": 8,
+               "intermediate_size": 8192, "vocab_size": 32000, "max_position_embeddings": 4096,
+               "torch_dtype": "bfloat16"}
+
+
+def _port_free_on(addresses: tuple[str, ...]) -> int:
+    import socket
+
+    while True:
+        port = free_port()
+        try:
+            for address in addresses[1:]:
+                with socket.socket() as sock:
+                    sock.bind((address, port))
+            return port
+        except OSError:
+            continue
+
+
+def _node_table(root: Path) -> dict:
+    from sessions.remote.link import LocalLink
+    from sessions.server.nodes import NodeEndpoint
+
+    env = {"PYTHONPATH": str(REPO_ROOT), "EAGLE3_TUI_DEMO": ""}
+    return {name: NodeEndpoint(name, address, LocalLink(env=env | {"EAGLE3_TUI_HOME": str(root / name)}))
+            for name, address in zip(("gpu-a", "gpu-b"), NODE_ADDRESSES, strict=True)}
+
+
+def _nodes_profile(home, model: Path, name: str, fault: str, time_scale: float) -> None:
+    (home.profiles_dir / f"{name}.toml").write_text(f"""[server]
+launcher = "emulator"
+python = "{sys.executable}"
+model_path = "{model}"
+tp_size = 4
+host = "127.0.0.1"
+port = {_port_free_on(NODE_ADDRESSES)}
+nnodes = 2
+hosts = ["gpu-a", "gpu-b"]
+
+[watch]
+stall_after_s = 15
+
+[emulator]
+time_scale = {time_scale}
+fault = "{fault}"
+""")
+
+
+def _shown(app, selector: str) -> str:
+    """What the multi-node view's card or arrival lines draw ("" before the view has composed)."""
+    from app.screens.nodes import MultiNodeScreen
+
+    screen = app.screen
+    found = screen.query(selector) if isinstance(screen, MultiNodeScreen) else None
+    return found.first().shown.plain if found else ""
+
+
+def _arrivals(app) -> str:
+    return _shown(app, "#node-arrivals")
+
+
+async def nodes_scenario(out: Path, sizes: list[tuple[int, int]], root: Path) -> list[Path]:
+    """A 2-node TP4 emulator start launched with l (its view opens), the view once ready (GPU panel and
+    log per node, merged log), then a node that never joins (`node-never-joins`): the rendezvous verdict and
+    its diagnosis."""
+    import json
+    import time as clock
+
+    from app.screens.nodes import MultiNodeScreen, NodesDiagnoseScreen
+    from app.tui import Eagle3App
+    from sessions.gpus import EmulatedSource
+    from sessions.home import Home
+
+    home = Home(root / "here" / "config", root / "here" / "state").ensure()
+    model = root / "model"
+    model.mkdir(parents=True, exist_ok=True)
+    (model / "config.json").write_text(json.dumps(SMALL_MODEL))
+    _nodes_profile(home, model, "two-node", "none", 0.02)
+    _nodes_profile(home, model, "two-node-never-joins", "node-never-joins", 0.02)
+    table = _node_table(root)
+    app = Eagle3App(home, gpu_source=EmulatedSource(home), refresh_s=0.5, node_resolver=lambda: table.__getitem__)
+    base = max(sizes)
+    async with app.run_test(size=base) as pilot:
+        shot = Shooter(app, pilot, out, sizes, base)
+        await shot.wait(lambda: app.dashboard is not None and app.dashboard.poll_count >= 1, "the first poll")
+        await pilot.press("1", "l")  # two-node (first in the list)
+        view = await shot.wait(lambda: isinstance(app.screen, MultiNodeScreen) and app.screen, "the view", 180)
+        await shot.wait(lambda: "→" in _arrivals(app) and "n1" in _arrivals(app), "ranks arriving", 180)
+        await shot.shoot("nodes-start")
+        await shot.wait(lambda: "serving" in _arrivals(app), "ready on both nodes", 240)
+        await shot.wait(lambda: all(g.gpus is not None for g in view.detail.gpus()), "both GPU panels", 60)
+        await pilot.pause(2)
+        await shot.shoot("nodes-ready")
+        await pilot.press("n", "n")  # node 1's own log
+        await pilot.pause(1.5)
+        await shot.shoot("nodes-log-node1")
+        await pilot.press("s")
+        await shot.wait(lambda: not isinstance(app.screen, MultiNodeScreen), "the stop question")
+        await pilot.press("y")
+        await shot.wait(lambda: "stopped" in _arrivals(app), "stopped on both nodes", 180)
+        await pilot.press("escape")
+        await shot.wait(lambda: app.screen is app.dashboard, "back on the dashboard")
+
+        await pilot.press("1", "down", "l")  # two-node-never-joins: gpu-b never reaches gpu-a's rendezvous
+        await shot.wait(lambda: isinstance(app.screen, MultiNodeScreen), "the view", 180)
+        started = clock.monotonic()
+        await shot.wait(lambda: "rendezvous:" in _shown(app, "#node-card")
+                        and clock.monotonic() - started > 10, "the rendezvous verdict", 240)
+        await shot.shoot("nodes-never-joins")
+        await pilot.press("escape")
+        await shot.wait(lambda: app.screen is app.dashboard, "back on the dashboard")
+        await pilot.press("5")
+        await shot.polls(2)
+        await shot.shoot("dashboard-nodes")
+        await pilot.press("d")  # d on the focused card diagnoses the multi-node server
+        diagnose = await shot.wait(lambda: isinstance(app.screen, NodesDiagnoseScreen) and app.screen,
+                                   "the diagnosis screen")
+        await shot.wait(lambda: diagnose.report is not None or diagnose.error, "the diagnosis", 300)
+        await pilot.pause(0.5)
+        await shot.shoot("nodes-diagnose")
+        await pilot.press("escape")
+        await pilot.press("q")
+    stop_nodes_everywhere(home, table)
+    return shot.made
+
+
+def stop_nodes_everywhere(home, table: dict) -> None:
+    from sessions.server.nodes import NODE_ID_PREFIX, NODES_DIR, load_record
+    from sessions.server.nodes_status import stop_nodes
+
+    for path in (home.state_root / NODES_DIR).glob(f"{NODE_ID_PREFIX}*.json"):
+        try:
+            stop_nodes(load_record(home, path.stem), table.__getitem__, home, grace_s=10.0)
+        except Exception as exc:  # noqa: BLE001 - said; the next record is stopped anyway
+            print(f"make_screenshots: stopping {path.stem}: {exc}", file=sys.stderr)
 
 
 def stop_everything(home_root: str) -> None:
@@ -483,8 +626,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--out", type=Path, default=REPO_ROOT / "screenshots")
     parser.add_argument("--sizes", default="80x24,200x50", help="comma-separated COLSxROWS")
-    parser.add_argument("--scene", choices=("all", "replicas"), default="all",
-                        help="replicas: only the job over four replicas (jobs-replicas-*, dashboard-replicas-*)")
+    parser.add_argument("--only", choices=("demo", "nodes", "replicas"), default=None,
+                        help="only the demo's screens, only the multi-node ones, or only the job over four replicas "
+                        "(jobs-replicas-*, dashboard-replicas-*); default: the demo's and the multi-node ones")
     args = parser.parse_args(argv)
     sizes = [tuple(int(v) for v in size.split("x")) for size in args.sizes.split(",")]
     args.out.mkdir(parents=True, exist_ok=True)
@@ -492,10 +636,19 @@ def main(argv: list[str] | None = None) -> int:
         os.environ["EAGLE3_TUI_HOME"] = root
         os.environ["EAGLE3_TUI_DEMO"] = "1"
         os.environ.setdefault("TZ", "UTC")
-        try:
-            made = asyncio.run((replicas_scenario if args.scene == "replicas" else scenario)(args.out, sizes))
-        finally:
-            stop_everything(root)
+        made = []
+        if args.only == "replicas":
+            try:
+                made += asyncio.run(replicas_scenario(args.out, sizes))
+            finally:
+                stop_everything(root)
+        if args.only in (None, "demo"):
+            try:
+                made += asyncio.run(scenario(args.out, sizes))
+            finally:
+                stop_everything(root)
+        if args.only in (None, "nodes"):
+            made += asyncio.run(nodes_scenario(args.out, sizes, Path(root) / "nodes"))
     print(f"{len(made)} files in {args.out}", file=sys.stderr)
     return 0
 

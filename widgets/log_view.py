@@ -40,6 +40,8 @@ _ERROR = re.compile(
     re.IGNORECASE,
 )
 _WARNING = re.compile(r"\bWARNING\b|\bwarn(?:ing)?:|deprecated", re.IGNORECASE)
+# The multi-node view's merged log: each line starts with its node ("n1 [2026-... TP2] ...").
+_NODE_PREFIX = re.compile(r"n\d+ ")
 def is_error_line(line: str) -> bool:
     return bool(_ERROR.search(line))
 
@@ -99,6 +101,7 @@ class LogView(Widget, can_focus=True):
         self.needs_scan = False
         self.counting = False  # the feed is still counting the log's lines: numbers are provisional
         self.placeholder = "No session selected: launch a profile with l."
+        self.node_prefixed = False  # lines start with "nR " (the merged log of a multi-node server)
 
     # -- data in ----------------------------------------------------------------------------------------
 
@@ -430,8 +433,12 @@ class LogView(Widget, can_focus=True):
 
     def _styled(self, raw: str) -> Text:
         """One log line as styled text: dim timestamp, the rank tag, error/warning colours."""
-        match = PREFIX_RE.match(raw)
         text = Text()
+        node = _NODE_PREFIX.match(raw) if self.node_prefixed else None
+        if node is not None:
+            text.append(node.group(0), style="bold")
+            raw = raw[node.end() :]
+        match = PREFIX_RE.match(raw)
         body = raw
         if match is not None:
             ranks = match.group("ranks").strip()

@@ -9,8 +9,11 @@ the verdict that names what holds the start), then per node its host, its TP ran
 from __future__ import annotations
 
 import time
+from typing import ClassVar
 
 from rich.text import Text
+from textual.binding import Binding, BindingType
+from textual.message import Message
 from textual.widgets import Static
 
 from sessions.server.nodes_monitor import ASKING, NodesView
@@ -52,21 +55,27 @@ def rank_cells(view: NodeView) -> str:
     return " ".join(f"TP{r}{'✓' if r in view.ended else '…' if r in view.begun else '·'}" for r in view.ranks)
 
 
-def nodes_text(views: tuple[NodesView, ...], wall: float | None = None) -> Text:
+def nodes_text(views: tuple[NodesView, ...], wall: float | None = None, cursor: int | None = None,
+               node_lines: bool = True) -> Text:
+    """The cards; ``cursor``: the card the pane's cursor is on (its head reversed: Enter opens it);
+    ``node_lines`` False: the head and the hint only (the multi-node view draws its own node lines)."""
     wall = time.time() if wall is None else wall
-    text = Text(no_wrap=True, overflow="ellipsis")
+    # The view (node_lines False) wraps its head: at 80 columns the verdict names the node that holds the start.
+    text = Text(no_wrap=True, overflow="ellipsis") if node_lines else Text(overflow="fold")
     for i, nv in enumerate(views):
         status = nv.status
         if i:
             text.append("\n")
-        text.append(nv.node_id, style="bold")
-        text.append(f" {nv.profile} · TP{nv.tp_size} over {len(nv.nodes)} nodes · ", style="dim")
+        if node_lines:  # the multi-node view names the server in its title: its head starts at the profile
+            text.append(nv.node_id, style="bold reverse" if i == cursor else "bold")
+            text.append(" ")
+        text.append(f"{nv.profile} · TP{nv.tp_size} over {len(nv.nodes)} nodes · ", style="dim")
         text.append(status.state, style=_STATE_STYLE.get(status.state, "bold"))
         verdict = status.verdict.removeprefix(f"{status.state}: ")  # "ready: node 0 serves": said once
         if verdict and verdict != status.state:
             text.append(f" · {verdict}")
         width = max((len(v.host) for v in nv.nodes), default=4)
-        for v, asked in zip(nv.nodes, nv.asked_at, strict=True):
+        for v, asked in zip(nv.nodes, nv.asked_at, strict=True) if node_lines else ():
             where = stage(v, status.state == "stopped")
             arrived = sum(1 for r in v.ranks if r in v.begun)
             through = sum(1 for r in v.ranks if r in v.ended)
@@ -90,17 +99,62 @@ def nodes_text(views: tuple[NodesView, ...], wall: float | None = None) -> Text:
     return text
 
 
-class NodesCard(Static):
-    DEFAULT_CSS = "NodesCard { height: auto; text-wrap: nowrap; text-overflow: ellipsis; }"
+class NodesCard(Static, can_focus=True):
+    """The cards; focused (key 5 on the dashboard), up/down move a cursor between them and Enter posts
+    `Opened` for the one under it (the dashboard opens its multi-node view)."""
 
-    def __init__(self, *, id: str | None = None) -> None:
+    DEFAULT_CSS = "NodesCard { height: auto; text-wrap: nowrap; text-overflow: ellipsis; }"
+    BINDINGS: ClassVar[list[BindingType]] = [
+        Binding("up,k", "move(-1)", "Up", show=False),
+        Binding("down,j", "move(1)", "Down", show=False),
+        Binding("enter", "open", "Open", show=False),
+    ]
+
+    class Opened(Message):
+        """Enter on a card: the multi-node server ``node_id``."""
+
+        def __init__(self, node_id: str) -> None:
+            super().__init__()
+            self.node_id = node_id
+
+    def __init__(self, *, id: str | None = None, node_lines: bool = True) -> None:
         super().__init__(id=id)
+        self.node_lines = node_lines
         self.views: tuple[NodesView, ...] = ()
+        self.cursor = 0
         self.shown = Text()  # what the card draws now (tests read it)
 
+    @property
+    def selected_id(self) -> str | None:
+        """The server under the cursor."""
+        return self.views[self.cursor].node_id if 0 <= self.cursor < len(self.views) else None
+
     def update_nodes(self, views: tuple[NodesView, ...]) -> None:
+        # While focused the cursor stays on its server; otherwise it is on the first card (the newest live one),
+        # so 5 then d or Enter acts on the server shown on top, not on one picked long ago.
+        chosen = self.selected_id if self.has_focus else None
         self.views = views
-        shown = nodes_text(views)
-        if shown.plain != self.shown.plain:
+        ids = [v.node_id for v in views]
+        self.cursor = ids.index(chosen) if chosen in ids else 0
+        self._draw()
+
+    def _draw(self) -> None:
+        shown = nodes_text(self.views, cursor=self.cursor if self.has_focus else None, node_lines=self.node_lines)
+        if shown.plain != self.shown.plain or shown.spans != self.shown.spans:
             self.shown = shown
             self.update(shown)
+
+    def on_focus(self) -> None:
+        self._draw()
+
+    def on_blur(self) -> None:
+        self._draw()
+
+    def action_move(self, step: int) -> None:
+        if self.views:
+            self.cursor = (self.cursor + step) % len(self.views)
+            self._draw()
+
+    def action_open(self) -> None:
+        if self.selected_id is not None:
+            self.post_message(self.Opened(self.selected_id))

@@ -432,9 +432,20 @@ class DashboardScreen(Targeting, TargetActions, LaunchActions, Screen):
     # -- actions: panes and the log -------------------------------------------------------------------------
 
     def action_focus_pane(self, number: int) -> None:
-        target = {1: "#profiles", 2: "#sessions", 3: "#gpu-pane", 4: "#log"}.get(number)
+        if number == 5 and not self.query_one("#nodes-pane").display:
+            self.notify("No multi-node server yet (a profile with server.nnodes > 1 launches one).",
+                        severity="warning")
+            return
+        target = {1: "#profiles", 2: "#sessions", 3: "#gpu-pane", 4: "#log", 5: "#nodes"}.get(number)
         if target:
             self.query_one(target).focus()
+
+    @on(NodesCard.Opened)
+    def _open_nodes(self, event: NodesCard.Opened) -> None:
+        """Enter on a Multi-node card: that server's view (a GPU panel and a log per node, the merged log)."""
+        from app.screens.nodes import MultiNodeScreen
+
+        self.app.push_screen(MultiNodeScreen(self.feed.home, event.node_id, self.feed.nodes))
 
     def action_fullscreen(self) -> None:
         if self.maximized is not None:

@@ -85,7 +85,23 @@ class TargetActions:
 
     # -- stop and restart ----------------------------------------------------------------------------------
 
+    def _multi_node_in_view(self) -> Any:
+        """The multi-node server under the Multi-node pane's cursor when that pane has focus: s and d act
+        on it (as in its view), never on the local session the card above shows."""
+        from widgets.nodes_card import NodesCard
+
+        focused = self.focused
+        if isinstance(focused, NodesCard) and focused.selected_id is not None:
+            return next((v for v in focused.views if v.node_id == focused.selected_id), None)
+        return None
+
     def action_stop(self) -> None:
+        multi = self._multi_node_in_view()
+        if multi is not None:
+            from app.screens.nodes import ask_stop
+
+            ask_stop(self, self.feed.home, multi.node_id, self.feed.nodes, multi)
+            return
         target = self.target_session("stop")
         if target is None:
             return
@@ -182,6 +198,12 @@ class TargetActions:
     def action_diagnose(self) -> None:
         from app.screens.diagnose import DiagnoseScreen
 
+        multi = self._multi_node_in_view()
+        if multi is not None:
+            from app.screens.nodes import NodesDiagnoseScreen
+
+            self.app.push_screen(NodesDiagnoseScreen(self.feed.home, multi.node_id, self.feed.nodes))
+            return
         target = self.target_session("diagnose", live_only=False)  # a crashed start is worth diagnosing
         if target is None:
             return

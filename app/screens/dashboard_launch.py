@@ -79,6 +79,15 @@ class LaunchActions:
                 if not worker.is_cancelled:
                     self.app.call_from_thread(self._launched_on_host, session_ids, name, profile.host)
                 return
+            if (profile.server.nnodes or 1) > 1 and self.feed.nodes is not None:
+                # One server across nodes: every node checked first, then node 0, then the others (`nodes`).
+                from sessions.server.nodes import launch_nodes
+
+                record = launch_nodes(self.feed.home, profile, self.feed.nodes.resolver_factory(), progress=line.step)
+                line.finish()
+                if not worker.is_cancelled:
+                    self.app.call_from_thread(self._launched_across_nodes, record.node_id, name, len(record.nodes))
+                return
             # A profile with replicas starts its whole group (one check of every member's GPUs first).
             members = ServerSession.launch_group(
                 profile, self.feed.home, force=force, cancelled=lambda: worker.is_cancelled, progress=line.step
@@ -118,6 +127,15 @@ class LaunchActions:
         if self.feed.hosts is not None:
             self.feed.hosts.poll_now()  # the other hosts' pane shows it at once
         return session_ids
+
+    def _launched_across_nodes(self, node_id: str, name: str, nnodes: int) -> None:
+        """A multi-node launch: its view opens (per-node arrival, a GPU panel and a log per node)."""
+        from app.screens.nodes import MultiNodeScreen
+
+        self.notify(f"Launched {name} as {node_id} on {nnodes} nodes: its view follows every node (Esc: the "
+                    "dashboard, where the Multi-node pane keeps its card).", title="launched", timeout=8)
+        self.post_message(SessionLaunched(node_id, name))
+        self.app.push_screen(MultiNodeScreen(self.feed.home, node_id, self.feed.nodes))
 
     def _launched_on_host(self, session_ids: list[str], name: str, host: str) -> None:
         self.notify(f"Launched {name} on host {host} as {', '.join(session_ids)}: the Other hosts pane follows it.",

@@ -21,6 +21,7 @@ from app.feed import DashboardFeed, DashboardSnapshot
 from app.selection import Selection, save_selection
 from widgets.lists import ProfileList, SessionEntry, SessionList
 from widgets.log_view import LogView
+from widgets.nodes_card import NodesCard
 
 
 class Targeting:
@@ -92,6 +93,13 @@ class Targeting:
                 return None
         elif isinstance(focused, SessionList):
             session_id = focused.highlighted_id
+        elif isinstance(focused, NodesCard):
+            # The Multi-node pane: keys act on the server under its cursor (s and d do), never on the local
+            # session the card above shows.
+            if not quiet:
+                self.notify(f"{verb.capitalize()} acts on a local session: in the Multi-node pane, Enter opens the server's "
+                            "view (s stops it, d diagnoses it).", severity="warning")
+            return None
         else:
             session_id = self.selected_session
         entry = next((s for s in snapshot.sessions if s.session_id == session_id), None)

@@ -17,7 +17,16 @@ from textual.containers import Vertical, VerticalScroll
 from textual.screen import ModalScreen
 from textual.widgets import Static
 
-from app.keymap import APP_KEYS, DASHBOARD_KEYS, EDITOR_KEYS, LOG_KEYS, KeySpec, effective_keys, key_label
+from app.keymap import (
+    APP_KEYS,
+    DASHBOARD_KEYS,
+    EDITOR_KEYS,
+    LOG_KEYS,
+    NODES_KEYS,
+    KeySpec,
+    effective_keys,
+    key_label,
+)
 
 _NOTES = """\
 Servers run detached: quitting the TUI (q) or losing the SSH connection never stops them; the next
@@ -85,6 +94,7 @@ class HelpScreen(ModalScreen[None]):
             ("Dashboard", DASHBOARD_KEYS),
             ("Log pane (pane 4)", LOG_KEYS),
             ("Profile editor", EDITOR_KEYS),
+            ("Multi-node view (Enter on a Multi-node card)", NODES_KEYS),
         ]
         for heading, specs in sections:
             title(heading)
