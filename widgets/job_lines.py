@@ -7,7 +7,6 @@ aligned rows whose names keep what tells them apart.
 """
 from __future__ import annotations
 
-import os
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -75,7 +74,9 @@ def server_lines(rows: Sequence[dict[str, Any]], width: int) -> Text:
             text.append(("\n" if text else "") + line, style=_SERVER_STYLE.get(str(row.get("state")), "red"))
         return text
     names = [str(row.get("name")) for row in rows]
-    prefix = os.path.commonprefix(names) if len(names) > 1 else ""
+    # The prefix every name shares (string work only: a widget never touches os or the filesystem).
+    common = next((i for i, chars in enumerate(zip(*names)) if len(set(chars)) > 1), min(map(len, names)))
+    prefix = names[0][:common] if len(names) > 1 else ""
     prefix = prefix[: max(prefix.rfind(c) for c in "-/:_.") + 1]  # cut at a separator: whole name parts
     shown = [name[len(prefix):] or name for name in names]
     name_w = max(len("server"), *(len(s) for s in shown))

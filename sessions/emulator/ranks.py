@@ -427,12 +427,14 @@ class ModelRunner:
         begin = time.monotonic()
         self.console.log("Init parallel begin.")
         check_interfaces(os.environ)  # Gloo and NCCL look up their interface first
+        self.tp_group.all_reduce("init_parallel")  # the rendezvous: every rank must join
+        # torch prints this once the Gloo group has connected its peers, so after the rendezvous: a rank
+        # whose peers never join (a node that cannot reach --dist-init-addr) never prints it.
         peers = self.tp_size - 1
         self.console.raw(
             f"[Gloo] Rank {self.tp_rank} is connected to {peers} peer ranks. "
             f"Expected number of connected peer ranks is : {peers}\n"
         )
-        self.tp_group.all_reduce("init_parallel")  # the rendezvous: every rank must join
         if self.tp_rank == 0:
             self.console.log("sglang is using nccl==2.27.7")
         self.pacing.sleep(pacing.INIT_PARALLEL_S)

@@ -166,7 +166,7 @@ def summarize(record: MultiNodeRecord, views: tuple[NodeView, ...]) -> MultiNode
             unreached = [v for v in views if v.rendezvous_warning]
             who = (f"node {unreached[0].rank} ({unreached[0].host}) cannot reach the rendezvous at "
                    f"{record.dist_init_addr}") if unreached else "no node got through"
-            verdict = f"rendezvous: every rank arrived ({len(arrived)}), {who}"
+            verdict = f"rendezvous: every rank began Init parallel ({len(arrived)}), none ended: {who}"
         return MultiNodeStatus(record, views, node0.state, verdict, hints)
     return MultiNodeStatus(record, views, node0.state, f"{node0.state}: {node0.phase}", hints)
 
