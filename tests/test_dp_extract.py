@@ -18,6 +18,12 @@ import pytest
 from _extract_support import run_cli, stop_job, wait_for, write_spec
 
 SAMPLES = 8
+# SGLang's own header, found anywhere in a line: another rank's tqdm render has no newline until its bar
+# closes, so a line one replica writes meanwhile is appended to the other's bar (seen on CI: DP1's capture
+# line behind DP0's "Loading safetensors" render), as a terminal would show it.
+_HEADER = r"\[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d(?:\.\d+)? (DP\d)\] "
+_CAPTURE_LINE = re.compile(_HEADER + "eagle3-capture active: ")
+_PREFILL_LINE = re.compile(_HEADER + "Prefill batch")
 
 
 @pytest.fixture(scope="module")
@@ -44,8 +50,7 @@ def test_a_job_against_a_dp2_server_collects_every_sample_from_both_replicas(
     log_path = Path(session.status().log_path)
 
     def capture_lines() -> list[str]:
-        return sorted(m.group(1) for line in _log_lines(log_path)
-                      if (m := re.match(r"\[[^\]]* (DP\d)\] eagle3-capture active: ", line)))
+        return sorted(dp for line in _log_lines(log_path) for dp in _CAPTURE_LINE.findall(line))
 
     # Each replica's line is written by its own scheduler process; the second may reach the file a moment
     # after the server reads ready (seen once on CI), so wait for both, then check there are exactly two.
@@ -89,8 +94,8 @@ def test_a_job_against_a_dp2_server_collects_every_sample_from_both_replicas(
 def _prefills(log_path: Path) -> dict[str, int]:
     counts: dict[str, int] = {}
     for line in _log_lines(log_path):
-        if m := re.match(r"\[[^\]]* (DP\d)\] Prefill batch", line):
-            counts[m.group(1)] = counts.get(m.group(1), 0) + 1
+        for dp in _PREFILL_LINE.findall(line):
+            counts[dp] = counts.get(dp, 0) + 1
     return counts
 
 
