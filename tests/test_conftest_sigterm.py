@@ -30,7 +30,7 @@ def test_sigterm_to_pytest_runs_launched_teardown(tmp_path: Path) -> None:
     child_dir = tmp_path / "child"
     child_dir.mkdir()
     pid_file = tmp_path / "server.pid"
-    (child_dir / "conftest.py").write_text("from tests.conftest import *  # noqa: F401,F403\n")
+    (child_dir / "conftest.py").write_text(f"from tests.conftest import *  # noqa: F401,F403\n")
     (child_dir / "test_hold.py").write_text(CHILD_TEST.format(pid_file=str(pid_file)))
     env = dict(os.environ, PYTHONPATH=str(REPO_ROOT))
     child = subprocess.Popen(
