@@ -61,20 +61,6 @@ SMALL_CONFIG = KIMI_LIKE_CONFIG | {
 }
 
 
-def _interrupt_on_signal(signum: int, frame: object) -> None:
-    """SIGTERM/SIGHUP (``timeout``, CI's limit, a closed terminal) become a Ctrl-C: pytest then runs every
-    fixture's teardown (`launched`, `emulators`, ...), so the servers the tests started do not outlive the run."""
-    signal.signal(signum, signal.SIG_DFL)  # a second signal ends the process at once
-    raise KeyboardInterrupt(f"pytest got signal {signal.Signals(signum).name}")
-
-
-def pytest_configure(config: pytest.Config) -> None:
-    """Install the handlers in the controller and in each xdist worker (each runs this hook)."""
-    for signum in (signal.SIGTERM, signal.SIGHUP):
-        if signal.getsignal(signum) in (signal.SIG_DFL, None):
-            signal.signal(signum, _interrupt_on_signal)
-
-
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Run the modules holding ``slow`` tests first, each module kept whole and in its own order.
 
