@@ -11,19 +11,12 @@ from __future__ import annotations
 
 import contextlib
 import json
-import re
 from pathlib import Path
 
 import pytest
 from _extract_support import run_cli, stop_job, wait_for, write_spec
 
 SAMPLES = 8
-# SGLang's own header, found anywhere in a line: another rank's tqdm render has no newline until its bar
-# closes, so a line one replica writes meanwhile is appended to the other's bar (seen on CI: DP1's capture
-# line behind DP0's "Loading safetensors" render), as a terminal would show it.
-_HEADER = r"\[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d(?:\.\d+)? (DP\d)\] "
-_CAPTURE_LINE = re.compile(_HEADER + "eagle3-capture active: ")
-_PREFILL_LINE = re.compile(_HEADER + "Prefill batch")
 
 
 @pytest.fixture(scope="module")
@@ -50,13 +43,14 @@ def test_a_job_against_a_dp2_server_collects_every_sample_from_both_replicas(
     log_path = Path(session.status().log_path)
 
     def capture_lines() -> list[str]:
-        return sorted(dp for line in _log_lines(log_path) for dp in _CAPTURE_LINE.findall(line))
+        return sorted(dp for dp, message in _replica_messages(log_path)
+                      if dp is not None and message.startswith("eagle3-capture active: "))
 
     # Each replica's line is written by its own scheduler process; the second may reach the file a moment
     # after the server reads ready (seen once on CI), so wait for both, then check there are exactly two.
     with contextlib.suppress(AssertionError, TimeoutError):
         wait_for(lambda: len(capture_lines()) >= 2, "both replicas' capture lines", 60)
-    assert capture_lines() == ["DP0", "DP1"], [ln for ln in _log_lines(log_path) if "capture" in ln]  # each replica's TP0 writes
+    assert capture_lines() == ["DP0", "DP1"], [m for m in _replica_messages(log_path) if "capture" in m[1]]  # each replica's TP0 writes
 
     tokenizer = AutoTokenizer.from_pretrained(demo_model, local_files_only=True)
     rows = []
@@ -93,13 +87,24 @@ def test_a_job_against_a_dp2_server_collects_every_sample_from_both_replicas(
 
 def _prefills(log_path: Path) -> dict[str, int]:
     counts: dict[str, int] = {}
-    for line in _log_lines(log_path):
-        for dp in _PREFILL_LINE.findall(line):
+    for dp, message in _replica_messages(log_path):
+        if dp is not None and message.startswith("Prefill batch"):
             counts[dp] = counts.get(dp, 0) + 1
     return counts
 
 
-def _log_lines(log_path: Path) -> list[str]:
-    """The log's lines as a terminal shows them: a progress bar's ``\r`` (tqdm, another rank's) ends a line
-    too, so a line that another process's bar ran into is still found at its start."""
-    return re.split(r"\r\n|\r|\n", log_path.read_text(errors="replace"))
+def _replica_messages(log_path: Path) -> list[tuple[str | None, str]]:
+    """(``DPn`` or None, message) of each SGLang line, read by the panel's own log reader.  A replica's line
+    may land behind another replica's unfinished tqdm render (no newline until its bar closes; seen on CI
+    as DP1's capture line behind DP0's "Loading safetensors" render): the reader's cleaning finds the line
+    there as a terminal shows it, with its ``DPn`` tag."""
+    from sessions.logs.lines import lines_of_text, own_header, rank_tag
+
+    out: list[tuple[str | None, str]] = []
+    for line in lines_of_text(log_path.read_text(errors="replace")):
+        header = own_header(line.text)
+        if header is None:
+            continue
+        dp = dict(rank_tag(line.text) or ()).get("DP")
+        out.append((f"DP{dp}" if dp is not None else None, line.text[header.end():]))
+    return out
