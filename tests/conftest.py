@@ -61,6 +61,31 @@ SMALL_CONFIG = KIMI_LIKE_CONFIG | {
 }
 
 
+_IGNORED_SIGNALS_ENV = "EAGLE3_TESTS_IGNORED_SIGNALS"
+
+
+def _keep_ignoring(signum: int, frame: object) -> None:
+    """Ignore the signal here, as the run was told to; unlike SIG_IGN, a caught signal is not inherited."""
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """A run started with SIGHUP or SIGINT ignored (``nohup``, a background job of a script) would hand that
+    to every process a test starts, since SIG_IGN survives exec: the CLI under test then ignores the hangup
+    or the Ctrl-C that the test sends it (test_server's SIGHUP and Ctrl-C tests failed so).  Here such a
+    signal is caught and ignored instead, which exec resets to the default in the children, while pytest
+    stays as immune as it was started.  xdist workers learn it from the environment: they are started by the
+    controller, after which they no longer see the SIG_IGN themselves."""
+    ignored = set(filter(None, os.environ.get(_IGNORED_SIGNALS_ENV, "").split(",")))
+    for signum in (signal.SIGHUP, signal.SIGINT):
+        if signal.getsignal(signum) == signal.SIG_IGN:
+            ignored.add(signal.Signals(signum).name)
+    if not ignored:
+        return
+    os.environ[_IGNORED_SIGNALS_ENV] = ",".join(sorted(ignored))
+    for name in ignored:
+        signal.signal(signal.Signals[name], _keep_ignoring)
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Run the modules holding ``slow`` tests first, each module kept whole and in its own order.
 
