@@ -68,22 +68,34 @@ def _keep_ignoring(signum: int, frame: object) -> None:
     """Ignore the signal here, as the run was told to; unlike SIG_IGN, a caught signal is not inherited."""
 
 
+def _interrupt_on_signal(signum: int, frame: object) -> None:
+    """SIGTERM/SIGHUP (``timeout``, CI's limit, a closed terminal) become a Ctrl-C: pytest then runs every
+    fixture's teardown (`launched`, `emulators`, ...), so the servers the tests started do not outlive the run."""
+    signal.signal(signum, signal.SIG_DFL)  # a second signal ends the process at once
+    raise KeyboardInterrupt(f"pytest got signal {signal.Signals(signum).name}")
+
+
 def pytest_configure(config: pytest.Config) -> None:
-    """A run started with SIGHUP or SIGINT ignored (``nohup``, a background job of a script) would hand that
-    to every process a test starts, since SIG_IGN survives exec: the CLI under test then ignores the hangup
-    or the Ctrl-C that the test sends it (test_server's SIGHUP and Ctrl-C tests failed so).  Here such a
-    signal is caught and ignored instead, which exec resets to the default in the children, while pytest
-    stays as immune as it was started.  xdist workers learn it from the environment: they are started by the
-    controller, after which they no longer see the SIG_IGN themselves."""
+    """The run's signals, in the controller and in each xdist worker (each runs this hook).
+
+    * SIGTERM and SIGHUP at their default end the run through its teardowns (`_interrupt_on_signal`).
+    * A run started with SIGHUP or SIGINT ignored (``nohup``, a script's background job) would hand that to
+      every process a test starts, since SIG_IGN survives exec: the CLI under test then ignores the hangup
+      or the Ctrl-C that the test sends it (test_server's SIGHUP and Ctrl-C tests failed so).  Such a
+      signal is caught and ignored instead, which exec resets to the default in the children, while pytest
+      stays as immune as it was started.  xdist workers learn it from the environment: they are started by
+      the controller, after which they no longer see the SIG_IGN themselves."""
     ignored = set(filter(None, os.environ.get(_IGNORED_SIGNALS_ENV, "").split(",")))
     for signum in (signal.SIGHUP, signal.SIGINT):
         if signal.getsignal(signum) == signal.SIG_IGN:
             ignored.add(signal.Signals(signum).name)
-    if not ignored:
-        return
-    os.environ[_IGNORED_SIGNALS_ENV] = ",".join(sorted(ignored))
+    if ignored:
+        os.environ[_IGNORED_SIGNALS_ENV] = ",".join(sorted(ignored))
     for name in ignored:
         signal.signal(signal.Signals[name], _keep_ignoring)
+    for signum in (signal.SIGTERM, signal.SIGHUP):
+        if signal.getsignal(signum) in (signal.SIG_DFL, None):
+            signal.signal(signum, _interrupt_on_signal)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
